@@ -1,0 +1,288 @@
+/*
+ * dlbridge.h -- the dlbridge core library: what every DLPack producer and
+ * consumer needs, in plain C11 with no Python.
+ *
+ * Conventions, everywhere in this header:
+ *  - Functions that can fail return int: DLB_OK (0) or a negative dlb_status.
+ *    Results come back through out-parameters, which are written only on
+ *    success.
+ *  - The last parameter is a caller-supplied dlb_error *, which may be NULL.
+ *    On failure it receives the same code and a message a user can act on.
+ *  - Ownership: a function that takes ownership of a managed tensor says so.
+ *    Unless a function says it "steals", a failed call leaves everything it
+ *    was given owned by the caller, untouched.
+ *  - Memory comes from the allocator installed with dlb_set_allocator
+ *    (malloc/free by default).  Each managed tensor remembers the allocator
+ *    that made it, so swapping allocators never frees through the wrong one.
+ */
+#ifndef DLBRIDGE_DLBRIDGE_H_
+#define DLBRIDGE_DLBRIDGE_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlpack/dlpack.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DLB_VERSION_MAJOR 0
+#define DLB_VERSION_MINOR 1
+#define DLB_VERSION_PATCH 0
+#define DLB_VERSION_STRING "0.1.0"
+
+/* Most dimensions a tensor may have.  Matches NumPy's NPY_MAXDIMS, so a
+ * stack array of DLB_MAX_NDIM int64_t holds any shape or strides we accept. */
+#define DLB_MAX_NDIM 64
+
+/* Alignment of the data of every tensor dlbridge allocates.  DLPack's header
+ * asks for 256 bytes (CUDA's own guarantee); we give it, even though we never
+ * demand it of others. */
+#define DLB_DATA_ALIGNMENT 256
+
+/* Longest error message kept, terminator included. */
+#define DLB_ERROR_MESSAGE_SIZE 256
+
+typedef enum {
+  DLB_OK = 0,
+  DLB_EINVAL = -1,      /* an argument is malformed (NULL, out of range) */
+  DLB_ENOMEM = -2,      /* an allocation failed */
+  DLB_EOVERFLOW = -3,   /* a size or offset does not fit in 64 bits */
+  DLB_EUNSUPPORTED = -4,/* well-formed, but not something we can handle:
+                           dtype, device, layout */
+  DLB_EVERSION = -5,    /* a DLPack major version we do not speak */
+  DLB_EDEVICE = -6,     /* a device runtime call failed or is missing */
+  DLB_EREADONLY = -7    /* a write was asked of read-only memory */
+} dlb_status;
+
+typedef struct dlb_error {
+  int code;                                /* the dlb_status returned */
+  char message[DLB_ERROR_MESSAGE_SIZE];    /* NUL-terminated */
+} dlb_error;
+
+/* A short constant name for a status code ("DLB_ENOMEM"); never NULL. */
+const char *dlb_status_name(int code);
+
+/* Record code and a printf-style message in err (if non-NULL) and return
+ * code, so error paths read `return dlb_error_set(err, DLB_EINVAL, ...)`.
+ * Kernels called through dlbridge.Function report failures with it. */
+int dlb_error_set(dlb_error *err, int code, const char *fmt, ...);
+
+/* Reset err to DLB_OK with an empty message.  NULL is fine. */
+void dlb_error_clear(dlb_error *err);
+
+/* ---- Allocation --------------------------------------------------------- */
+
+/* Where dlbridge gets host memory.  alloc returns memory aligned for any
+ * scalar type (malloc's guarantee) or NULL; release(NULL) must be a no-op.
+ * ctx is passed back to both. */
+typedef struct dlb_allocator {
+  void *(*alloc)(size_t size, void *ctx);
+  void (*release)(void *ptr, void *ctx);
+  void *ctx;
+} dlb_allocator;
+
+/* Install allocator for all later allocations (NULL restores malloc/free).
+ * Not thread-safe: call it before other threads use dlbridge.  Tests use it
+ * to make every allocation fail in turn. */
+void dlb_set_allocator(const dlb_allocator *allocator);
+
+/* The allocator in force now (never NULL). */
+const dlb_allocator *dlb_get_allocator(void);
+
+/* ---- Data types ---------------------------------------------------------- */
+
+/* The dtype named name: NumPy's names for the common types ("bool", "int8"
+ * ... "uint64", "float16", "float32", "float64", "complex64", "complex128"),
+ * "bfloat16", "complex32", "int4"/"uint4", and DLPack's enum names in lower
+ * case for the rest ("float8_e4m3fn", "float6_e2m3fn", "float4_e2m1fn", ...).
+ * A vector type is written "float32x4".  Unknown names fail with DLB_EINVAL
+ * and a message naming the string. */
+int dlb_dtype_from_name(const char *name, DLDataType *out, dlb_error *err);
+
+/* Write dtype's canonical name (the one dlb_dtype_from_name reads back) into
+ * buf.  DLB_EUNSUPPORTED when dtype is not one we know; DLB_EINVAL when
+ * buflen is too small (32 bytes always suffice). */
+int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen, dlb_error *err);
+
+/* DLB_OK when dtype is a combination dlbridge understands: a known code with
+ * the bits that code allows, and lanes >= 1.  Otherwise DLB_EUNSUPPORTED with
+ * a message saying which part is wrong. */
+int dlb_dtype_check(DLDataType dtype, dlb_error *err);
+
+/* True when bits * lanes is not a whole number of bytes (int4, fp6, fp4). */
+bool dlb_dtype_is_subbyte(DLDataType dtype);
+
+/* Bytes one element takes when each element is rounded up to whole bytes:
+ * (bits * lanes + 7) / 8.  This is the padded size of a sub-byte type. */
+int64_t dlb_dtype_itemsize(DLDataType dtype);
+
+/* Bytes needed to store count elements contiguously.  Packed (padded ==
+ * false): ceil(count * bits * lanes / 8), DLPack's default for sub-byte
+ * types.  Padded: count * itemsize.  The two agree for whole-byte types. */
+int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count, bool padded,
+                            int64_t *out, dlb_error *err);
+
+/* ---- Layout -------------------------------------------------------------- */
+
+/* Product of ndim extents in *out.  DLB_EINVAL for a negative extent or a
+ * NULL shape with ndim > 0; DLB_EOVERFLOW when the product exceeds INT64_MAX
+ * (checked without dividing, so a zero extent anywhere is fine). */
+int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
+                    dlb_error *err);
+
+/* Compact row-major strides (in elements) for shape, written to strides.
+ * Extents of 0 and 1 do not stop the running product from being exact:
+ * the result is what NumPy and PyTorch produce. */
+int dlb_strides_row_major(int32_t ndim, const int64_t *shape, int64_t *strides,
+                          dlb_error *err);
+
+/* The strides of t: t->strides, or, when that is NULL (legacy and pre-1.2
+ * producers), compact row-major strides written into scratch, which must
+ * hold DLB_MAX_NDIM values.  Returns NULL only for ndim == 0 or a tensor
+ * dlb_tensor_validate would reject. */
+const int64_t *dlb_tensor_strides(const DLTensor *t, int64_t *scratch);
+
+/* Element count of t (1 for ndim == 0). */
+int dlb_tensor_numel(const DLTensor *t, int64_t *out, dlb_error *err);
+
+/* Bytes the elements of t would take stored compactly (packed for sub-byte
+ * types unless padded). */
+int dlb_tensor_nbytes(const DLTensor *t, bool padded, int64_t *out,
+                      dlb_error *err);
+
+/* Address of element 0: (char *)t->data + t->byte_offset. */
+void *dlb_tensor_data(const DLTensor *t);
+
+/* True when t is compact row-major (C order).  Strides of extent-1 dims are
+ * ignored, a tensor with no elements is always contiguous, NULL strides mean
+ * contiguous. */
+bool dlb_tensor_is_contiguous(const DLTensor *t);
+
+/* The same for column-major (Fortran order). */
+bool dlb_tensor_is_contiguous_f(const DLTensor *t);
+
+/* The byte range [*lo, *hi) that t's elements touch, relative to element 0
+ * (so *lo <= 0 < *hi for a non-empty tensor; negative strides make *lo
+ * negative).  A tensor with no elements gives [0, 0).  DLB_EOVERFLOW when the
+ * range does not fit in int64_t.  Sub-byte types are DLB_EUNSUPPORTED unless
+ * t is contiguous, since elements smaller than a byte have no byte
+ * address; their span is the packed size (a DLTensor cannot say it is
+ * padded: callers holding a padded tensor use dlb_tensor_nbytes). */
+int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
+                         dlb_error *err);
+
+/* ---- Validation ------------------------------------------------------------ */
+
+/* Options for dlb_tensor_validate. */
+enum {
+  /* Reject NULL strides when ndim > 0 (the DLPack >= 1.2 rule).  Off by
+   * default: legacy and older producers send NULL for compact tensors. */
+  DLB_VALIDATE_STRIDES_REQUIRED = 1u << 0,
+  /* Accept device types dlbridge does not recognise. */
+  DLB_VALIDATE_ANY_DEVICE = 1u << 1,
+  /* Accept dtypes dlbridge does not recognise (code, bits, lanes). */
+  DLB_VALIDATE_ANY_DTYPE = 1u << 2
+};
+
+/* Check a DLTensor that came from a producer we do not trust, before reading
+ * any of it: ndim in [0, DLB_MAX_NDIM]; shape non-NULL when ndim > 0; every
+ * extent >= 0; element count, byte size and strided byte span within
+ * int64_t; a known dtype and device (unless options say otherwise);
+ * device_id >= 0; data non-NULL unless the tensor has no elements; byte_offset
+ * <= INT64_MAX; sub-byte dtypes only in contiguous layouts.  The first
+ * failure is returned with a message naming the field and value. */
+int dlb_tensor_validate(const DLTensor *t, unsigned options, dlb_error *err);
+
+/* Check the header of a versioned managed tensor: DLB_EVERSION when
+ * version.major is not DLPACK_MAJOR_VERSION (the caller must then call the
+ * deleter and read nothing else), DLB_EINVAL for NULL.  It does not look at
+ * dl_tensor; follow with dlb_tensor_validate. */
+int dlb_managed_check_version(const DLManagedTensorVersioned *m,
+                              dlb_error *err);
+
+/* True when dlbridge knows the device type. */
+bool dlb_device_type_known(int32_t device_type);
+
+/* Lower-case name of a device type ("cpu", "cuda", "cuda_host", "rocm",
+ * ...), or NULL when unknown. */
+const char *dlb_device_type_name(int32_t device_type);
+
+/* Parse "cpu", "cuda", "cuda:1", "rocm:0", ... into *out. */
+int dlb_device_from_name(const char *name, DLDevice *out, dlb_error *err);
+
+/* True when the CPU can read and write the memory directly (kDLCPU,
+ * kDLCUDAHost, kDLROCMHost, kDLCUDAManaged). */
+bool dlb_device_is_host_accessible(DLDevice device);
+
+/* ---- Managed tensors --------------------------------------------------------- */
+
+/* Run m's deleter if it has one.  NULL is fine. */
+void dlb_managed_delete(DLManagedTensorVersioned *m);
+void dlb_managed_delete_legacy(DLManagedTensor *m);
+
+/* A new owning tensor on the CPU: one allocation holds the managed struct,
+ * shape, strides and the data, aligned to DLB_DATA_ALIGNMENT.  Strides are
+ * compact row-major and always filled.  version is {1, 3}; flags are 0 except
+ * IS_SUBBYTE_TYPE_PADDED when padded is true.  empty leaves the data
+ * uninitialised, zeros clears it.  device must be host memory: kDLCPU
+ * (kDLCUDAHost and friends need a device runtime, see the device API). */
+int dlb_managed_empty(int32_t ndim, const int64_t *shape, DLDataType dtype,
+                      DLDevice device, bool padded,
+                      DLManagedTensorVersioned **out, dlb_error *err);
+int dlb_managed_zeros(int32_t ndim, const int64_t *shape, DLDataType dtype,
+                      DLDevice device, bool padded,
+                      DLManagedTensorVersioned **out, dlb_error *err);
+
+/* Called once when a wrapped tensor is deleted, with the ctx given to
+ * dlb_managed_wrap. */
+typedef void (*dlb_release_fn)(void *ctx);
+
+/* A managed tensor describing memory someone else owns.  view is copied:
+ * shape and strides go into the same allocation as the struct (strides are
+ * synthesised when view->strides is NULL), data and byte_offset are kept as
+ * given, nothing is validated beyond what copying needs (validate first if
+ * view is untrusted).  When the result is deleted, release(ctx) runs exactly
+ * once (release may be NULL).  On failure release is not called: the caller
+ * still owns whatever ctx stands for. */
+int dlb_managed_wrap(const DLTensor *view, uint64_t flags,
+                     dlb_release_fn release, void *ctx,
+                     DLManagedTensorVersioned **out, dlb_error *err);
+
+/* Versioned view of a legacy tensor, without copying data.  On success the
+ * result owns legacy: deleting it runs legacy's deleter exactly once.  The
+ * result is writable (flags 0): the legacy format cannot say read-only.  On
+ * failure legacy is untouched and still the caller's. */
+int dlb_managed_from_legacy(DLManagedTensor *legacy,
+                            DLManagedTensorVersioned **out, dlb_error *err);
+
+/* Legacy view of a versioned tensor, for consumers that only speak the old
+ * format.  On success the result owns m.  Fails with DLB_EREADONLY when m is
+ * READ_ONLY (the legacy format would silently make it writable), with
+ * DLB_EVERSION for a major we do not speak, and with DLB_EUNSUPPORTED for
+ * sub-byte data with IS_SUBBYTE_TYPE_PADDED set (the legacy format has no
+ * flags, so a consumer would read it as packed).  On failure m is still the
+ * caller's. */
+int dlb_managed_to_legacy(DLManagedTensorVersioned *m, DLManagedTensor **out,
+                          dlb_error *err);
+
+/* ---- Copy ------------------------------------------------------------------ */
+
+/* Copy the elements of src into dst, element by element in logical order:
+ * same dtype and shape, any strides on either side (negative, zero on src,
+ * byte_offset).  Both must be host-accessible.  memcpy when both are
+ * contiguous; otherwise loops over dimensions merged and ordered for dst's
+ * memory order.  dst must not have zero (broadcast) strides over more than
+ * one element, and must not be READ_ONLY memory (the caller knows; this
+ * function cannot).  When the byte spans of dst and src overlap, the copy
+ * goes through a temporary buffer so the result is as if src were read
+ * first. */
+int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DLBRIDGE_DLBRIDGE_H_ */

@@ -1,0 +1,103 @@
+/* device.c -- device type names and parsing of "type[:id]" strings. */
+#include <string.h>
+
+#include "internal.h"
+
+/* Indexed by DLDeviceType; NULL marks the unassigned values 0, 5 and 6. */
+static const char *const device_names[] = {
+    NULL,          /* 0 */
+    "cpu",         /* kDLCPU */
+    "cuda",        /* kDLCUDA */
+    "cuda_host",   /* kDLCUDAHost */
+    "opencl",      /* kDLOpenCL */
+    NULL,          /* 5 */
+    NULL,          /* 6 */
+    "vulkan",      /* kDLVulkan */
+    "metal",       /* kDLMetal */
+    "vpi",         /* kDLVPI */
+    "rocm",        /* kDLROCM */
+    "rocm_host",   /* kDLROCMHost */
+    "ext_dev",     /* kDLExtDev */
+    "cuda_managed",/* kDLCUDAManaged */
+    "oneapi",      /* kDLOneAPI */
+    "webgpu",      /* kDLWebGPU */
+    "hexagon",     /* kDLHexagon */
+    "maia",        /* kDLMAIA */
+    "trn",         /* kDLTrn */
+};
+
+#define DEVICE_NAMES_LEN \
+  ((int32_t)(sizeof device_names / sizeof device_names[0]))
+
+const char *dlb_device_type_name(int32_t device_type) {
+  if (device_type < 0 || device_type >= DEVICE_NAMES_LEN) return NULL;
+  return device_names[device_type];
+}
+
+bool dlb_device_type_known(int32_t device_type) {
+  return dlb_device_type_name(device_type) != NULL;
+}
+
+bool dlb_device_is_host_accessible(DLDevice device) {
+  switch ((int32_t)device.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost:
+    case kDLROCMHost:
+    case kDLCUDAManaged:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int dlb_device_from_name(const char *name, DLDevice *out, dlb_error *err) {
+  if (name == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "device name is NULL");
+  if (out == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "device output pointer is NULL");
+  const char *colon = strchr(name, ':');
+  size_t type_len = colon != NULL ? (size_t)(colon - name) : strlen(name);
+  int32_t type = -1;
+  for (int32_t i = 0; i < DEVICE_NAMES_LEN; i++) {
+    const char *n = device_names[i];
+    if (n != NULL && strlen(n) == type_len && strncmp(n, name, type_len) == 0) {
+      type = i;
+      break;
+    }
+  }
+  if (type < 0)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "unknown device \"%.64s\" (expected a type such as "
+                         "\"cpu\", \"cuda\", \"rocm\", optionally \":<id>\")",
+                         name);
+  int64_t id = 0;
+  if (colon != NULL) {
+    const char *p = colon + 1;
+    if (*p == '-')
+      return dlb_error_set(err, DLB_EINVAL,
+                           "bad device \"%.64s\": the device id must not be "
+                           "negative",
+                           name);
+    if (*p == '\0')
+      return dlb_error_set(err, DLB_EINVAL,
+                           "bad device \"%.64s\": expected a device id after "
+                           "':'",
+                           name);
+    for (; *p != '\0'; p++) {
+      if (*p < '0' || *p > '9')
+        return dlb_error_set(err, DLB_EINVAL,
+                             "bad device \"%.64s\": the device id must be "
+                             "decimal digits only",
+                             name);
+      id = id * 10 + (*p - '0');
+      if (id > INT32_MAX)
+        return dlb_error_set(err, DLB_EINVAL,
+                             "bad device \"%.64s\": the device id exceeds "
+                             "INT32_MAX",
+                             name);
+    }
+  }
+  out->device_type = (DLDeviceType)type;
+  out->device_id = (int32_t)id;
+  return DLB_OK;
+}

@@ -1,0 +1,239 @@
+/* dtype.c -- names, checks and sizes of DLPack element types.
+ *
+ * One table drives everything: a (code, bits) pair is known exactly when it
+ * appears here, so names, checks and the "allowed bits" lists in error
+ * messages can never disagree with each other. */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef struct {
+  const char *name;
+  uint8_t code;
+  uint8_t bits;
+} dtype_entry;
+
+static const dtype_entry dtype_table[] = {
+    {"bool", kDLBool, 8},
+    {"int4", kDLInt, 4},
+    {"int8", kDLInt, 8},
+    {"int16", kDLInt, 16},
+    {"int32", kDLInt, 32},
+    {"int64", kDLInt, 64},
+    {"uint4", kDLUInt, 4},
+    {"uint8", kDLUInt, 8},
+    {"uint16", kDLUInt, 16},
+    {"uint32", kDLUInt, 32},
+    {"uint64", kDLUInt, 64},
+    {"float16", kDLFloat, 16},
+    {"float32", kDLFloat, 32},
+    {"float64", kDLFloat, 64},
+    {"bfloat16", kDLBfloat, 16},
+    {"complex32", kDLComplex, 32},
+    {"complex64", kDLComplex, 64},
+    {"complex128", kDLComplex, 128},
+    {"float8_e3m4", kDLFloat8_e3m4, 8},
+    {"float8_e4m3", kDLFloat8_e4m3, 8},
+    {"float8_e4m3b11fnuz", kDLFloat8_e4m3b11fnuz, 8},
+    {"float8_e4m3fn", kDLFloat8_e4m3fn, 8},
+    {"float8_e4m3fnuz", kDLFloat8_e4m3fnuz, 8},
+    {"float8_e5m2", kDLFloat8_e5m2, 8},
+    {"float8_e5m2fnuz", kDLFloat8_e5m2fnuz, 8},
+    {"float8_e8m0fnu", kDLFloat8_e8m0fnu, 8},
+    {"float6_e2m3fn", kDLFloat6_e2m3fn, 6},
+    {"float6_e3m2fn", kDLFloat6_e3m2fn, 6},
+    {"float4_e2m1fn", kDLFloat4_e2m1fn, 4},
+};
+
+#define DTYPE_TABLE_LEN (sizeof dtype_table / sizeof dtype_table[0])
+
+/* Names of the codes for messages, indexed by code. */
+static const char *const code_names[] = {
+    "int",           "uint",          "float",
+    "opaque handle", "bfloat",        "complex",
+    "bool",          "float8_e3m4",   "float8_e4m3",
+    "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
+    "float8_e5m2",   "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn",
+};
+
+#define CODE_NAMES_LEN (sizeof code_names / sizeof code_names[0])
+
+static const dtype_entry *find_entry(uint8_t code, uint8_t bits) {
+  for (size_t i = 0; i < DTYPE_TABLE_LEN; i++) {
+    if (dtype_table[i].code == code && dtype_table[i].bits == bits)
+      return &dtype_table[i];
+  }
+  return NULL;
+}
+
+int dlb_dtype_check(DLDataType dtype, dlb_error *err) {
+  unsigned code = dtype.code, bits = dtype.bits, lanes = dtype.lanes;
+  if (code == kDLOpaqueHandle)
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "dtype (code %u, bits %u, lanes %u): code 3 "
+                         "(kDLOpaqueHandle) is not supported: its meaning is "
+                         "private to the producer",
+                         code, bits, lanes);
+  if (code >= CODE_NAMES_LEN)
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "dtype (code %u, bits %u, lanes %u): unknown type "
+                         "code %u (known codes are 0-17)",
+                         code, bits, lanes, code);
+  if (find_entry(dtype.code, dtype.bits) == NULL) {
+    /* List what the code does allow so the producer's bug is obvious. */
+    char allowed[64];
+    size_t used = 0;
+    allowed[0] = '\0';
+    for (size_t i = 0; i < DTYPE_TABLE_LEN; i++) {
+      if (dtype_table[i].code != code) continue;
+      int n = snprintf(allowed + used, sizeof allowed - used, "%s%u",
+                       used == 0 ? "" : ", ", (unsigned)dtype_table[i].bits);
+      if (n < 0 || (size_t)n >= sizeof allowed - used) break;
+      used += (size_t)n;
+    }
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "dtype (code %u, bits %u, lanes %u): %s does not "
+                         "allow bits %u (allowed: %s)",
+                         code, bits, lanes, code_names[code], bits, allowed);
+  }
+  if (lanes == 0)
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "dtype (code %u, bits %u, lanes %u): lanes must be "
+                         ">= 1",
+                         code, bits, lanes);
+  return DLB_OK;
+}
+
+int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen,
+                   dlb_error *err) {
+  int rc = dlb_dtype_check(dtype, err);
+  if (rc != DLB_OK) return rc;
+  if (buf == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "dtype name buffer is NULL");
+  const dtype_entry *e = find_entry(dtype.code, dtype.bits);
+  char tmp[40];
+  int n = dtype.lanes == 1
+              ? snprintf(tmp, sizeof tmp, "%s", e->name)
+              : snprintf(tmp, sizeof tmp, "%sx%u", e->name,
+                         (unsigned)dtype.lanes);
+  if (n < 0 || (size_t)n >= sizeof tmp)
+    return dlb_error_set(err, DLB_EINVAL, "dtype name does not fit");
+  if ((size_t)n >= buflen)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "dtype name \"%s\" needs %d bytes, buffer has %zu "
+                         "(32 always suffice)",
+                         tmp, n + 1, buflen);
+  memcpy(buf, tmp, (size_t)n + 1);
+  return DLB_OK;
+}
+
+/* Parse the "x<lanes>" suffix.  Only the canonical spelling is accepted
+ * (no "x1", no leading zeros, no sign), so every name maps to one dtype and
+ * back to the same name. */
+static int parse_lanes(const char *full, const char *s, uint16_t *out,
+                       dlb_error *err) {
+  if (*s == '\0') {
+    *out = 1;
+    return DLB_OK;
+  }
+  if (s[0] != 'x' || s[1] < '1' || s[1] > '9')
+    return dlb_error_set(err, DLB_EINVAL,
+                         "bad dtype name \"%.64s\": expected a vector suffix "
+                         "like \"x4\" after the type name",
+                         full);
+  unsigned long v = 0;
+  for (const char *p = s + 1; *p != '\0'; p++) {
+    if (*p < '0' || *p > '9')
+      return dlb_error_set(err, DLB_EINVAL,
+                           "bad dtype name \"%.64s\": lanes must be decimal "
+                           "digits after 'x'",
+                           full);
+    v = v * 10 + (unsigned long)(*p - '0');
+    if (v > UINT16_MAX)
+      return dlb_error_set(err, DLB_EINVAL,
+                           "bad dtype name \"%.64s\": lanes exceed 65535",
+                           full);
+  }
+  if (v == 1)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "bad dtype name \"%.64s\": one lane is written "
+                         "without the \"x1\" suffix",
+                         full);
+  *out = (uint16_t)v;
+  return DLB_OK;
+}
+
+int dlb_dtype_from_name(const char *name, DLDataType *out, dlb_error *err) {
+  if (name == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "dtype name is NULL");
+  if (out == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "dtype output pointer is NULL");
+  /* No base name is "<other base name>x<digits>", so at most one entry can
+   * match as a prefix followed by nothing or a lanes suffix. */
+  for (size_t i = 0; i < DTYPE_TABLE_LEN; i++) {
+    size_t len = strlen(dtype_table[i].name);
+    if (strncmp(name, dtype_table[i].name, len) != 0) continue;
+    const char *rest = name + len;
+    if (*rest != '\0' && *rest != 'x') continue;
+    uint16_t lanes = 1; /* silences -O2 maybe-uninitialized */
+    int rc = parse_lanes(name, rest, &lanes, err);
+    if (rc != DLB_OK) return rc;
+    out->code = dtype_table[i].code;
+    out->bits = dtype_table[i].bits;
+    out->lanes = lanes;
+    return DLB_OK;
+  }
+  return dlb_error_set(err, DLB_EINVAL,
+                       "unknown dtype name \"%.64s\" (expected e.g. "
+                       "\"float32\", \"int8\", \"bfloat16\", \"float8_e4m3fn\")",
+                       name);
+}
+
+bool dlb_dtype_is_subbyte(DLDataType dtype) {
+  return ((unsigned)dtype.bits * dtype.lanes) % 8u != 0;
+}
+
+int64_t dlb_dtype_itemsize(DLDataType dtype) {
+  /* At most 255 * 65535 bits: no overflow in int64. */
+  return ((int64_t)dtype.bits * dtype.lanes + 7) / 8;
+}
+
+int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count, bool padded,
+                            int64_t *out, dlb_error *err) {
+  int64_t elem_bits = (int64_t)dtype.bits * dtype.lanes;
+  if (count < 0)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "element count %lld is negative", (long long)count);
+  if (elem_bits == 0)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "dtype (code %u, bits %u, lanes %u) has zero-size "
+                         "elements",
+                         (unsigned)dtype.code, (unsigned)dtype.bits,
+                         (unsigned)dtype.lanes);
+  if (out == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "storage size output is NULL");
+  int64_t total;
+  if (padded) {
+    if (!dlb__mul_nonneg(count, (elem_bits + 7) / 8, &total))
+      goto overflow;
+  } else {
+    /* count * elem_bits may overflow even when the byte count fits, so split
+     * count = 8a + b: ceil(count * eb / 8) = a * eb + ceil(b * eb / 8). */
+    int64_t a = count / 8, b = count % 8, head;
+    int64_t tail = (b * elem_bits + 7) / 8;
+    if (!dlb__mul_nonneg(a, elem_bits, &head) || head > INT64_MAX - tail)
+      goto overflow;
+    total = head + tail;
+  }
+  *out = total;
+  return DLB_OK;
+
+overflow:
+  return dlb_error_set(err, DLB_EOVERFLOW,
+                       "%lld elements of %lld bits each (%s) exceed INT64_MAX "
+                       "bytes",
+                       (long long)count, (long long)elem_bits,
+                       padded ? "padded" : "packed");
+}

@@ -1,0 +1,242 @@
+/* layout.c -- element counts, strides, contiguity and byte spans.
+ *
+ * Everything here may be fed metadata from an untrusted producer, so every
+ * product and sum is checked, no check divides by an extent (a zero extent
+ * must not trap), and byte offsets are signed (negative strides reach
+ * below element 0). */
+#include "internal.h"
+
+/* a * b into *out for any signs; false when the result leaves int64_t.
+ * Works on magnitudes so INT64_MIN needs no special case and nothing is
+ * divided by zero. */
+static bool mul_i64(int64_t a, int64_t b, int64_t *out) {
+  uint64_t ua = a < 0 ? 0u - (uint64_t)a : (uint64_t)a;
+  uint64_t ub = b < 0 ? 0u - (uint64_t)b : (uint64_t)b;
+  if (ub != 0 && ua > UINT64_MAX / ub) return false;
+  uint64_t mag = ua * ub;
+  bool negative = (a < 0) != (b < 0) && mag != 0;
+  if (negative) {
+    if (mag > (uint64_t)INT64_MAX + 1u) return false;
+    /* -(mag) computed without overflowing for mag == 2^63. */
+    *out = mag == (uint64_t)INT64_MAX + 1u ? INT64_MIN : -(int64_t)mag;
+  } else {
+    if (mag > (uint64_t)INT64_MAX) return false;
+    *out = (int64_t)mag;
+  }
+  return true;
+}
+
+static bool add_i64(int64_t a, int64_t b, int64_t *out) {
+  if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b))
+    return false;
+  *out = a + b;
+  return true;
+}
+
+int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
+                    dlb_error *err) {
+  if (ndim < 0)
+    return dlb_error_set(err, DLB_EINVAL, "ndim %ld is negative", (long)ndim);
+  if (ndim > 0 && shape == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "shape is NULL but ndim is %ld",
+                         (long)ndim);
+  if (out == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "element count output is NULL");
+  /* Look at every extent before multiplying: a zero anywhere makes the
+   * product 0 even if the other extents alone would overflow, and a
+   * negative extent must be reported wherever it is. */
+  bool any_zero = false;
+  for (int32_t i = 0; i < ndim; i++) {
+    if (shape[i] < 0)
+      return dlb_error_set(err, DLB_EINVAL,
+                           "shape[%ld] is %lld: extents must be >= 0",
+                           (long)i, (long long)shape[i]);
+    if (shape[i] == 0) any_zero = true;
+  }
+  if (any_zero) {
+    *out = 0;
+    return DLB_OK;
+  }
+  int64_t n = 1;
+  for (int32_t i = 0; i < ndim; i++) {
+    if (!dlb__mul_nonneg(n, shape[i], &n))
+      return dlb_error_set(err, DLB_EOVERFLOW,
+                           "element count overflows int64 at shape[%ld] = %lld",
+                           (long)i, (long long)shape[i]);
+  }
+  *out = n;
+  return DLB_OK;
+}
+
+int dlb_strides_row_major(int32_t ndim, const int64_t *shape, int64_t *strides,
+                          dlb_error *err) {
+  if (ndim < 0)
+    return dlb_error_set(err, DLB_EINVAL, "ndim %ld is negative", (long)ndim);
+  if (ndim > 0 && (shape == NULL || strides == NULL))
+    return dlb_error_set(err, DLB_EINVAL,
+                         "%s is NULL but ndim is %ld",
+                         shape == NULL ? "shape" : "strides", (long)ndim);
+  for (int32_t i = 0; i < ndim; i++) {
+    if (shape[i] < 0)
+      return dlb_error_set(err, DLB_EINVAL,
+                           "shape[%ld] is %lld: extents must be >= 0",
+                           (long)i, (long long)shape[i]);
+  }
+  /* First pass only checks, so strides is written only on success. */
+  int64_t step = 1;
+  for (int32_t i = ndim - 1; i > 0; i--) {
+    /* NumPy and PyTorch both step over a zero extent as if it were 1. */
+    int64_t e = shape[i] == 0 ? 1 : shape[i];
+    if (!dlb__mul_nonneg(step, e, &step))
+      return dlb_error_set(err, DLB_EOVERFLOW,
+                           "row-major stride of dim %ld overflows int64 "
+                           "(shape[%ld] = %lld)",
+                           (long)(i - 1), (long)i, (long long)shape[i]);
+  }
+  step = 1;
+  for (int32_t i = ndim - 1; i >= 0; i--) {
+    int64_t e = shape[i] == 0 ? 1 : shape[i]; /* read before strides may alias */
+    strides[i] = step;
+    step *= i > 0 ? e : 1;
+  }
+  return DLB_OK;
+}
+
+const int64_t *dlb_tensor_strides(const DLTensor *t, int64_t *scratch) {
+  if (t == NULL || t->ndim <= 0 || t->ndim > DLB_MAX_NDIM || t->shape == NULL)
+    return NULL;
+  if (t->strides != NULL) return t->strides;
+  if (scratch == NULL) return NULL;
+  if (dlb_strides_row_major(t->ndim, t->shape, scratch, NULL) != DLB_OK)
+    return NULL;
+  return scratch;
+}
+
+int dlb_tensor_numel(const DLTensor *t, int64_t *out, dlb_error *err) {
+  if (t == NULL) return dlb_error_set(err, DLB_EINVAL, "tensor is NULL");
+  return dlb_shape_numel(t->ndim, t->shape, out, err);
+}
+
+int dlb_tensor_nbytes(const DLTensor *t, bool padded, int64_t *out,
+                      dlb_error *err) {
+  int64_t n;
+  int rc = dlb_tensor_numel(t, &n, err);
+  if (rc != DLB_OK) return rc;
+  return dlb_dtype_storage_bytes(t->dtype, n, padded, out, err);
+}
+
+void *dlb_tensor_data(const DLTensor *t) {
+  /* Pointer arithmetic on NULL is undefined; a NULL data pointer is only
+   * legal for a tensor with no elements, which has no element 0 anyway. */
+  if (t == NULL || t->data == NULL) return NULL;
+  return (char *)t->data + t->byte_offset;
+}
+
+/* order > 0: row-major (last dim fastest); order < 0: column-major. */
+static bool is_compact(const DLTensor *t, int order) {
+  if (t == NULL || t->ndim < 0) return false;
+  if (t->ndim == 0) return true;
+  if (t->shape == NULL) return false;
+  /* Every extent is looked at, so a negative one is never hidden behind a
+   * zero that would otherwise make the tensor trivially compact. */
+  bool empty = false;
+  int32_t big = 0;
+  for (int32_t i = 0; i < t->ndim; i++) {
+    if (t->shape[i] < 0) return false;
+    if (t->shape[i] == 0) empty = true;
+    if (t->shape[i] > 1) big++;
+  }
+  if (empty) return true;
+  /* NULL strides mean row-major, which is column-major as well only when
+   * at most one dim has an extent above 1. */
+  if (t->strides == NULL) return order > 0 || big <= 1;
+  int64_t expected = 1;
+  bool overflowed = false;
+  for (int32_t k = 0; k < t->ndim; k++) {
+    int32_t i = order > 0 ? t->ndim - 1 - k : k;
+    /* A stride on an extent-1 dim is never used to reach an element. */
+    if (t->shape[i] == 1) continue;
+    /* Past int64 no stride can match; only fail if another dim needs one. */
+    if (overflowed || t->strides[i] != expected) return false;
+    overflowed = !dlb__mul_nonneg(expected, t->shape[i], &expected);
+  }
+  return true;
+}
+
+bool dlb_tensor_is_contiguous(const DLTensor *t) { return is_compact(t, 1); }
+
+bool dlb_tensor_is_contiguous_f(const DLTensor *t) {
+  return is_compact(t, -1);
+}
+
+int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
+                         dlb_error *err) {
+  if (t == NULL) return dlb_error_set(err, DLB_EINVAL, "tensor is NULL");
+  if (lo == NULL || hi == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "byte span output is NULL");
+  if (t->ndim > DLB_MAX_NDIM)
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "ndim %ld exceeds DLB_MAX_NDIM (%d)", (long)t->ndim,
+                         DLB_MAX_NDIM);
+  int64_t n;
+  int rc = dlb_tensor_numel(t, &n, err);
+  if (rc != DLB_OK) return rc;
+  if (n == 0) {
+    *lo = 0;
+    *hi = 0;
+    return DLB_OK;
+  }
+  if (dlb_dtype_is_subbyte(t->dtype)) {
+    if (!dlb_tensor_is_contiguous(t))
+      return dlb_error_set(err, DLB_EUNSUPPORTED,
+                           "sub-byte dtype (code %u, bits %u, lanes %u) in a "
+                           "non-contiguous layout: elements smaller than a "
+                           "byte have no byte address",
+                           (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
+                           (unsigned)t->dtype.lanes);
+    /* Packed is DLPack's default for sub-byte data; the padded flag lives
+     * on the managed tensor, which this function cannot see. */
+    int64_t bytes;
+    rc = dlb_dtype_storage_bytes(t->dtype, n, false, &bytes, err);
+    if (rc != DLB_OK) return rc;
+    *lo = 0;
+    *hi = bytes;
+    return DLB_OK;
+  }
+  int64_t itemsize = dlb_dtype_itemsize(t->dtype);
+  if (itemsize == 0)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "dtype (code %u, bits %u, lanes %u) has zero-size "
+                         "elements",
+                         (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
+                         (unsigned)t->dtype.lanes);
+  int64_t scratch[DLB_MAX_NDIM];
+  const int64_t *strides = dlb_tensor_strides(t, scratch);
+  if (strides == NULL && t->ndim > 0)
+    return dlb_error_set(err, DLB_EOVERFLOW,
+                         "row-major strides for this shape overflow int64");
+  /* Work in elements first, then scale once: the lowest and highest
+   * element offsets, each a sum of (extent - 1) * stride over the dims. */
+  int64_t lo_e = 0, hi_e = 0;
+  for (int32_t i = 0; i < t->ndim; i++) {
+    int64_t reach;
+    bool ok = mul_i64(t->shape[i] - 1, strides[i], &reach);
+    if (ok) ok = reach < 0 ? add_i64(lo_e, reach, &lo_e)
+                           : add_i64(hi_e, reach, &hi_e);
+    if (!ok)
+      return dlb_error_set(err, DLB_EOVERFLOW,
+                           "byte span overflows int64 at dim %ld (shape %lld, "
+                           "stride %lld)",
+                           (long)i, (long long)t->shape[i],
+                           (long long)strides[i]);
+  }
+  int64_t lo_b, hi_b;
+  if (!add_i64(hi_e, 1, &hi_e) || !mul_i64(lo_e, itemsize, &lo_b) ||
+      !mul_i64(hi_e, itemsize, &hi_b))
+    return dlb_error_set(err, DLB_EOVERFLOW,
+                         "byte span of %lld-byte elements overflows int64",
+                         (long long)itemsize);
+  *lo = lo_b;
+  *hi = hi_b;
+  return DLB_OK;
+}

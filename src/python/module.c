@@ -1,0 +1,125 @@
+/*
+ * module.c -- dlbridge._core: module definition, per-module state and the
+ * module-level method table.  Multi-phase init, so the module can be
+ * re-created (sub-interpreters, importlib.reload) without sharing state; no
+ * framework is imported here or anywhere at import time.
+ */
+#include "dlbridge_py.h"
+
+dlb_module_state *dlb__state_from_type(PyTypeObject *type) {
+  /* PyType_GetModuleByDef walks the MRO, so subclasses defined in Python
+   * find our module too. */
+  PyObject *module = PyType_GetModuleByDef(type, &dlb__module_def);
+  if (module == NULL) {
+    PyErr_Clear();
+    return NULL;
+  }
+  return (dlb_module_state *)PyModule_GetState(module);
+}
+
+static int intern_name(PyObject **slot, const char *name) {
+  *slot = PyUnicode_InternFromString(name);
+  return *slot == NULL ? -1 : 0;
+}
+
+static int module_exec(PyObject *module) {
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  if (intern_name(&st->str_dlpack, "__dlpack__") < 0 ||
+      intern_name(&st->str_dlpack_device, "__dlpack_device__") < 0 ||
+      intern_name(&st->str_max_version, "max_version") < 0 ||
+      intern_name(&st->str_dl_device, "dl_device") < 0 ||
+      intern_name(&st->str_copy, "copy") < 0 ||
+      intern_name(&st->str_stream, "stream") < 0 ||
+      intern_name(&st->str_array_interface, "__array_interface__") < 0 ||
+      intern_name(&st->str_cuda_array_interface, "__cuda_array_interface__") < 0) {
+    return -1;
+  }
+  st->max_version_tuple = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION,
+                                        DLPACK_MINOR_VERSION);
+  if (st->max_version_tuple == NULL) return -1;
+  if (dlb__types_init(module, st) < 0) return -1;
+  if (dlb__tensor_init(module, st) < 0) return -1;
+  if (PyModule_AddStringConstant(module, "__version__", DLB_VERSION_STRING) < 0)
+    return -1;
+  if (PyModule_AddIntConstant(module, "MAX_NDIM", DLB_MAX_NDIM) < 0) return -1;
+  if (PyModule_AddIntConstant(module, "DLPACK_MAJOR_VERSION",
+                              DLPACK_MAJOR_VERSION) < 0 ||
+      PyModule_AddIntConstant(module, "DLPACK_MINOR_VERSION",
+                              DLPACK_MINOR_VERSION) < 0)
+    return -1;
+  return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg) {
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  Py_VISIT(st->TensorType);
+  Py_VISIT(st->DTypeType);
+  Py_VISIT(st->DeviceType);
+  Py_VISIT(st->max_version_tuple);
+  return 0;
+}
+
+static int module_clear(PyObject *module) {
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  Py_CLEAR(st->TensorType);
+  Py_CLEAR(st->DTypeType);
+  Py_CLEAR(st->DeviceType);
+  Py_CLEAR(st->str_dlpack);
+  Py_CLEAR(st->str_dlpack_device);
+  Py_CLEAR(st->str_max_version);
+  Py_CLEAR(st->str_dl_device);
+  Py_CLEAR(st->str_copy);
+  Py_CLEAR(st->str_stream);
+  Py_CLEAR(st->str_array_interface);
+  Py_CLEAR(st->str_cuda_array_interface);
+  Py_CLEAR(st->max_version_tuple);
+  return 0;
+}
+
+static void module_free(void *module) { module_clear((PyObject *)module); }
+
+static PyMethodDef module_methods[] = {
+    {"dtype", (PyCFunction)dlb__py_dtype, METH_O,
+     "dtype(spec) -> DType\n\nThe dtype named by spec: a name such as "
+     "'float32' or 'bfloat16', a DType, or a framework dtype."},
+    {"device", (PyCFunction)dlb__py_device, METH_O,
+     "device(spec) -> Device\n\nThe device named by spec: 'cpu', 'cuda:1', a "
+     "(device_type, device_id) tuple, or a Device."},
+    {"empty", (PyCFunction)(void (*)(void))dlb__py_empty,
+     METH_FASTCALL | METH_KEYWORDS,
+     "empty(shape, dtype='float32', device='cpu') -> Tensor\n\nA new tensor "
+     "whose contents are not initialised."},
+    {"zeros", (PyCFunction)(void (*)(void))dlb__py_zeros,
+     METH_FASTCALL | METH_KEYWORDS,
+     "zeros(shape, dtype='float32', device='cpu') -> Tensor\n\nA new tensor "
+     "filled with zeros."},
+    {"tensor", (PyCFunction)(void (*)(void))dlb__py_tensor,
+     METH_FASTCALL | METH_KEYWORDS,
+     "tensor(data, dtype=None, device='cpu') -> Tensor\n\nA new tensor holding "
+     "a copy of nested lists or a scalar."},
+    {"from_dlpack", (PyCFunction)(void (*)(void))dlb__py_from_dlpack,
+     METH_FASTCALL | METH_KEYWORDS,
+     "from_dlpack(obj, /, *, device=None, copy=None) -> Tensor\n\nA Tensor "
+     "viewing the memory of any tensor-like object, without copying unless "
+     "asked or needed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+PyModuleDef dlb__module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "dlbridge._core",
+    .m_doc = "dlbridge's C core: Tensor, DType, Device, from_dlpack.",
+    .m_size = sizeof(dlb_module_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&dlb__module_def); }

@@ -1,0 +1,1383 @@
+/*
+ * tensor.c -- the dlbridge.Tensor heap type: attributes, tolist, copy, repr,
+ * the buffer protocol, __array_interface__ / __cuda_array_interface__, and
+ * the factories empty(), zeros() and tensor().
+ *
+ * A Tensor owns exactly one DLManagedTensorVersioned (self->managed); its
+ * deleter runs once, in tp_dealloc.  Tensors hold no Python objects of their
+ * own (an imported producer's owner is reached only through the managed
+ * tensor's deleter), so the type does not take part in GC.
+ *
+ * Decisions recorded here (DESIGN.md asks that each be written down):
+ *
+ *  - Buffer protocol.  Formats follow the struct module: bool "?", ints
+ *    "b B h H i I q Q", float16 "e", float32 "f", float64 "d", complex64
+ *    "Zf", complex128 "Zd".  Dtypes with no struct code (bfloat16, fp8,
+ *    complex32, vector types) are refused with BufferError when the
+ *    consumer asks for a format (PyBUF_FORMAT, which memoryview() always
+ *    does), because a wrong format silently misreads data; a consumer that
+ *    asks for no format gets format NULL ("unsigned bytes") with the true
+ *    itemsize, as NumPy does -- it has said it only wants raw bytes.
+ *    Packed sub-byte dtypes are always refused: their elements have no byte
+ *    address.  Strides are in bytes, may be negative; buf is element 0.
+ *  - __array_interface__ (v3) typestr: "|b1" bool, "|i1"/"|u1", native
+ *    "<i2"... "<f2" "<f4" "<f8" "<c8" "<c16" (">" on big-endian hosts).
+ *    Dtypes NumPy cannot name (bfloat16, fp8, complex32, vector types) are
+ *    "|V<itemsize>": NumPy then sees opaque elements of the right size and
+ *    layout, which a user can .view() as ml_dtypes.bfloat16 and the like --
+ *    never a silently wrong numeric type.  strides is None when the tensor
+ *    is C-contiguous.  Only host-accessible tensors have the attribute
+ *    (AttributeError otherwise, so hasattr() is False on CUDA tensors).
+ *  - __cuda_array_interface__ (v3): CUDA and CUDA-managed tensors only.  No
+ *    "stream" key: a dlbridge Tensor has no work of its own in flight (its
+ *    producer's work was ordered when it was imported), so there is nothing
+ *    for the consumer to wait on.
+ *  - tolist() converts bool, ints, float16/32/64, bfloat16 (exactly, via
+ *    float32) and complex32/64/128; other dtypes (fp8/fp6/fp4, int4,
+ *    vectors) raise BufferError, since no Python scalar holds them exactly.
+ *  - tensor(data): inference as NumPy: all bool -> bool, ints -> int64,
+ *    floats -> float64, complex -> complex128; an empty list is float64.
+ *    Conversions are range checked: an int out of range for the dtype is
+ *    OverflowError; a float stored into an int dtype is truncated toward
+ *    zero (as NumPy and PyTorch do) when in range, NaN/inf are ValueError.
+ *  - Allocation (empty/zeros/tensor/copy) is CPU only for now: any other
+ *    device is a BufferError naming it.
+ */
+#include "dlbridge_py.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030C0000
+#include <structmember.h>
+#define DLB_T_PYSSIZET T_PYSSIZET
+#define DLB_READONLY READONLY
+#else
+#define DLB_T_PYSSIZET Py_T_PYSSIZET
+#define DLB_READONLY Py_READONLY
+#endif
+
+#define AS_TENSOR(o) ((dlb_TensorObject *)(o))
+
+/* ---- errors ------------------------------------------------------------------ */
+
+PyObject *dlb__raise(const dlb_error *err) {
+  PyObject *exc;
+  switch (err->code) {
+    case DLB_ENOMEM:
+      exc = PyExc_MemoryError;
+      break;
+    case DLB_EINVAL:
+    case DLB_EOVERFLOW: /* "too big", as NumPy reports it */
+      exc = PyExc_ValueError;
+      break;
+    case DLB_EUNSUPPORTED:
+    case DLB_EVERSION:
+    case DLB_EREADONLY:
+      exc = PyExc_BufferError;
+      break;
+    default: /* DLB_EDEVICE: a device runtime call failed */
+      exc = PyExc_RuntimeError;
+      break;
+  }
+  if (err->message[0] != '\0')
+    PyErr_SetString(exc, err->message);
+  else
+    PyErr_Format(exc, "dlbridge error %s", dlb_status_name(err->code));
+  return NULL;
+}
+
+/* ---- scalar kinds ------------------------------------------------------------ */
+
+/* The dtypes that have a Python scalar equivalent. */
+typedef enum {
+  K_NONE = 0,
+  K_BOOL,
+  K_I8, K_I16, K_I32, K_I64,
+  K_U8, K_U16, K_U32, K_U64,
+  K_F16, K_F32, K_F64, K_BF16,
+  K_C32, K_C64, K_C128
+} scalar_kind;
+
+static scalar_kind kind_of(DLDataType dt) {
+  if (dt.lanes != 1) return K_NONE;
+  switch (dt.code) {
+    case kDLBool:
+      return dt.bits == 8 ? K_BOOL : K_NONE;
+    case kDLInt:
+      switch (dt.bits) {
+        case 8: return K_I8;
+        case 16: return K_I16;
+        case 32: return K_I32;
+        case 64: return K_I64;
+        default: return K_NONE;
+      }
+    case kDLUInt:
+      switch (dt.bits) {
+        case 8: return K_U8;
+        case 16: return K_U16;
+        case 32: return K_U32;
+        case 64: return K_U64;
+        default: return K_NONE;
+      }
+    case kDLFloat:
+      switch (dt.bits) {
+        case 16: return K_F16;
+        case 32: return K_F32;
+        case 64: return K_F64;
+        default: return K_NONE;
+      }
+    case kDLBfloat:
+      return dt.bits == 16 ? K_BF16 : K_NONE;
+    case kDLComplex:
+      switch (dt.bits) {
+        case 32: return K_C32;
+        case 64: return K_C64;
+        case 128: return K_C128;
+        default: return K_NONE;
+      }
+    default:
+      return K_NONE;
+  }
+}
+
+/* struct-module format of a kind (buffer protocol); NULL when none. */
+static const char *buffer_format(scalar_kind k) {
+  switch (k) {
+    case K_BOOL: return "?";
+    case K_I8: return "b";
+    case K_U8: return "B";
+    case K_I16: return "h";
+    case K_U16: return "H";
+    case K_I32: return "i";
+    case K_U32: return "I";
+    case K_I64: return "q";
+    case K_U64: return "Q";
+    case K_F16: return "e";
+    case K_F32: return "f";
+    case K_F64: return "d";
+    case K_C64: return "Zf";
+    case K_C128: return "Zd";
+    default: return NULL;
+  }
+}
+
+#if PY_LITTLE_ENDIAN
+#define NATIVE_ORDER "<"
+#else
+#define NATIVE_ORDER ">"
+#endif
+
+/* __array_interface__ typestr of a kind; NULL when NumPy has no name for it
+ * (the caller then uses "|V<itemsize>"). */
+static const char *array_typestr(scalar_kind k) {
+  switch (k) {
+    case K_BOOL: return "|b1";
+    case K_I8: return "|i1";
+    case K_U8: return "|u1";
+    case K_I16: return NATIVE_ORDER "i2";
+    case K_U16: return NATIVE_ORDER "u2";
+    case K_I32: return NATIVE_ORDER "i4";
+    case K_U32: return NATIVE_ORDER "u4";
+    case K_I64: return NATIVE_ORDER "i8";
+    case K_U64: return NATIVE_ORDER "u8";
+    case K_F16: return NATIVE_ORDER "f2";
+    case K_F32: return NATIVE_ORDER "f4";
+    case K_F64: return NATIVE_ORDER "f8";
+    case K_C64: return NATIVE_ORDER "c8";
+    case K_C128: return NATIVE_ORDER "c16";
+    default: return NULL;
+  }
+}
+
+static float bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Round to nearest even, keeping NaN a (quiet) NaN. */
+static uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if (isnan(f)) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* The element at p as a new Python scalar.  memcpy: tensors need not be
+ * aligned. */
+static PyObject *read_scalar(scalar_kind k, const char *p) {
+  switch (k) {
+    case K_BOOL: return PyBool_FromLong(*(const unsigned char *)p != 0);
+    case K_I8: return PyLong_FromLong(*(const int8_t *)p);
+    case K_U8: return PyLong_FromLong(*(const uint8_t *)p);
+    case K_I16: { int16_t v; memcpy(&v, p, 2); return PyLong_FromLong(v); }
+    case K_U16: { uint16_t v; memcpy(&v, p, 2); return PyLong_FromLong(v); }
+    case K_I32: { int32_t v; memcpy(&v, p, 4); return PyLong_FromLong(v); }
+    case K_U32: {
+      uint32_t v; memcpy(&v, p, 4);
+      return PyLong_FromUnsignedLong(v);
+    }
+    case K_I64: {
+      int64_t v; memcpy(&v, p, 8);
+      return PyLong_FromLongLong((long long)v);
+    }
+    case K_U64: {
+      uint64_t v; memcpy(&v, p, 8);
+      return PyLong_FromUnsignedLongLong((unsigned long long)v);
+    }
+    case K_F16: {
+      double d = PyFloat_Unpack2(p, PY_LITTLE_ENDIAN);
+      if (d == -1.0 && PyErr_Occurred()) return NULL;
+      return PyFloat_FromDouble(d);
+    }
+    case K_F32: { float v; memcpy(&v, p, 4); return PyFloat_FromDouble(v); }
+    case K_F64: { double v; memcpy(&v, p, 8); return PyFloat_FromDouble(v); }
+    case K_BF16: {
+      uint16_t v; memcpy(&v, p, 2);
+      return PyFloat_FromDouble(bf16_to_float(v));
+    }
+    case K_C32: {
+      double re = PyFloat_Unpack2(p, PY_LITTLE_ENDIAN);
+      if (re == -1.0 && PyErr_Occurred()) return NULL;
+      double im = PyFloat_Unpack2(p + 2, PY_LITTLE_ENDIAN);
+      if (im == -1.0 && PyErr_Occurred()) return NULL;
+      return PyComplex_FromDoubles(re, im);
+    }
+    case K_C64: {
+      float v[2]; memcpy(v, p, 8);
+      return PyComplex_FromDoubles(v[0], v[1]);
+    }
+    case K_C128: {
+      double v[2]; memcpy(v, p, 16);
+      return PyComplex_FromDoubles(v[0], v[1]);
+    }
+    default:
+      PyErr_SetString(PyExc_BufferError, "dtype has no Python scalar type");
+      return NULL;
+  }
+}
+
+/* ---- layout helpers ------------------------------------------------------------ */
+
+static dlb_module_state *tensor_state(PyObject *self) {
+  return dlb__state_from_type(Py_TYPE(self));
+}
+
+static int64_t tensor_numel(const DLTensor *t) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < t->ndim; i++) n *= t->shape[i]; /* validated */
+  return n;
+}
+
+static PyObject *device_text(DLDevice d) {
+  const char *name = dlb_device_type_name((int32_t)d.device_type);
+  if (d.device_type == kDLCPU && d.device_id == 0)
+    return PyUnicode_FromString("cpu");
+  if (name == NULL)
+    return PyUnicode_FromFormat("device_type_%d:%d", (int)d.device_type,
+                                (int)d.device_id);
+  return PyUnicode_FromFormat("%s:%d", name, (int)d.device_id);
+}
+
+/* Byte strides of t into out (ndim values).  Extent-1 (and empty-tensor)
+ * dims get their row-major value: their stride is meaningless in DLPack and
+ * may be anything, so it must not leak into a consumer's contiguity checks
+ * or overflow when scaled.  -1 with BufferError when a stride in bytes does
+ * not fit in int64. */
+static int byte_strides(const DLTensor *t, int64_t itemsize, int64_t *out) {
+  int64_t scratch[DLB_MAX_NDIM];
+  const int64_t *st = t->ndim > 0 ? dlb_tensor_strides(t, scratch) : NULL;
+  int empty = tensor_numel(t) == 0;
+  int64_t row = itemsize;
+  for (int32_t i = t->ndim - 1; i >= 0; i--) {
+    int64_t e = t->shape[i];
+    if (e <= 1 || empty || st == NULL) {
+      out[i] = row;
+    } else {
+      int64_t s = st[i];
+      if (s != 0 && (s > INT64_MAX / itemsize || s < INT64_MIN / itemsize)) {
+        PyErr_Format(PyExc_BufferError,
+                     "stride %lld of dim %d does not fit in bytes",
+                     (long long)s, (int)i);
+        return -1;
+      }
+      out[i] = s * itemsize;
+    }
+    /* row-major running product; saturate (only ever used for extent <= 1
+     * dims, where any value is correct) */
+    if (e > 1 && row <= INT64_MAX / e) row *= e;
+  }
+  return 0;
+}
+
+static int host_accessible(const dlb_TensorObject *self) {
+  return dlb_device_is_host_accessible(self->t.device);
+}
+
+static int require_host(const dlb_TensorObject *self, const char *what) {
+  if (host_accessible(self)) return 0;
+  PyObject *d = device_text(self->t.device);
+  if (d == NULL) return -1;
+  PyErr_Format(PyExc_BufferError,
+               "%s needs memory the CPU can read, but the tensor is on %U; "
+               "copy it to the CPU first",
+               what, d);
+  Py_DECREF(d);
+  return -1;
+}
+
+/* ---- construction / destruction ---------------------------------------------------- */
+
+/* Run m's deleter without disturbing the error indicator: deleters of
+ * imported tensors may run Python code (DECREF of a producer's object). */
+static void delete_preserving_error(DLManagedTensorVersioned *m) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject *exc = PyErr_GetRaisedException();
+  dlb_managed_delete(m);
+  PyErr_SetRaisedException(exc);
+#else
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  dlb_managed_delete(m);
+  PyErr_Restore(type, value, tb);
+#endif
+}
+
+PyObject *dlb__tensor_from_managed(dlb_module_state *st,
+                                   DLManagedTensorVersioned *m) {
+  PyTypeObject *tp = st->TensorType;
+  dlb_TensorObject *self = (dlb_TensorObject *)tp->tp_alloc(tp, 0);
+  if (self == NULL) {
+    delete_preserving_error(m); /* stolen even on failure */
+    return NULL;
+  }
+  self->t = m->dl_tensor;
+  self->managed = m;
+  self->flags = m->flags;
+  self->buffer_exports = 0;
+  self->weakreflist = NULL;
+  return (PyObject *)self;
+}
+
+static void tensor_dealloc(PyObject *op) {
+  dlb_TensorObject *self = AS_TENSOR(op);
+  PyTypeObject *tp = Py_TYPE(op);
+  if (self->weakreflist != NULL) PyObject_ClearWeakRefs(op);
+  if (self->managed != NULL) {
+    DLManagedTensorVersioned *m = self->managed;
+    self->managed = NULL;
+    delete_preserving_error(m);
+  }
+  tp->tp_free(op);
+  Py_DECREF(tp);
+}
+
+static PyObject *tensor_new(PyTypeObject *type, PyObject *args,
+                            PyObject *kwds) {
+  (void)type;
+  (void)args;
+  (void)kwds;
+  PyErr_SetString(PyExc_TypeError,
+                  "dlbridge.Tensor cannot be created directly; use "
+                  "dlbridge.from_dlpack(obj), dlbridge.tensor(data), "
+                  "dlbridge.empty(shape) or dlbridge.zeros(shape)");
+  return NULL;
+}
+
+/* ---- attributes ----------------------------------------------------------------- */
+
+static PyObject *int64_tuple(int32_t n, const int64_t *v) {
+  PyObject *t = PyTuple_New(n);
+  if (t == NULL) return NULL;
+  for (int32_t i = 0; i < n; i++) {
+    PyObject *x = PyLong_FromLongLong((long long)v[i]);
+    if (x == NULL) {
+      Py_DECREF(t);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(t, i, x);
+  }
+  return t;
+}
+
+static PyObject *tensor_get_shape(PyObject *op, void *c) {
+  (void)c;
+  dlb_TensorObject *self = AS_TENSOR(op);
+  return int64_tuple(self->t.ndim, self->t.shape);
+}
+
+static PyObject *tensor_get_strides(PyObject *op, void *c) {
+  (void)c;
+  dlb_TensorObject *self = AS_TENSOR(op);
+  if (self->t.ndim == 0) return PyTuple_New(0);
+  int64_t scratch[DLB_MAX_NDIM];
+  const int64_t *st = dlb_tensor_strides(&self->t, scratch);
+  if (st == NULL) {
+    PyErr_SetString(PyExc_BufferError, "tensor has no valid strides");
+    return NULL;
+  }
+  return int64_tuple(self->t.ndim, st);
+}
+
+static PyObject *tensor_get_dtype(PyObject *op, void *c) {
+  (void)c;
+  dlb_module_state *st = tensor_state(op);
+  if (st == NULL) return NULL;
+  return dlb__dtype_new(st, AS_TENSOR(op)->t.dtype);
+}
+
+static PyObject *tensor_get_device(PyObject *op, void *c) {
+  (void)c;
+  dlb_module_state *st = tensor_state(op);
+  if (st == NULL) return NULL;
+  return dlb__device_new(st, AS_TENSOR(op)->t.device);
+}
+
+static PyObject *tensor_get_ndim(PyObject *op, void *c) {
+  (void)c;
+  return PyLong_FromLong(AS_TENSOR(op)->t.ndim);
+}
+
+static PyObject *tensor_get_size(PyObject *op, void *c) {
+  (void)c;
+  return PyLong_FromLongLong((long long)tensor_numel(&AS_TENSOR(op)->t));
+}
+
+static PyObject *tensor_get_nbytes(PyObject *op, void *c) {
+  (void)c;
+  dlb_TensorObject *self = AS_TENSOR(op);
+  int64_t n;
+  dlb_error err;
+  bool padded = (self->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
+  if (dlb_tensor_nbytes(&self->t, padded, &n, &err) != DLB_OK)
+    return dlb__raise(&err);
+  return PyLong_FromLongLong((long long)n);
+}
+
+static PyObject *tensor_get_itemsize(PyObject *op, void *c) {
+  (void)c;
+  return PyLong_FromLongLong(dlb_dtype_itemsize(AS_TENSOR(op)->t.dtype));
+}
+
+static PyObject *tensor_get_data_ptr(PyObject *op, void *c) {
+  (void)c;
+  return PyLong_FromVoidPtr(dlb_tensor_data(&AS_TENSOR(op)->t));
+}
+
+static PyObject *tensor_get_readonly(PyObject *op, void *c) {
+  (void)c;
+  return PyBool_FromLong(
+      (AS_TENSOR(op)->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0);
+}
+
+static PyObject *tensor_get_is_contiguous(PyObject *op, void *c) {
+  (void)c;
+  return PyBool_FromLong(dlb_tensor_is_contiguous(&AS_TENSOR(op)->t));
+}
+
+/* The dict shared by __array_interface__ and __cuda_array_interface__. */
+static PyObject *interface_dict(dlb_TensorObject *self) {
+  PyObject *d = NULL, *res = NULL, *v = NULL;
+  const DLTensor *t = &self->t;
+  int64_t itemsize = dlb_dtype_itemsize(t->dtype);
+  int readonly = (self->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+
+  if (dlb_dtype_is_subbyte(t->dtype)) {
+    PyErr_SetString(PyExc_BufferError,
+                    "a packed sub-byte dtype cannot be described by the array "
+                    "interface: its elements have no byte address");
+    goto cleanup;
+  }
+  d = PyDict_New();
+  if (d == NULL) goto cleanup;
+
+  v = int64_tuple(t->ndim, t->shape);
+  if (v == NULL || PyDict_SetItemString(d, "shape", v) < 0) goto cleanup;
+  Py_CLEAR(v);
+
+  const char *ts = array_typestr(kind_of(t->dtype));
+  v = ts != NULL ? PyUnicode_FromString(ts)
+                 : PyUnicode_FromFormat("|V%lld", (long long)itemsize);
+  if (v == NULL || PyDict_SetItemString(d, "typestr", v) < 0) goto cleanup;
+  Py_CLEAR(v);
+
+  v = Py_BuildValue("(NO)", PyLong_FromVoidPtr(dlb_tensor_data(t)),
+                    readonly ? Py_True : Py_False);
+  if (v == NULL || PyDict_SetItemString(d, "data", v) < 0) goto cleanup;
+  Py_CLEAR(v);
+
+  if (dlb_tensor_is_contiguous(t)) {
+    v = Py_NewRef(Py_None);
+  } else {
+    int64_t bs[DLB_MAX_NDIM];
+    if (byte_strides(t, itemsize, bs) < 0) goto cleanup;
+    v = int64_tuple(t->ndim, bs);
+  }
+  if (v == NULL || PyDict_SetItemString(d, "strides", v) < 0) goto cleanup;
+  Py_CLEAR(v);
+
+  v = PyLong_FromLong(3);
+  if (v == NULL || PyDict_SetItemString(d, "version", v) < 0) goto cleanup;
+  Py_CLEAR(v);
+
+  res = d;
+  d = NULL;
+
+cleanup:
+  Py_XDECREF(v);
+  Py_XDECREF(d);
+  return res;
+}
+
+static PyObject *tensor_get_array_interface(PyObject *op, void *c) {
+  (void)c;
+  dlb_TensorObject *self = AS_TENSOR(op);
+  if (!host_accessible(self)) {
+    PyObject *d = device_text(self->t.device);
+    if (d == NULL) return NULL;
+    PyErr_Format(PyExc_AttributeError,
+                 "__array_interface__ is only defined for tensors in host "
+                 "memory; this one is on %U (use __cuda_array_interface__ or "
+                 "__dlpack__)",
+                 d);
+    Py_DECREF(d);
+    return NULL;
+  }
+  return interface_dict(self);
+}
+
+static PyObject *tensor_get_cuda_array_interface(PyObject *op, void *c) {
+  (void)c;
+  dlb_TensorObject *self = AS_TENSOR(op);
+  DLDeviceType dt = self->t.device.device_type;
+  if (dt != kDLCUDA && dt != kDLCUDAManaged) {
+    PyErr_SetString(PyExc_AttributeError,
+                    "__cuda_array_interface__ is only defined for tensors in "
+                    "CUDA memory");
+    return NULL;
+  }
+  return interface_dict(self);
+}
+
+static PyGetSetDef tensor_getset[] = {
+    {"shape", tensor_get_shape, NULL, "Extents (tuple of int).", NULL},
+    {"strides", tensor_get_strides, NULL,
+     "Strides in elements, as DLPack counts them (tuple of int).", NULL},
+    {"dtype", tensor_get_dtype, NULL, "Element type (dlbridge.DType).", NULL},
+    {"device", tensor_get_device, NULL, "Device (dlbridge.Device).", NULL},
+    {"ndim", tensor_get_ndim, NULL, "Number of dimensions.", NULL},
+    {"size", tensor_get_size, NULL, "Number of elements.", NULL},
+    {"nbytes", tensor_get_nbytes, NULL,
+     "Bytes the elements take stored compactly (packed for sub-byte types).",
+     NULL},
+    {"itemsize", tensor_get_itemsize, NULL,
+     "Bytes per element (rounded up for sub-byte types).", NULL},
+    {"data_ptr", tensor_get_data_ptr, NULL,
+     "Address of element 0 (data + byte_offset), as an int.", NULL},
+    {"readonly", tensor_get_readonly, NULL,
+     "True when the memory must not be written.", NULL},
+    {"is_contiguous", tensor_get_is_contiguous, NULL,
+     "True when row-major compact (extent-1 strides ignored).", NULL},
+    {"__array_interface__", tensor_get_array_interface, NULL,
+     "NumPy array interface (v3); host memory only.", NULL},
+    {"__cuda_array_interface__", tensor_get_cuda_array_interface, NULL,
+     "CUDA array interface (v3); CUDA memory only.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef tensor_members[] = {
+    {"__weaklistoffset__", DLB_T_PYSSIZET,
+     offsetof(dlb_TensorObject, weakreflist), DLB_READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+/* ---- tolist ---------------------------------------------------------------------- */
+
+static PyObject *tolist_rec(scalar_kind k, const char *p, int32_t dim,
+                            const DLTensor *t, const int64_t *bs) {
+  if (dim == t->ndim) return read_scalar(k, p);
+  int64_t n = t->shape[dim];
+  PyObject *list = PyList_New((Py_ssize_t)n);
+  if (list == NULL) return NULL;
+  for (int64_t i = 0; i < n; i++) {
+    PyObject *x = tolist_rec(k, p + i * bs[dim], dim + 1, t, bs);
+    if (x == NULL) {
+      Py_DECREF(list);
+      return NULL;
+    }
+    PyList_SET_ITEM(list, (Py_ssize_t)i, x);
+  }
+  return list;
+}
+
+static PyObject *tensor_tolist(PyObject *op, PyObject *unused) {
+  (void)unused;
+  dlb_TensorObject *self = AS_TENSOR(op);
+  const DLTensor *t = &self->t;
+  if (require_host(self, "tolist()") < 0) return NULL;
+  scalar_kind k = kind_of(t->dtype);
+  if (k == K_NONE) {
+    char name[48];
+    if (dlb_dtype_name(t->dtype, name, sizeof name, NULL) != DLB_OK)
+      strcpy(name, "(unknown)");
+    PyErr_Format(PyExc_BufferError,
+                 "tolist() cannot convert dtype %s to Python scalars: no "
+                 "Python number holds it exactly; export it to a framework "
+                 "that knows the type",
+                 name);
+    return NULL;
+  }
+  int64_t bs[DLB_MAX_NDIM];
+  if (byte_strides(t, dlb_dtype_itemsize(t->dtype), bs) < 0) return NULL;
+  return tolist_rec(k, (const char *)dlb_tensor_data(t), 0, t, bs);
+}
+
+/* ---- keyword parsing ---------------------------------------------------------------- */
+
+/* Spread fastcall arguments over names[] (positional-or-keyword, in order).
+ * out[i] is a borrowed reference or NULL when not given.  Not a hot path
+ * (factories), but still no tuple/dict is built. */
+static int parse_args(const char *fname, PyObject *const *args,
+                      Py_ssize_t nargs, PyObject *kwnames,
+                      const char *const *names, int nnames, int npos_max,
+                      int nrequired, PyObject **out) {
+  for (int i = 0; i < nnames; i++) out[i] = NULL;
+  if (nargs > npos_max) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s() takes at most %d positional argument%s (%zd given)",
+                 fname, npos_max, npos_max == 1 ? "" : "s", nargs);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t j = 0; j < nkw; j++) {
+    PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+    int found = -1;
+    for (int i = 0; i < nnames; i++) {
+      if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) {
+        found = i;
+        break;
+      }
+    }
+    if (found < 0) {
+      PyErr_Format(PyExc_TypeError,
+                   "%s() got an unexpected keyword argument '%U'", fname, key);
+      return -1;
+    }
+    if (out[found] != NULL) {
+      PyErr_Format(PyExc_TypeError,
+                   "%s() got multiple values for argument '%s'", fname,
+                   names[found]);
+      return -1;
+    }
+    out[found] = args[nargs + j];
+  }
+  for (int i = 0; i < nrequired; i++) {
+    if (out[i] == NULL) {
+      PyErr_Format(PyExc_TypeError,
+                   "%s() missing required argument '%s' (pos %d)", fname,
+                   names[i], i + 1);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Only CPU memory can be allocated so far. */
+static int require_cpu_target(const char *fname, DLDevice d) {
+  if (d.device_type == kDLCPU) return 0;
+  PyObject *s = device_text(d);
+  if (s == NULL) return -1;
+  PyErr_Format(PyExc_BufferError,
+               "%s(): cannot allocate on device '%U': dlbridge can only "
+               "allocate CPU memory so far (device='cpu')",
+               fname, s);
+  Py_DECREF(s);
+  return -1;
+}
+
+/* ---- copy ----------------------------------------------------------------------------- */
+
+static PyObject *tensor_copy(PyObject *op, PyObject *const *args,
+                             Py_ssize_t nargs, PyObject *kwnames) {
+  static const char *const names[] = {"device"};
+  dlb_TensorObject *self = AS_TENSOR(op);
+  PyObject *a[1];
+  DLDevice target = {kDLCPU, 0};
+  DLManagedTensorVersioned *m = NULL;
+  dlb_error err;
+  dlb_module_state *st = tensor_state(op);
+  if (st == NULL) return NULL;
+  if (parse_args("copy", args, nargs, kwnames, names, 1, 0, 0, a) < 0)
+    return NULL;
+  if (a[0] != NULL && dlb__device_converter(st, a[0], &target) < 0)
+    return NULL;
+  if (require_cpu_target("copy", target) < 0) return NULL;
+  if (require_host(self, "copy()") < 0) return NULL;
+  bool padded = (self->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
+  if (dlb_managed_empty(self->t.ndim, self->t.shape, self->t.dtype, target,
+                        padded, &m, &err) != DLB_OK)
+    return dlb__raise(&err);
+  if (dlb_copy(&m->dl_tensor, &self->t, &err) != DLB_OK) {
+    dlb_managed_delete(m); /* ours, frees without touching Python */
+    return dlb__raise(&err);
+  }
+  return dlb__tensor_from_managed(st, m);
+}
+
+/* ---- repr / len -------------------------------------------------------------------------- */
+
+#define REPR_MAX_ELEMENTS 100
+
+static PyObject *tensor_repr(PyObject *op) {
+  dlb_TensorObject *self = AS_TENSOR(op);
+  const DLTensor *t = &self->t;
+  PyObject *values = NULL, *shape = NULL, *dev = NULL, *res = NULL;
+  char name[48];
+  if (dlb_dtype_name(t->dtype, name, sizeof name, NULL) != DLB_OK)
+    snprintf(name, sizeof name, "(code %u, bits %u, lanes %u)",
+             (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
+             (unsigned)t->dtype.lanes);
+  if (host_accessible(self) && kind_of(t->dtype) != K_NONE &&
+      tensor_numel(t) <= REPR_MAX_ELEMENTS) {
+    PyObject *list = tensor_tolist(op, NULL);
+    if (list == NULL) goto cleanup;
+    values = PyObject_Repr(list);
+    Py_DECREF(list);
+  } else {
+    values = PyUnicode_FromString("...");
+  }
+  if (values == NULL) goto cleanup;
+  shape = tensor_get_shape(op, NULL);
+  if (shape == NULL) goto cleanup;
+  dev = device_text(t->device);
+  if (dev == NULL) goto cleanup;
+  res = PyUnicode_FromFormat(
+      "dlbridge.Tensor(%U, shape=%R, dtype=%s, device=%U%s)", values, shape,
+      name, dev,
+      (self->flags & DLPACK_FLAG_BITMASK_READ_ONLY) ? ", readonly=True" : "");
+
+cleanup:
+  Py_XDECREF(values);
+  Py_XDECREF(shape);
+  Py_XDECREF(dev);
+  return res;
+}
+
+static Py_ssize_t tensor_len(PyObject *op) {
+  dlb_TensorObject *self = AS_TENSOR(op);
+  if (self->t.ndim == 0) {
+    PyErr_SetString(PyExc_TypeError, "len() of a 0-d tensor");
+    return -1;
+  }
+  return (Py_ssize_t)self->t.shape[0];
+}
+
+/* ---- buffer protocol ------------------------------------------------------------------- */
+
+static int tensor_getbuffer(PyObject *op, Py_buffer *view, int flags) {
+  dlb_TensorObject *self = AS_TENSOR(op);
+  const DLTensor *t = &self->t;
+  Py_ssize_t *dims = NULL;
+  int rc = -1;
+  char name[48];
+
+  view->obj = NULL;
+  if (require_host(self, "the buffer protocol") < 0) goto cleanup;
+  if ((flags & PyBUF_WRITABLE) &&
+      (self->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
+    PyErr_SetString(PyExc_BufferError,
+                    "the tensor is read-only; a writable buffer was asked "
+                    "for");
+    goto cleanup;
+  }
+  if (dlb_dtype_name(t->dtype, name, sizeof name, NULL) != DLB_OK)
+    strcpy(name, "(unknown)");
+  if (dlb_dtype_is_subbyte(t->dtype)) {
+    PyErr_Format(PyExc_BufferError,
+                 "dtype %s packs elements below a byte; the buffer protocol "
+                 "cannot describe it",
+                 name);
+    goto cleanup;
+  }
+  const char *format = buffer_format(kind_of(t->dtype));
+  if ((flags & PyBUF_FORMAT) && format == NULL) {
+    PyErr_Format(PyExc_BufferError,
+                 "dtype %s has no struct-module format code, so the buffer "
+                 "protocol cannot describe it; use __dlpack__ or "
+                 "__array_interface__",
+                 name);
+    goto cleanup;
+  }
+  int64_t itemsize = dlb_dtype_itemsize(t->dtype);
+  int64_t numel = tensor_numel(t);
+  int c_contig = dlb_tensor_is_contiguous(t);
+  int f_contig = dlb_tensor_is_contiguous_f(t);
+
+  /* Contiguity demanded by the request. */
+  if ((flags & PyBUF_C_CONTIGUOUS) == PyBUF_C_CONTIGUOUS && !c_contig) {
+    PyErr_SetString(PyExc_BufferError, "the tensor is not C-contiguous");
+    goto cleanup;
+  }
+  if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && !f_contig) {
+    PyErr_SetString(PyExc_BufferError, "the tensor is not Fortran-contiguous");
+    goto cleanup;
+  }
+  if ((flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS && !c_contig &&
+      !f_contig) {
+    PyErr_SetString(PyExc_BufferError, "the tensor is not contiguous");
+    goto cleanup;
+  }
+  /* Without PyBUF_STRIDES the consumer will assume C order. */
+  if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !c_contig) {
+    PyErr_SetString(PyExc_BufferError,
+                    "the tensor is not C-contiguous and the consumer did not "
+                    "ask for strides");
+    goto cleanup;
+  }
+
+  if ((flags & PyBUF_ND) == PyBUF_ND && t->ndim > 0) {
+    /* shape and strides must outlive the view: one block in internal. */
+    dims = PyMem_Malloc(2 * (size_t)t->ndim * sizeof(Py_ssize_t));
+    if (dims == NULL) {
+      PyErr_NoMemory();
+      goto cleanup;
+    }
+    int64_t bs[DLB_MAX_NDIM];
+    if (byte_strides(t, itemsize, bs) < 0) goto cleanup;
+    for (int32_t i = 0; i < t->ndim; i++) {
+      dims[i] = (Py_ssize_t)t->shape[i];
+      dims[t->ndim + i] = (Py_ssize_t)bs[i];
+    }
+  }
+
+  view->buf = dlb_tensor_data(t);
+  view->len = (Py_ssize_t)(numel * itemsize);
+  view->readonly = (self->flags & DLPACK_FLAG_BITMASK_READ_ONLY) ? 1 : 0;
+  view->itemsize = (Py_ssize_t)itemsize;
+  /* The struct codes are string literals: they outlive every view. */
+  view->format = (flags & PyBUF_FORMAT) ? (char *)format : NULL;
+  if ((flags & PyBUF_ND) == PyBUF_ND) {
+    view->ndim = t->ndim;
+    view->shape = dims;
+    view->strides =
+        (flags & PyBUF_STRIDES) == PyBUF_STRIDES && dims != NULL
+            ? dims + t->ndim
+            : NULL;
+  } else {
+    /* PyBUF_SIMPLE: one flat run of bytes (contiguity checked above). */
+    view->ndim = 1;
+    view->shape = NULL;
+    view->strides = NULL;
+  }
+  view->suboffsets = NULL;
+  view->internal = dims;
+  view->obj = Py_NewRef(op);
+  self->buffer_exports++;
+  dims = NULL;
+  rc = 0;
+
+cleanup:
+  PyMem_Free(dims);
+  return rc;
+}
+
+static void tensor_releasebuffer(PyObject *op, Py_buffer *view) {
+  PyMem_Free(view->internal);
+  view->internal = NULL;
+  AS_TENSOR(op)->buffer_exports--;
+}
+
+/* ---- empty / zeros -------------------------------------------------------------------- */
+
+/* shape: an int or a sequence of ints, each >= 0. */
+static int parse_shape(PyObject *obj, int32_t *ndim, int64_t *shape) {
+  int rc = -1;
+  PyObject *seq = NULL;
+  if (PyLong_Check(obj) || (PyIndex_Check(obj) && !PySequence_Check(obj))) {
+    seq = PyTuple_Pack(1, obj);
+  } else if (PyUnicode_Check(obj) || PyBytes_Check(obj) ||
+             !PySequence_Check(obj)) {
+    PyErr_Format(PyExc_TypeError,
+                 "shape must be an int or a sequence of ints, not %.200s",
+                 Py_TYPE(obj)->tp_name);
+    goto cleanup;
+  } else {
+    seq = PySequence_Fast(obj, "shape must be an int or a sequence of ints");
+  }
+  if (seq == NULL) goto cleanup;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > DLB_MAX_NDIM) {
+    PyErr_Format(PyExc_BufferError,
+                 "shape has %zd dimensions; dlbridge handles at most %d "
+                 "(MAX_NDIM)",
+                 n, DLB_MAX_NDIM);
+    goto cleanup;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyIndex_Check(item)) {
+      PyErr_Format(PyExc_TypeError,
+                   "shape[%zd] must be an int, not %.200s", i,
+                   Py_TYPE(item)->tp_name);
+      goto cleanup;
+    }
+    PyObject *idx = PyNumber_Index(item);
+    if (idx == NULL) goto cleanup;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    Py_DECREF(idx);
+    if (v == -1 && PyErr_Occurred()) goto cleanup;
+    if (overflow > 0) {
+      PyErr_Format(PyExc_ValueError, "shape[%zd] is too large", i);
+      goto cleanup;
+    }
+    if (overflow < 0 || v < 0) {
+      PyErr_Format(PyExc_ValueError,
+                   "shape[%zd] is negative (%R); extents must be >= 0", i,
+                   item);
+      goto cleanup;
+    }
+    shape[i] = (int64_t)v;
+  }
+  *ndim = (int32_t)n;
+  rc = 0;
+
+cleanup:
+  Py_XDECREF(seq);
+  return rc;
+}
+
+static PyObject *make_filled(const char *fname, PyObject *module,
+                             PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames, bool zero) {
+  static const char *const names[] = {"shape", "dtype", "device"};
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  PyObject *a[3];
+  int32_t ndim = 0;
+  int64_t shape[DLB_MAX_NDIM];
+  DLDataType dtype = {kDLFloat, 32, 1};
+  DLDevice device = {kDLCPU, 0};
+  DLManagedTensorVersioned *m = NULL;
+  dlb_error err;
+
+  if (parse_args(fname, args, nargs, kwnames, names, 3, 3, 1, a) < 0)
+    return NULL;
+  if (parse_shape(a[0], &ndim, shape) < 0) return NULL;
+  if (a[1] != NULL && a[1] != Py_None &&
+      dlb__dtype_converter(st, a[1], &dtype) < 0)
+    return NULL;
+  if (a[2] != NULL && dlb__device_converter(st, a[2], &device) < 0)
+    return NULL;
+  if (require_cpu_target(fname, device) < 0) return NULL;
+  int rc = zero ? dlb_managed_zeros(ndim, shape, dtype, device, false, &m, &err)
+                : dlb_managed_empty(ndim, shape, dtype, device, false, &m, &err);
+  if (rc != DLB_OK) return dlb__raise(&err);
+  return dlb__tensor_from_managed(st, m);
+}
+
+PyObject *dlb__py_empty(PyObject *module, PyObject *const *args,
+                        Py_ssize_t nargs, PyObject *kwnames) {
+  return make_filled("empty", module, args, nargs, kwnames, false);
+}
+
+PyObject *dlb__py_zeros(PyObject *module, PyObject *const *args,
+                        Py_ssize_t nargs, PyObject *kwnames) {
+  return make_filled("zeros", module, args, nargs, kwnames, true);
+}
+
+/* ---- tensor(data) ------------------------------------------------------------------ */
+
+/* Python number classes, ordered so the inferred dtype is the maximum. */
+enum { C_NONE = 0, C_BOOL = 1, C_INT = 2, C_FLOAT = 3, C_COMPLEX = 4 };
+
+static int is_nested(PyObject *o) { return PyList_Check(o) || PyTuple_Check(o); }
+
+/* The class of a leaf; -1 with TypeError when it is not a number. */
+static int classify(PyObject *o) {
+  if (PyBool_Check(o)) return C_BOOL;
+  if (PyLong_Check(o)) return C_INT;
+  if (PyFloat_Check(o)) return C_FLOAT;
+  if (PyComplex_Check(o)) return C_COMPLEX;
+  /* Foreign scalars (numpy.bool, numpy.int8, numpy.float32, ...), by the
+   * protocols they implement; numpy.bool has neither __index__ nor a bool
+   * base, so it is recognised by name. */
+  const char *tn = Py_TYPE(o)->tp_name;
+  if (strcmp(tn, "numpy.bool") == 0 || strcmp(tn, "numpy.bool_") == 0)
+    return C_BOOL;
+  if (PyIndex_Check(o)) return C_INT;
+  if (PyObject_HasAttrString(o, "__complex__") &&
+      !(Py_TYPE(o)->tp_as_number && Py_TYPE(o)->tp_as_number->nb_float &&
+        strncmp(tn, "numpy.complex", 13) != 0 &&
+        strcmp(tn, "numpy.clongdouble") != 0))
+    return C_COMPLEX;
+  if (strncmp(tn, "numpy.complex", 13) == 0) return C_COMPLEX;
+  if (Py_TYPE(o)->tp_as_number && Py_TYPE(o)->tp_as_number->nb_float)
+    return C_FLOAT;
+  PyErr_Format(PyExc_TypeError,
+               "tensor() data must be nested lists/tuples of numbers; got "
+               "%.200s",
+               tn);
+  return -1;
+}
+
+static int ragged(int32_t dim) {
+  PyErr_Format(PyExc_ValueError,
+               "tensor() data is ragged: the lists at depth %d do not all "
+               "have the same length (or mix lists and scalars)",
+               (int)dim);
+  return -1;
+}
+
+/* Check the nesting against shape and find the widest number class. */
+static int infer_rec(PyObject *o, int32_t dim, int32_t ndim,
+                     const int64_t *shape, int *cls) {
+  if (dim == ndim) {
+    if (is_nested(o)) return ragged(dim);
+    int c = classify(o);
+    if (c < 0) return -1;
+    if (c > *cls) *cls = c;
+    return 0;
+  }
+  if (!is_nested(o) || PySequence_Fast_GET_SIZE(o) != shape[dim])
+    return ragged(dim);
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(o, i));
+    int r = infer_rec(item, dim + 1, ndim, shape, cls);
+    Py_DECREF(item);
+    if (r < 0) return -1;
+  }
+  return 0;
+}
+
+static int out_of_range(PyObject *o, const char *name) {
+  PyErr_Format(PyExc_OverflowError, "value %R is out of range for %s", o,
+               name);
+  return -1;
+}
+
+static int store_int(PyObject *o, int cls, scalar_kind k, const char *name,
+                     char *p) {
+  long long v = 0;
+  unsigned long long u = 0;
+  int is_unsigned = k == K_U8 || k == K_U16 || k == K_U32 || k == K_U64;
+  if (cls == C_COMPLEX) {
+    PyErr_Format(PyExc_TypeError, "cannot store complex value %R in %s", o,
+                 name);
+    return -1;
+  }
+  if (cls == C_FLOAT) {
+    double d = PyFloat_AsDouble(o);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    if (!isfinite(d)) {
+      PyErr_Format(PyExc_ValueError, "cannot store %R in integer dtype %s",
+                   o, name);
+      return -1;
+    }
+    d = trunc(d);
+    if (is_unsigned) {
+      if (d < 0 || d >= 18446744073709551616.0) return out_of_range(o, name);
+      u = (unsigned long long)d;
+    } else {
+      if (d < -9223372036854775808.0 || d >= 9223372036854775808.0)
+        return out_of_range(o, name);
+      v = (long long)d;
+    }
+  } else {
+    PyObject *idx = cls == C_BOOL ? PyLong_FromLong(PyObject_IsTrue(o))
+                                  : PyNumber_Index(o);
+    if (idx == NULL) return -1;
+    if (is_unsigned) {
+      int neg = PyObject_RichCompareBool(idx, Py_False, Py_LT);
+      if (neg < 0) {
+        Py_DECREF(idx);
+        return -1;
+      }
+      if (neg) {
+        Py_DECREF(idx);
+        return out_of_range(o, name);
+      }
+      u = PyLong_AsUnsignedLongLong(idx);
+      Py_DECREF(idx);
+      if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        return out_of_range(o, name);
+      }
+    } else {
+      int overflow = 0;
+      v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+      Py_DECREF(idx);
+      if (v == -1 && PyErr_Occurred()) return -1;
+      if (overflow) return out_of_range(o, name);
+    }
+  }
+  switch (k) {
+    case K_I8:
+      if (v < INT8_MIN || v > INT8_MAX) return out_of_range(o, name);
+      { int8_t x = (int8_t)v; memcpy(p, &x, 1); }
+      return 0;
+    case K_I16:
+      if (v < INT16_MIN || v > INT16_MAX) return out_of_range(o, name);
+      { int16_t x = (int16_t)v; memcpy(p, &x, 2); }
+      return 0;
+    case K_I32:
+      if (v < INT32_MIN || v > INT32_MAX) return out_of_range(o, name);
+      { int32_t x = (int32_t)v; memcpy(p, &x, 4); }
+      return 0;
+    case K_I64:
+      { int64_t x = (int64_t)v; memcpy(p, &x, 8); }
+      return 0;
+    case K_U8:
+      if (u > UINT8_MAX) return out_of_range(o, name);
+      { uint8_t x = (uint8_t)u; memcpy(p, &x, 1); }
+      return 0;
+    case K_U16:
+      if (u > UINT16_MAX) return out_of_range(o, name);
+      { uint16_t x = (uint16_t)u; memcpy(p, &x, 2); }
+      return 0;
+    case K_U32:
+      if (u > UINT32_MAX) return out_of_range(o, name);
+      { uint32_t x = (uint32_t)u; memcpy(p, &x, 4); }
+      return 0;
+    case K_U64:
+      { uint64_t x = (uint64_t)u; memcpy(p, &x, 8); }
+      return 0;
+    default:
+      PyErr_SetString(PyExc_TypeError, "not an integer dtype");
+      return -1;
+  }
+}
+
+/* A double narrowed to float, OverflowError when a finite value becomes
+ * infinite (NumPy would give inf silently; tensor() promises range
+ * checks). */
+static int narrow_float(PyObject *o, double d, const char *name, float *out) {
+  float f = (float)d;
+  if (isinf(f) && isfinite(d)) return out_of_range(o, name);
+  *out = f;
+  return 0;
+}
+
+static int store_scalar(PyObject *o, int cls, scalar_kind k, const char *name,
+                        char *p) {
+  switch (k) {
+    case K_BOOL: {
+      int b = PyObject_IsTrue(o);
+      if (b < 0) return -1;
+      *(unsigned char *)p = (unsigned char)b;
+      return 0;
+    }
+    case K_I8: case K_I16: case K_I32: case K_I64:
+    case K_U8: case K_U16: case K_U32: case K_U64:
+      return store_int(o, cls, k, name, p);
+    case K_F16: case K_F32: case K_F64: case K_BF16: {
+      if (cls == C_COMPLEX) {
+        PyErr_Format(PyExc_TypeError, "cannot store complex value %R in %s",
+                     o, name);
+        return -1;
+      }
+      double d = PyFloat_AsDouble(o);
+      if (d == -1.0 && PyErr_Occurred()) return -1;
+      if (k == K_F64) {
+        memcpy(p, &d, 8);
+        return 0;
+      }
+      if (k == K_F16) return PyFloat_Pack2(d, p, PY_LITTLE_ENDIAN);
+      float f;
+      if (narrow_float(o, d, name, &f) < 0) return -1;
+      if (k == K_F32) {
+        memcpy(p, &f, 4);
+        return 0;
+      }
+      uint16_t h = float_to_bf16(f);
+      if (isfinite(f) && (h & 0x7fffu) == 0x7f80u) return out_of_range(o, name);
+      memcpy(p, &h, 2);
+      return 0;
+    }
+    case K_C32: case K_C64: case K_C128: {
+      Py_complex c = PyComplex_AsCComplex(o);
+      if (c.real == -1.0 && PyErr_Occurred()) return -1;
+      if (k == K_C128) {
+        double v[2] = {c.real, c.imag};
+        memcpy(p, v, 16);
+        return 0;
+      }
+      if (k == K_C32) {
+        if (PyFloat_Pack2(c.real, p, PY_LITTLE_ENDIAN) < 0) return -1;
+        return PyFloat_Pack2(c.imag, p + 2, PY_LITTLE_ENDIAN);
+      }
+      float v[2];
+      if (narrow_float(o, c.real, name, &v[0]) < 0 ||
+          narrow_float(o, c.imag, name, &v[1]) < 0)
+        return -1;
+      memcpy(p, v, 8);
+      return 0;
+    }
+    default:
+      PyErr_Format(PyExc_TypeError, "cannot convert Python numbers to %s",
+                   name);
+      return -1;
+  }
+}
+
+/* Write the leaves of o in row-major order at *dst, re-checking the nesting
+ * (a __float__ or __index__ method may have changed the lists since
+ * infer_rec looked). */
+static int fill_rec(PyObject *o, int32_t dim, int32_t ndim,
+                    const int64_t *shape, scalar_kind k, const char *name,
+                    int64_t itemsize, char **dst) {
+  if (dim == ndim) {
+    if (is_nested(o)) return ragged(dim);
+    int c = classify(o);
+    if (c < 0) return -1;
+    if (store_scalar(o, c, k, name, *dst) < 0) return -1;
+    *dst += itemsize;
+    return 0;
+  }
+  if (!is_nested(o) || PySequence_Fast_GET_SIZE(o) != shape[dim])
+    return ragged(dim);
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(o, i));
+    int r = fill_rec(item, dim + 1, ndim, shape, k, name, itemsize, dst);
+    Py_DECREF(item);
+    if (r < 0) return -1;
+  }
+  return 0;
+}
+
+PyObject *dlb__py_tensor(PyObject *module, PyObject *const *args,
+                         Py_ssize_t nargs, PyObject *kwnames) {
+  static const char *const names[] = {"data", "dtype", "device"};
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  PyObject *a[3];
+  int32_t ndim = 0;
+  int64_t shape[DLB_MAX_NDIM];
+  DLDataType dtype;
+  DLDevice device = {kDLCPU, 0};
+  DLManagedTensorVersioned *m = NULL;
+  PyObject *res = NULL;
+  dlb_error err;
+  char name[48];
+
+  if (parse_args("tensor", args, nargs, kwnames, names, 3, 3, 1, a) < 0)
+    goto cleanup;
+  PyObject *data = a[0];
+  if (a[2] != NULL && dlb__device_converter(st, a[2], &device) < 0)
+    goto cleanup;
+  if (require_cpu_target("tensor", device) < 0) goto cleanup;
+
+  /* The shape is read down the first elements; every other element is
+   * checked against it while inferring / filling. */
+  for (PyObject *cur = data; is_nested(cur);) {
+    if (ndim == DLB_MAX_NDIM) {
+      PyErr_Format(PyExc_BufferError,
+                   "tensor() data nests deeper than %d levels (MAX_NDIM)",
+                   DLB_MAX_NDIM);
+      goto cleanup;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(cur);
+    shape[ndim++] = n;
+    if (n == 0) break;
+    cur = PySequence_Fast_GET_ITEM(cur, 0);
+  }
+
+  if (a[1] != NULL && a[1] != Py_None) {
+    if (dlb__dtype_converter(st, a[1], &dtype) < 0) goto cleanup;
+  } else {
+    int cls = C_NONE;
+    if (infer_rec(data, 0, ndim, shape, &cls) < 0) goto cleanup;
+    static const char *const inferred[] = {"float64", "bool", "int64",
+                                           "float64", "complex128"};
+    if (dlb_dtype_from_name(inferred[cls], &dtype, &err) != DLB_OK) {
+      dlb__raise(&err);
+      goto cleanup;
+    }
+  }
+  if (dlb_dtype_name(dtype, name, sizeof name, &err) != DLB_OK) {
+    dlb__raise(&err);
+    goto cleanup;
+  }
+  scalar_kind k = kind_of(dtype);
+  if (k == K_NONE) {
+    PyErr_Format(PyExc_TypeError,
+                 "tensor() cannot convert Python numbers to %s", name);
+    goto cleanup;
+  }
+  if (dlb_managed_empty(ndim, shape, dtype, device, false, &m, &err) !=
+      DLB_OK) {
+    dlb__raise(&err);
+    goto cleanup;
+  }
+  char *dst = (char *)m->dl_tensor.data;
+  if (tensor_numel(&m->dl_tensor) > 0 &&
+      fill_rec(data, 0, ndim, shape, k, name, dlb_dtype_itemsize(dtype),
+               &dst) < 0)
+    goto cleanup;
+  res = dlb__tensor_from_managed(st, m);
+  m = NULL; /* stolen, even on failure */
+
+cleanup:
+  if (m != NULL) dlb_managed_delete(m); /* ours: touches no Python */
+  return res;
+}
+
+/* ---- type ------------------------------------------------------------------------------ */
+
+static PyMethodDef tensor_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))dlb__tensor_dlpack,
+     METH_FASTCALL | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, "
+     "copy=None)\n--\n\nExport as a DLPack capsule."},
+    {"__dlpack_device__", dlb__tensor_dlpack_device, METH_NOARGS,
+     "__dlpack_device__()\n--\n\n(device_type, device_id) of the data."},
+    {"tolist", tensor_tolist, METH_NOARGS,
+     "tolist()\n--\n\nThe elements as nested lists of Python scalars (a "
+     "scalar for a 0-d tensor)."},
+    {"copy", (PyCFunction)(void (*)(void))tensor_copy,
+     METH_FASTCALL | METH_KEYWORDS,
+     "copy(*, device=None)\n--\n\nA new contiguous tensor owning a copy of "
+     "the data."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot tensor_slots[] = {
+    {Py_tp_dealloc, tensor_dealloc},
+    {Py_tp_new, tensor_new},
+    {Py_tp_repr, tensor_repr},
+    {Py_tp_methods, tensor_methods},
+    {Py_tp_getset, tensor_getset},
+    {Py_tp_members, tensor_members},
+    {Py_mp_length, tensor_len},
+    {Py_bf_getbuffer, tensor_getbuffer},
+    {Py_bf_releasebuffer, tensor_releasebuffer},
+    {Py_tp_doc,
+     "A strided view of memory owned through DLPack.  Made by "
+     "dlbridge.from_dlpack(), tensor(), empty() and zeros()."},
+    {0, NULL},
+};
+
+static PyType_Spec tensor_spec = {
+    .name = "dlbridge.Tensor",
+    .basicsize = sizeof(dlb_TensorObject),
+    .itemsize = 0,
+    /* Immutable: the exchange API table and the fast paths cache this type;
+     * C code may still add class attributes through tp_dict +
+     * PyType_Modified. */
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = tensor_slots,
+};
+
+int dlb__tensor_init(PyObject *module, dlb_module_state *st) {
+  st->TensorType =
+      (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, NULL);
+  if (st->TensorType == NULL) return -1;
+  if (PyModule_AddType(module, st->TensorType) < 0) return -1;
+  return 0;
+}

@@ -1,0 +1,570 @@
+/*
+ * types.c -- the DType and Device heap types, dlb.dtype() and dlb.device().
+ *
+ * Both types are small immutable value objects.  They cannot be constructed
+ * from Python directly (dlb.dtype() / dlb.device() are the constructors),
+ * which keeps every instance canonical: a DType always has a known
+ * (code, bits, lanes) and its canonical name.
+ *
+ * Equality rules (DESIGN.md "Public Python API"):
+ *   DType  == DType with the same (code, bits, lanes), and == its canonical
+ *            name string ("float32").  hash(DType) == hash(name), so a DType
+ *            and its name are interchangeable as dict keys.
+ *   Device == Device with the same (type, id), == a string that parses to
+ *            the same device ("cuda:1"; "cpu" and "cpu:0" are both CPU 0),
+ *            and == a (type, id) tuple.  A hash cannot agree with two
+ *            different kinds of equal object at once, so hash(Device) ==
+ *            hash((type, id)): the tuple is DLPack's own form, the one
+ *            __dlpack_device__() returns.
+ *
+ * Framework dtypes are recognised by their type's name, never by importing
+ * the framework: numpy.dtype instances (and subclasses), numpy scalar types
+ * (through the already-imported numpy module's dtype()), and torch.dtype
+ * (through str(), "torch.float32").
+ */
+#include "dlbridge_py.h"
+
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------- */
+
+/* True when type or one of its bases has tp_name exactly name.  Used to
+ * recognise framework types without importing the framework. */
+static int type_has_base_named(PyTypeObject *type, const char *name) {
+  PyObject *mro = type->tp_mro;
+  if (mro == NULL || !PyTuple_Check(mro))
+    return strcmp(type->tp_name, name) == 0;
+  Py_ssize_t n = PyTuple_GET_SIZE(mro);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyTypeObject *base = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+    if (strcmp(base->tp_name, name) == 0) return 1;
+  }
+  return 0;
+}
+
+/* ---- DType ------------------------------------------------------------------ */
+
+static void dtype_dealloc(PyObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  Py_CLEAR(((dlb_DTypeObject *)self)->name);
+  tp->tp_free(self);
+  Py_DECREF(tp); /* instances of heap types own a reference to the type */
+}
+
+PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
+  char buf[48];
+  dlb_error err;
+  if (dlb_dtype_name(dtype, buf, sizeof buf, &err) != DLB_OK)
+    return dlb__raise(&err);
+  PyTypeObject *tp = st->DTypeType;
+  dlb_DTypeObject *self = (dlb_DTypeObject *)tp->tp_alloc(tp, 0);
+  if (self == NULL) return NULL;
+  self->dtype = dtype;
+  self->name = PyUnicode_InternFromString(buf);
+  if (self->name == NULL) {
+    Py_DECREF(self);
+    return NULL;
+  }
+  return (PyObject *)self;
+}
+
+static PyObject *dtype_get_code(PyObject *self, void *closure) {
+  (void)closure;
+  return PyLong_FromLong(((dlb_DTypeObject *)self)->dtype.code);
+}
+
+static PyObject *dtype_get_bits(PyObject *self, void *closure) {
+  (void)closure;
+  return PyLong_FromLong(((dlb_DTypeObject *)self)->dtype.bits);
+}
+
+static PyObject *dtype_get_lanes(PyObject *self, void *closure) {
+  (void)closure;
+  return PyLong_FromLong(((dlb_DTypeObject *)self)->dtype.lanes);
+}
+
+static PyObject *dtype_get_name(PyObject *self, void *closure) {
+  (void)closure;
+  return Py_NewRef(((dlb_DTypeObject *)self)->name);
+}
+
+static PyObject *dtype_get_itemsize(PyObject *self, void *closure) {
+  (void)closure;
+  return PyLong_FromLongLong(
+      dlb_dtype_itemsize(((dlb_DTypeObject *)self)->dtype));
+}
+
+static PyGetSetDef dtype_getset[] = {
+    {"code", dtype_get_code, NULL, "DLDataTypeCode value (int).", NULL},
+    {"bits", dtype_get_bits, NULL, "Bits per lane.", NULL},
+    {"lanes", dtype_get_lanes, NULL, "Lanes (1 except for vector types).",
+     NULL},
+    {"name", dtype_get_name, NULL, "Canonical name, e.g. 'float32'.", NULL},
+    {"itemsize", dtype_get_itemsize, NULL,
+     "Bytes per element, rounded up to whole bytes for sub-byte types.",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyObject *dtype_str(PyObject *self) {
+  return Py_NewRef(((dlb_DTypeObject *)self)->name);
+}
+
+static PyObject *dtype_repr(PyObject *self) {
+  return PyUnicode_FromFormat("dlbridge.dtype('%U')",
+                              ((dlb_DTypeObject *)self)->name);
+}
+
+static Py_hash_t dtype_hash(PyObject *self) {
+  /* Equal to hash(name) because the DType compares equal to its name. */
+  return PyObject_Hash(((dlb_DTypeObject *)self)->name);
+}
+
+static PyObject *dtype_richcompare(PyObject *self, PyObject *other, int op) {
+  if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
+  dlb_DTypeObject *a = (dlb_DTypeObject *)self;
+  int eq;
+  if (Py_IS_TYPE(other, Py_TYPE(self))) {
+    DLDataType x = a->dtype, y = ((dlb_DTypeObject *)other)->dtype;
+    eq = x.code == y.code && x.bits == y.bits && x.lanes == y.lanes;
+  } else if (PyUnicode_Check(other)) {
+    /* Names are canonical, so string equality is dtype equality, and it
+     * agrees with the hash. */
+    eq = PyUnicode_Compare(a->name, other) == 0;
+    if (eq == 0 && PyErr_Occurred()) return NULL;
+  } else {
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  if (op == Py_NE) eq = !eq;
+  return Py_NewRef(eq ? Py_True : Py_False);
+}
+
+static PyType_Slot dtype_slots[] = {
+    {Py_tp_dealloc, dtype_dealloc},
+    {Py_tp_repr, dtype_repr},
+    {Py_tp_str, dtype_str},
+    {Py_tp_hash, dtype_hash},
+    {Py_tp_richcompare, dtype_richcompare},
+    {Py_tp_getset, dtype_getset},
+    {Py_tp_doc,
+     "A DLPack element type.  Made by dlbridge.dtype(); compares equal to its "
+     "name ('float32')."},
+    {0, NULL},
+};
+
+static PyType_Spec dtype_spec = {
+    .name = "dlbridge.DType",
+    .basicsize = sizeof(dlb_DTypeObject),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = dtype_slots,
+};
+
+/* Parse a UTF-8 name with the core, ValueError naming it on failure. */
+static int dtype_from_str(PyObject *s, DLDataType *out) {
+  const char *name = PyUnicode_AsUTF8(s);
+  if (name == NULL) return -1;
+  dlb_error err;
+  if (dlb_dtype_from_name(name, out, &err) != DLB_OK) {
+    PyErr_SetString(PyExc_ValueError, err.message);
+    return -1;
+  }
+  return 0;
+}
+
+static int dtype_from_str_c(const char *name, DLDataType *out) {
+  dlb_error err;
+  if (dlb_dtype_from_name(name, out, &err) != DLB_OK) {
+    PyErr_SetString(PyExc_ValueError, err.message);
+    return -1;
+  }
+  return 0;
+}
+
+/* torch.dtype names we map.  torch's names coincide with ours for these;
+ * the table keeps torch-only dtypes (quint8, bits16, float4_e2m1fn_x2, ...)
+ * from being accepted by accident if the core ever learns a similar name. */
+static const char *const torch_dtype_names[] = {
+    "bool",          "int8",          "int16",           "int32",
+    "int64",         "uint8",         "uint16",          "uint32",
+    "uint64",        "float16",       "float32",         "float64",
+    "bfloat16",      "complex32",     "complex64",       "complex128",
+    "float8_e4m3fn", "float8_e5m2",   "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+};
+
+static int dtype_from_torch(PyObject *obj, DLDataType *out) {
+  int rc = -1;
+  PyObject *s = PyObject_Str(obj); /* "torch.float32" */
+  if (s == NULL) goto cleanup;
+  const char *full = PyUnicode_AsUTF8(s);
+  if (full == NULL) goto cleanup;
+  const char *name = strncmp(full, "torch.", 6) == 0 ? full + 6 : full;
+  if (strcmp(name, "chalf") == 0) name = "complex32";
+  for (size_t i = 0;
+       i < sizeof torch_dtype_names / sizeof torch_dtype_names[0]; i++) {
+    if (strcmp(name, torch_dtype_names[i]) == 0) {
+      dlb_error err;
+      if (dlb_dtype_from_name(name, out, &err) != DLB_OK) {
+        PyErr_SetString(PyExc_ValueError, err.message);
+        goto cleanup;
+      }
+      rc = 0;
+      goto cleanup;
+    }
+  }
+  PyErr_Format(PyExc_ValueError,
+               "torch dtype %s has no DLPack equivalent that dlbridge knows",
+               full);
+
+cleanup:
+  Py_XDECREF(s);
+  return rc;
+}
+
+static int dtype_from_numpy_dtype(PyObject *obj, DLDataType *out) {
+  int rc = -1;
+  PyObject *byteorder = NULL, *name = NULL;
+  /* ">f4" is also named "float32": refuse non-native byte order rather than
+   * read swapped bytes as native. */
+  byteorder = PyObject_GetAttrString(obj, "byteorder");
+  if (byteorder == NULL) goto cleanup;
+  if (PyUnicode_Check(byteorder)) {
+    const char *bo = PyUnicode_AsUTF8(byteorder);
+    if (bo == NULL) goto cleanup;
+#if PY_LITTLE_ENDIAN
+    const char foreign = '>';
+#else
+    const char foreign = '<';
+#endif
+    if (bo[0] == foreign) {
+      PyErr_Format(PyExc_ValueError,
+                   "numpy dtype %R has non-native byte order; DLPack data "
+                   "is always native-endian (use .newbyteorder('=') on a "
+                   "byte-swapped copy)",
+                   obj);
+      goto cleanup;
+    }
+  }
+  name = PyObject_GetAttrString(obj, "name");
+  if (name == NULL) goto cleanup;
+  if (!PyUnicode_Check(name)) {
+    PyErr_Format(PyExc_TypeError, "numpy dtype %R has a non-str name", obj);
+    goto cleanup;
+  }
+  {
+    const char *s = PyUnicode_AsUTF8(name);
+    if (s == NULL) goto cleanup;
+    dlb_error err;
+    if (strcmp(s, "bool_") == 0) s = "bool"; /* NumPy 1.x spelling */
+    if (dlb_dtype_from_name(s, out, &err) != DLB_OK) {
+      PyErr_Format(PyExc_ValueError,
+                   "numpy dtype %R has no DLPack equivalent (%s)", obj,
+                   err.message);
+      goto cleanup;
+    }
+  }
+  rc = 0;
+
+cleanup:
+  Py_XDECREF(byteorder);
+  Py_XDECREF(name);
+  return rc;
+}
+
+/* numpy.float32 and friends: numpy is necessarily imported already (the
+ * object exists), so ask its dtype() without importing anything. */
+static int dtype_from_numpy_scalar_type(PyObject *obj, DLDataType *out) {
+  int rc = -1;
+  PyObject *np = NULL, *descr = NULL;
+  {
+    PyObject *modname = PyUnicode_FromString("numpy");
+    if (modname == NULL) goto cleanup;
+    np = PyImport_GetModule(modname); /* never imports */
+    Py_DECREF(modname);
+  }
+  if (np == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_TypeError,
+                   "cannot interpret %R as a dtype: numpy is not imported",
+                   obj);
+    goto cleanup;
+  }
+  descr = PyObject_CallMethod(np, "dtype", "O", obj);
+  if (descr == NULL) goto cleanup;
+  rc = dtype_from_numpy_dtype(descr, out);
+
+cleanup:
+  Py_XDECREF(np);
+  Py_XDECREF(descr);
+  return rc;
+}
+
+int dlb__dtype_converter(dlb_module_state *st, PyObject *obj,
+                         DLDataType *out) {
+  if (PyObject_TypeCheck(obj, st->DTypeType)) {
+    *out = ((dlb_DTypeObject *)obj)->dtype;
+    return 0;
+  }
+  if (PyUnicode_Check(obj)) return dtype_from_str(obj, out);
+  /* Python's own number types, as NumPy reads them. */
+  if (obj == (PyObject *)&PyBool_Type) return dtype_from_str_c("bool", out);
+  if (obj == (PyObject *)&PyLong_Type) return dtype_from_str_c("int64", out);
+  if (obj == (PyObject *)&PyFloat_Type)
+    return dtype_from_str_c("float64", out);
+  if (obj == (PyObject *)&PyComplex_Type)
+    return dtype_from_str_c("complex128", out);
+  PyTypeObject *tp = Py_TYPE(obj);
+  if (strcmp(tp->tp_name, "torch.dtype") == 0)
+    return dtype_from_torch(obj, out);
+  if (type_has_base_named(tp, "numpy.dtype"))
+    return dtype_from_numpy_dtype(obj, out);
+  if (PyType_Check(obj) &&
+      type_has_base_named((PyTypeObject *)obj, "numpy.generic"))
+    return dtype_from_numpy_scalar_type(obj, out);
+  PyErr_Format(PyExc_TypeError,
+               "cannot interpret %.200s object %R as a dtype: expected a "
+               "dlbridge.DType, a name such as 'float32', a NumPy or PyTorch "
+               "dtype, or bool/int/float/complex",
+               tp->tp_name, obj);
+  return -1;
+}
+
+PyObject *dlb__py_dtype(PyObject *module, PyObject *arg) {
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  if (PyObject_TypeCheck(arg, st->DTypeType)) return Py_NewRef(arg);
+  DLDataType dt;
+  if (dlb__dtype_converter(st, arg, &dt) < 0) return NULL;
+  return dlb__dtype_new(st, dt);
+}
+
+/* ---- Device ----------------------------------------------------------------- */
+
+static void device_dealloc(PyObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+PyObject *dlb__device_new(dlb_module_state *st, DLDevice device) {
+  PyTypeObject *tp = st->DeviceType;
+  dlb_DeviceObject *self = (dlb_DeviceObject *)tp->tp_alloc(tp, 0);
+  if (self == NULL) return NULL;
+  self->device = device;
+  return (PyObject *)self;
+}
+
+/* Type name for messages and str(); unknown types (only reachable through
+ * imports that accept any device) get a descriptive stand-in. */
+static PyObject *device_type_name_obj(DLDevice d) {
+  const char *name = dlb_device_type_name((int32_t)d.device_type);
+  if (name != NULL) return PyUnicode_FromString(name);
+  return PyUnicode_FromFormat("device_type_%d", (int)d.device_type);
+}
+
+static PyObject *device_get_type(PyObject *self, void *closure) {
+  (void)closure;
+  return PyLong_FromLong((long)((dlb_DeviceObject *)self)->device.device_type);
+}
+
+static PyObject *device_get_id(PyObject *self, void *closure) {
+  (void)closure;
+  return PyLong_FromLong((long)((dlb_DeviceObject *)self)->device.device_id);
+}
+
+static PyObject *device_get_name(PyObject *self, void *closure) {
+  (void)closure;
+  return device_type_name_obj(((dlb_DeviceObject *)self)->device);
+}
+
+static PyGetSetDef device_getset[] = {
+    {"type", device_get_type, NULL, "DLDeviceType value (int).", NULL},
+    {"id", device_get_id, NULL, "Device index.", NULL},
+    {"name", device_get_name, NULL, "Device type name, e.g. 'cuda'.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyObject *device_str(PyObject *self) {
+  DLDevice d = ((dlb_DeviceObject *)self)->device;
+  PyObject *name = device_type_name_obj(d);
+  if (name == NULL) return NULL;
+  PyObject *res;
+  /* The CPU is one device: "cpu", not "cpu:0" (which still compares
+   * equal).  Every other type always shows its index. */
+  if (d.device_type == kDLCPU && d.device_id == 0)
+    res = Py_NewRef(name);
+  else
+    res = PyUnicode_FromFormat("%U:%d", name, (int)d.device_id);
+  Py_DECREF(name);
+  return res;
+}
+
+static PyObject *device_repr(PyObject *self) {
+  PyObject *s = device_str(self);
+  if (s == NULL) return NULL;
+  PyObject *res = PyUnicode_FromFormat("dlbridge.device('%U')", s);
+  Py_DECREF(s);
+  return res;
+}
+
+static Py_hash_t device_hash(PyObject *self) {
+  DLDevice d = ((dlb_DeviceObject *)self)->device;
+  PyObject *t = Py_BuildValue("(ii)", (int)d.device_type, (int)d.device_id);
+  if (t == NULL) return -1;
+  Py_hash_t h = PyObject_Hash(t);
+  Py_DECREF(t);
+  return h;
+}
+
+/* Read an int that must fit int32; 1 ok, 0 not an int / out of range (no
+ * exception), -1 error. */
+static int as_int32(PyObject *o, int32_t *out) {
+  if (!PyLong_Check(o)) return 0;
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) return 0;
+  *out = (int32_t)v;
+  return 1;
+}
+
+static PyObject *device_richcompare(PyObject *self, PyObject *other, int op) {
+  if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
+  DLDevice a = ((dlb_DeviceObject *)self)->device;
+  int eq;
+  if (Py_IS_TYPE(other, Py_TYPE(self))) {
+    DLDevice b = ((dlb_DeviceObject *)other)->device;
+    eq = a.device_type == b.device_type && a.device_id == b.device_id;
+  } else if (PyUnicode_Check(other)) {
+    const char *s = PyUnicode_AsUTF8(other);
+    if (s == NULL) return NULL;
+    DLDevice b;
+    /* An unparsable string is simply not equal. */
+    eq = dlb_device_from_name(s, &b, NULL) == DLB_OK &&
+         a.device_type == b.device_type && a.device_id == b.device_id;
+  } else if (PyTuple_Check(other)) {
+    eq = 0;
+    if (PyTuple_GET_SIZE(other) == 2) {
+      int32_t t, i;
+      int r1 = as_int32(PyTuple_GET_ITEM(other, 0), &t);
+      if (r1 < 0) return NULL;
+      int r2 = r1 ? as_int32(PyTuple_GET_ITEM(other, 1), &i) : 0;
+      if (r2 < 0) return NULL;
+      eq = r1 && r2 && t == (int32_t)a.device_type && i == a.device_id;
+    }
+  } else {
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  if (op == Py_NE) eq = !eq;
+  return Py_NewRef(eq ? Py_True : Py_False);
+}
+
+static PyType_Slot device_slots[] = {
+    {Py_tp_dealloc, device_dealloc},
+    {Py_tp_repr, device_repr},
+    {Py_tp_str, device_str},
+    {Py_tp_hash, device_hash},
+    {Py_tp_richcompare, device_richcompare},
+    {Py_tp_getset, device_getset},
+    {Py_tp_doc,
+     "A DLPack device.  Made by dlbridge.device(); compares equal to "
+     "'cuda:1' and to (2, 1)."},
+    {0, NULL},
+};
+
+static PyType_Spec device_spec = {
+    .name = "dlbridge.Device",
+    .basicsize = sizeof(dlb_DeviceObject),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = device_slots,
+};
+
+int dlb__device_converter(dlb_module_state *st, PyObject *obj,
+                          DLDevice *out) {
+  if (obj == Py_None) {
+    out->device_type = kDLCPU;
+    out->device_id = 0;
+    return 0;
+  }
+  if (PyObject_TypeCheck(obj, st->DeviceType)) {
+    *out = ((dlb_DeviceObject *)obj)->device;
+    return 0;
+  }
+  if (PyUnicode_Check(obj)) {
+    const char *s = PyUnicode_AsUTF8(obj);
+    if (s == NULL) return -1;
+    dlb_error err;
+    if (dlb_device_from_name(s, out, &err) != DLB_OK) {
+      PyErr_SetString(PyExc_ValueError, err.message);
+      return -1;
+    }
+    return 0;
+  }
+  if (PyTuple_Check(obj)) {
+    if (PyTuple_GET_SIZE(obj) != 2) {
+      PyErr_Format(PyExc_ValueError,
+                   "a device tuple has 2 items (device_type, device_id), "
+                   "got %zd",
+                   PyTuple_GET_SIZE(obj));
+      return -1;
+    }
+    PyObject *ot = PyTuple_GET_ITEM(obj, 0), *oi = PyTuple_GET_ITEM(obj, 1);
+    if (!PyLong_Check(ot) || !PyLong_Check(oi)) {
+      PyErr_Format(PyExc_TypeError,
+                   "a device tuple holds two ints (device_type, device_id), "
+                   "got (%.100s, %.100s)",
+                   Py_TYPE(ot)->tp_name, Py_TYPE(oi)->tp_name);
+      return -1;
+    }
+    int32_t t, i;
+    int r = as_int32(ot, &t);
+    if (r < 0) return -1;
+    if (r == 0 || !dlb_device_type_known(t)) {
+      PyErr_Format(PyExc_ValueError,
+                   "unknown DLPack device type %R in device tuple %R", ot,
+                   obj);
+      return -1;
+    }
+    r = as_int32(oi, &i);
+    if (r < 0) return -1;
+    if (r == 0 || i < 0) {
+      PyErr_Format(PyExc_ValueError,
+                   "device id %R in %R must be in [0, 2**31)", oi, obj);
+      return -1;
+    }
+    out->device_type = (DLDeviceType)t;
+    out->device_id = i;
+    return 0;
+  }
+  PyErr_Format(PyExc_TypeError,
+               "cannot interpret %.200s object as a device: expected a "
+               "dlbridge.Device, a string such as 'cpu' or 'cuda:1', a "
+               "(device_type, device_id) tuple, or None",
+               Py_TYPE(obj)->tp_name);
+  return -1;
+}
+
+PyObject *dlb__py_device(PyObject *module, PyObject *arg) {
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  if (PyObject_TypeCheck(arg, st->DeviceType)) return Py_NewRef(arg);
+  DLDevice d;
+  if (dlb__device_converter(st, arg, &d) < 0) return NULL;
+  return dlb__device_new(st, d);
+}
+
+/* ---- registration ------------------------------------------------------------ */
+
+int dlb__types_init(PyObject *module, dlb_module_state *st) {
+  st->DTypeType =
+      (PyTypeObject *)PyType_FromModuleAndSpec(module, &dtype_spec, NULL);
+  if (st->DTypeType == NULL) return -1;
+  if (PyModule_AddType(module, st->DTypeType) < 0) return -1;
+  st->DeviceType =
+      (PyTypeObject *)PyType_FromModuleAndSpec(module, &device_spec, NULL);
+  if (st->DeviceType == NULL) return -1;
+  if (PyModule_AddType(module, st->DeviceType) < 0) return -1;
+  return 0;
+}
