@@ -7,7 +7,9 @@
  * (so writes walk dst's memory order), merge neighbours that are contiguous
  * in both tensors, and run an index-counter loop (no recursion, so ndim up
  * to DLB_MAX_NDIM costs no stack) whose innermost loop is specialised by
- * element size.  When the byte spans of dst and src overlap, src is first
+ * element size.  When src's most compact dim is not dst's, that dim and
+ * dst's innermost are copied together in cache-sized tiles (see "tiling").
+ * When the byte spans of dst and src overlap, src is first
  * gathered into a temporary compact buffer so the result is as if src had
  * been read before anything was written.
  *
@@ -70,6 +72,104 @@ static bool is_step(int64_t outer, int64_t inner, int64_t n) {
   return outer % inner == 0 && outer / inner == n;
 }
 
+/* ---- tiling ---------------------------------------------------------------
+ *
+ * When the dim that is innermost for dst (smallest |dst stride|, "a") is not
+ * the one innermost for src ("b"), a plain loop reads src with a large
+ * stride: every element read touches a new cache line, and by the time the
+ * loop comes back for the neighbouring element that line has been evicted
+ * (a 4096x4096 float32 transpose runs at memory latency, ~7 ns an
+ * element).  Copying in tiles over (a, b) keeps the source lines of one
+ * tile in cache until every byte of them has been used, so each line is
+ * fetched once, while the writes still run along dst's memory order.
+ *
+ * The tile is TILE_A_ELEMS elements along a by TILE_B_BYTES bytes along b.
+ * The inner loop runs along a, so it keeps TILE_A_ELEMS src lines open at
+ * once; with the power-of-two row strides that transposes usually have,
+ * those lines all fall in the same L1 set, so their number (not their
+ * bytes) must stay within the L1 associativity (8 ways on current x86-64
+ * and Arm cores).  Along b, each open src line is then read to its end and
+ * beyond before the tile moves on; 1 KiB along b measured best on AMD
+ * Zen 4 for 1- to 16-byte elements (a 4096x4096 float32 transpose ~9x
+ * faster than the plain loop); shorter tiles pay the per-tile overhead and
+ * re-fetch partial lines more often, longer ones push the destination
+ * lines out of L2. */
+#define TILE_A_ELEMS 8
+#define TILE_B_BYTES 1024
+/* Tiling pays only when the plain loop's reads along a leave a cache line
+ * between two elements. */
+#define TILE_MIN_STRIDE 64
+
+/* Elements along b per tile; at least a few, so that large elements still
+ * get a tile rather than a column. */
+static int64_t tile_b_extent(size_t itemsize) {
+  int64_t t = TILE_B_BYTES / (int64_t)itemsize;
+  return t < 4 ? 4 : t;
+}
+
+/* One tile: bn rows along b, each a run of an elements along a.  The
+ * element size is a constant in each expansion, so every memcpy becomes a
+ * single load/store pair. */
+#define TILE_BODY(K)                                            \
+  for (int64_t j = 0; j < bn; j++) {                            \
+    char *dr = d + j * dsb;                                     \
+    const char *sr = s + j * ssb;                               \
+    for (int64_t i = 0; i < an; i++)                            \
+      memcpy(dr + i * dsa, sr + i * ssa, (K));                  \
+  }                                                             \
+  break
+
+static void copy_tile(char *d, const char *s, int64_t an, int64_t dsa,
+                      int64_t ssa, int64_t bn, int64_t dsb, int64_t ssb,
+                      size_t itemsize) {
+  switch (itemsize) {
+    case 1: TILE_BODY(1);
+    case 2: TILE_BODY(2);
+    case 4: TILE_BODY(4);
+    case 8: TILE_BODY(8);
+    case 16: TILE_BODY(16);
+    default: TILE_BODY(itemsize);
+  }
+}
+
+#undef TILE_BODY
+
+/* Copy the 2-D block (a, b) tile by tile.  d/s address element (0, 0).
+ * Offsets are formed as integers and added once, for an element that
+ * exists (see the top of the file). */
+static void copy_tiled2d(char *d, const char *s, const copy_dim *a,
+                         const copy_dim *b, size_t itemsize) {
+  const int64_t ta = TILE_A_ELEMS;
+  const int64_t tb = tile_b_extent(itemsize);
+  for (int64_t b0 = 0; b0 < b->n; b0 += tb) {
+    int64_t bn = b->n - b0 < tb ? b->n - b0 : tb;
+    for (int64_t a0 = 0; a0 < a->n; a0 += ta) {
+      int64_t an = a->n - a0 < ta ? a->n - a0 : ta;
+      copy_tile(d + (b0 * b->ds + a0 * a->ds), s + (b0 * b->ss + a0 * a->ss),
+                an, a->ds, a->ss, bn, b->ds, b->ss, itemsize);
+    }
+  }
+}
+
+/* The dim (other than the last, "a") along which src is most compact, when
+ * reading along a strides past a cache line and that dim would do better;
+ * -1 when the plain loop is already cache-friendly for src.  Zero src
+ * strides (broadcast) re-read one element and are never chosen. */
+static int tile_partner(const copy_dim *dims, int nd) {
+  const int64_t sa = abs64(dims[nd - 1].ss);
+  if (sa <= TILE_MIN_STRIDE) return -1;
+  int best = -1;
+  int64_t best_ss = sa;
+  for (int k = 0; k < nd - 1; k++) {
+    int64_t ss = abs64(dims[k].ss);
+    if (ss != 0 && ss < best_ss) {
+      best = k;
+      best_ss = ss;
+    }
+  }
+  return best;
+}
+
 /* Copy element by element.  d0/s0 address element 0; dims as described
  * above, in logical order.  Every dim has n >= 1 and the tensor is
  * non-empty; byte strides times (n - 1) fit in int64_t (the caller checked
@@ -118,12 +218,29 @@ static void strided_copy(char *d0, const char *s0, int ndim,
   }
   nd = m + 1;
 
+  /* The kernel handles the innermost dim, plus src's innermost one when
+   * tiling; the counter below walks the rest.  Removing the tile partner
+   * keeps the others in their dst order. */
   const copy_dim inner = dims[nd - 1];
+  const int partner = nd >= 2 ? tile_partner(dims, nd) : -1;
+  copy_dim tiled = {0, 0, 0};
+  int outer_nd = 0;
+  for (int k = 0; k < nd - 1; k++) {
+    if (k == partner) {
+      tiled = dims[k];
+    } else {
+      dims[outer_nd++] = dims[k];
+    }
+  }
+
   int64_t idx[DLB_MAX_NDIM] = {0};
   int64_t doff = 0, soff = 0;
-  int outer_nd = nd - 1;
   for (;;) {
-    copy_run(d0 + doff, s0 + soff, inner.n, inner.ds, inner.ss, itemsize);
+    if (partner >= 0) {
+      copy_tiled2d(d0 + doff, s0 + soff, &inner, &tiled, itemsize);
+    } else {
+      copy_run(d0 + doff, s0 + soff, inner.n, inner.ds, inner.ss, itemsize);
+    }
     /* Advance the outer index counter, innermost outer dim first. */
     int k = outer_nd - 1;
     while (k >= 0) {

@@ -1,7 +1,8 @@
 /* test_copy.c -- dlb_copy against a naive reference on every layout we can
  * think of: transposed, negative strides, byte_offset, broadcast sources,
- * every element size, random 5-D permutations, overlapping spans, plus the
- * errors and the allocation failure of the overlap path. */
+ * every element size, random 5-D permutations, overlapping spans, the tiled
+ * transpose path at its tile edges, plus the errors and the allocation
+ * failure of the overlap path. */
 #include <stdint.h>
 #include <string.h>
 
@@ -309,6 +310,167 @@ static void test_random_5d(void) {
   free(da);
 }
 
+/* ---- the tiled path ----------------------------------------------------------
+ *
+ * copy.c tiles a transpose-like copy TILE_A_ELEMS = 8 elements along dst's
+ * innermost dim by TILE_B_BYTES = 1024 bytes along src's.  The extents below
+ * straddle those edges and those of nearby tunings (16, 32, 64). */
+
+static const int64_t TILE_EDGES[] = {1, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 200};
+#define NEDGES ((int)(sizeof TILE_EDGES / sizeof TILE_EDGES[0]))
+
+/* Itemsizes 1, 2, 4, 8, 16 and 3: the specialised kernels and the generic
+ * one. */
+static const int TILE_TYPES[] = {0, 1, 2, 3, 4, 5};
+#define NTILE_TYPES ((int)(sizeof TILE_TYPES / sizeof TILE_TYPES[0]))
+
+/* dlb_copy of a rows x cols transpose (src column-major, gap elements
+ * between its columns; dst row-major with dgap between rows), with the
+ * signs of the four strides taken from the low bits of `flips`, against the
+ * reference.  Arenas are sized to the views, with slack on both sides, so
+ * ASan and valgrind see any stray access. */
+static bool transpose_case(DLDataType dt, int64_t rows, int64_t cols,
+                           int64_t gap, int64_t dgap, unsigned flips) {
+  view s, d;
+  s.shape[0] = d.shape[0] = rows;
+  s.shape[1] = d.shape[1] = cols;
+  s.strides[0] = 1;
+  s.strides[1] = rows + gap;
+  d.strides[0] = cols + dgap;
+  d.strides[1] = 1;
+  if (flips & 1u) s.strides[0] = -s.strides[0];
+  if (flips & 2u) s.strides[1] = -s.strides[1];
+  if (flips & 4u) d.strides[0] = -d.strides[0];
+  if (flips & 8u) d.strides[1] = -d.strides[1];
+  size_t sb = place(&s, NULL, 2, dt, 5) + 5;
+  size_t db = place(&d, NULL, 2, dt, 7) + 7;
+  unsigned char *sa = malloc(sb), *da = malloc(db);
+  if (sa == NULL || da == NULL) {
+    free(sa);
+    free(da);
+    CHECK(!"test out of memory");
+    return false;
+  }
+  s.t.data = sa;
+  d.t.data = da;
+  fill_random(sa, sb);
+  fill_random(da, db);
+  bool ok = run_case(da, db, &d.t, sa, sb, &s.t);
+  if (!ok) {
+    fprintf(stderr,
+            "  transpose %lldx%lld itemsize %lld gap %lld/%lld flips %u\n",
+            (long long)rows, (long long)cols,
+            (long long)dlb_dtype_itemsize(dt), (long long)gap,
+            (long long)dgap, flips);
+  }
+  free(sa);
+  free(da);
+  return ok;
+}
+
+static void test_tiled_edges(void) {
+  int failures = 0;
+  unsigned k = 0;
+  for (int ti = 0; ti < NTILE_TYPES; ti++) {
+    DLDataType dt = TYPES[TILE_TYPES[ti]];
+    for (int r = 0; r < NEDGES; r++) {
+      for (int c = 0; c < NEDGES; c++, k++) {
+        /* Every sign combination comes round for each itemsize; a gap
+         * makes short columns strided enough to be tiled too. */
+        int64_t gap = (k / 16) % 2 ? 17 : 0;
+        if (!transpose_case(dt, TILE_EDGES[r], TILE_EDGES[c], gap, k % 3,
+                            k % 16)) {
+          failures++;
+        }
+      }
+    }
+  }
+  CHECK_EQ(failures, 0);
+}
+
+static void test_tiled_long_edge(void) {
+  /* Around the tile edge along src's contiguous dim, in elements of each
+   * size: 1024 bytes / itemsize (at least 4), one and two tiles. */
+  int failures = 0;
+  unsigned k = 0;
+  for (int ti = 0; ti < NTILE_TYPES; ti++) {
+    DLDataType dt = TYPES[TILE_TYPES[ti]];
+    int64_t isz = dlb_dtype_itemsize(dt);
+    int64_t tb = 1024 / isz < 4 ? 4 : 1024 / isz;
+    const int64_t rows[] = {tb - 1, tb, tb + 1, 2 * tb + 1};
+    const int64_t cols[] = {3, 8, 9, 17};
+    for (int i = 0; i < 4; i++) {
+      for (int j = 0; j < 4; j++, k++) {
+        if (!transpose_case(dt, rows[i], cols[j], 0, 0, k % 16)) failures++;
+      }
+    }
+  }
+  CHECK_EQ(failures, 0);
+}
+
+static void test_random_permuted(void) {
+  /* 2- to 4-D tensors large enough to be tiled, random memory orders for
+   * both sides, gaps, signs and zero src strides, against the reference. */
+  enum { TRIALS = 300, ARENA = 1 << 20 };
+  unsigned char *sa = malloc(ARENA), *da = malloc(ARENA);
+  if (sa == NULL || da == NULL) {
+    free(sa);
+    free(da);
+    CHECK(!"test out of memory");
+    return;
+  }
+  int failures = 0, ran = 0;
+  for (int trial = 0; trial < TRIALS; trial++) {
+    DLDataType dt = TYPES[rnd(NTYPES)];
+    int nd = 2 + rnd(3);
+    static const int max_extent[5] = {0, 0, 90, 24, 10};
+    view s, d;
+    for (int i = 0; i < nd; i++) {
+      s.shape[i] = d.shape[i] = 1 + rnd(max_extent[nd]);
+    }
+    random_strides(&s, nd, true);
+    random_strides(&d, nd, false);
+    size_t sb = place(&s, sa, nd, dt, (size_t)rnd(8));
+    size_t db = place(&d, da, nd, dt, (size_t)rnd(8));
+    if (sb > ARENA || db > ARENA) continue;
+    fill_random(sa, sb);
+    fill_random(da, db);
+    if (!run_case(da, db, &d.t, sa, sb, &s.t)) failures++;
+    ran++;
+  }
+  CHECK_EQ(failures, 0);
+  CHECK(ran > TRIALS / 2);
+  free(sa);
+  free(da);
+}
+
+static void test_tiled_overlap(void) {
+  /* In-place transposes big enough to tile: both halves of the temporary
+   * round trip (gather, scatter) run the tiled path. */
+  int failures = 0;
+  for (int ti = 0; ti < NTILE_TYPES; ti++) {
+    DLDataType dt = TYPES[TILE_TYPES[ti]];
+    view s, d;
+    s.shape[0] = s.shape[1] = d.shape[0] = d.shape[1] = 67;
+    s.strides[0] = 1;
+    s.strides[1] = 67;
+    d.strides[0] = 67;
+    d.strides[1] = 1;
+    size_t bytes = place(&s, NULL, 2, dt, 0);
+    place(&d, NULL, 2, dt, 0);
+    unsigned char *a = malloc(bytes);
+    if (a == NULL) {
+      CHECK(!"test out of memory");
+      return;
+    }
+    s.t.data = d.t.data = a;
+    fill_random(a, bytes);
+    if (!run_case(a, bytes, &d.t, a, bytes, &s.t)) failures++;
+    free(a);
+  }
+  CHECK_EQ(failures, 0);
+}
+
 static void test_overlap(void) {
   /* In-place transpose of a square matrix: src and dst are the same bytes
    * in different orders. */
@@ -410,6 +572,20 @@ static void test_no_alloc_without_overlap(void) {
   CHECK_EQ(failing_allocator_total(), 0);
   failing_allocator_remove();
   CHECK_EQ(b[1], 3.0f);
+
+  /* Nor does the tiled path. */
+  enum { T = 100 };
+  static double ta[T * T], tb[T * T];
+  for (int i = 0; i < T * T; i++) ta[i] = (double)i;
+  int64_t tshape[2] = {T, T}, tst[2] = {1, T};
+  DLTensor tsrc = {ta, CPU, 2, {kDLFloat, 64, 1}, tshape, tst, 0};
+  DLTensor tdst = {tb, CPU, 2, {kDLFloat, 64, 1}, tshape, NULL, 0};
+  failing_allocator_install(0);
+  CHECK_EQ(dlb_copy(&tdst, &tsrc, NULL), DLB_OK);
+  CHECK_EQ(failing_allocator_total(), 0);
+  failing_allocator_remove();
+  CHECK_EQ(tb[1], (double)T);
+  CHECK_EQ(tb[T * T - 2], (double)(T * T - 1 - T));
 }
 
 static void test_zero_d_and_empty(void) {
@@ -588,6 +764,10 @@ int main(void) {
   test_broadcast_src();
   test_every_itemsize();
   test_random_5d();
+  test_tiled_edges();
+  test_tiled_long_edge();
+  test_random_permuted();
+  test_tiled_overlap();
   test_overlap();
   test_overlap_enomem();
   test_no_alloc_without_overlap();
