@@ -50,7 +50,11 @@ test-python: build
 	@PYTHONPATH=$(TESTPATH) $(PYTEST) -q tests/python
 
 demo: build
+	@echo "== libdlbridge from C (examples/demo_c.c) =="
 	@$(BUILD)/demo_c
+	@echo
+	@echo "== through Python: NumPy and torch via dlbridge and back (examples/demo.py) =="
+	@$(PY) examples/demo.py
 
 bench: build
 	@$(BUILD)/bench_copy

@@ -79,49 +79,92 @@ static int get_optional_attr_str(PyObject *obj, const char *name,
   return rc;
 }
 
+/* The pending exception, put aside while code that may run Python (a
+ * destructor, a deleter) runs.  PyErr_Fetch is deprecated from 3.12. */
+typedef struct {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject *exc;
+#else
+  PyObject *type, *value, *tb;
+#endif
+} saved_error;
+
+static void save_error(saved_error *s) {
+#if PY_VERSION_HEX >= 0x030C0000
+  s->exc = PyErr_GetRaisedException();
+#else
+  PyErr_Fetch(&s->type, &s->value, &s->tb);
+#endif
+}
+
+static void restore_error(saved_error *s) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(s->exc);
+#else
+  PyErr_Restore(s->type, s->value, s->tb);
+#endif
+}
+
+static void discard_error(saved_error *s) {
+#if PY_VERSION_HEX >= 0x030C0000
+  Py_XDECREF(s->exc);
+#else
+  Py_XDECREF(s->type);
+  Py_XDECREF(s->value);
+  Py_XDECREF(s->tb);
+#endif
+}
+
+/* Make the saved exception prev the __context__ of the pending one, as
+ * `except: raise ...` does in Python.  Consumes prev. */
+static void chain_context(saved_error *prev) {
+  if (!PyErr_Occurred()) {
+    restore_error(prev);
+    return;
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject *exc = PyErr_GetRaisedException();
+  if (prev->exc != NULL && prev->exc != exc)
+    PyException_SetContext(exc, prev->exc); /* steals */
+  else
+    Py_XDECREF(prev->exc);
+  PyErr_SetRaisedException(exc);
+#else
+  /* Fetch first: normalising calls the exception type, which must not
+   * happen with an exception pending. */
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyErr_NormalizeException(&prev->type, &prev->value, &prev->tb);
+  if (prev->tb != NULL && prev->value != NULL)
+    PyException_SetTraceback(prev->value, prev->tb);
+  if (value != NULL && prev->value != NULL && value != prev->value) {
+    PyException_SetContext(value, prev->value); /* steals */
+    prev->value = NULL;
+  }
+  PyErr_Restore(type, value, tb);
+  discard_error(prev);
+#endif
+}
+
 /* Drop a reference without letting the object's destructor see or clobber
  * the pending exception (B16). */
 static void clear_keep_error(PyObject **slot) {
   if (*slot == NULL) return;
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
+  saved_error e;
+  save_error(&e);
   Py_CLEAR(*slot);
-  PyErr_Restore(type, value, tb);
+  restore_error(&e);
 }
 
 /* Run a managed tensor's deleter (which may run Python code through a
  * producer's release) with the pending exception saved. */
 static void delete_keep_error(DLManagedTensorVersioned *m) {
   if (m == NULL) return;
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
+  saved_error e;
+  save_error(&e);
   dlb_managed_delete(m);
-  PyErr_Restore(type, value, tb);
-}
-
-/* Make the pending exception's __context__ the exception `prev` (consumed),
- * as `except: raise ...` would in Python. */
-static void chain_context(PyObject *prev_type, PyObject *prev_value,
-                          PyObject *prev_tb) {
-  if (prev_type == NULL) return;
-  if (!PyErr_Occurred()) {
-    PyErr_Restore(prev_type, prev_value, prev_tb);
-    return;
-  }
-  PyObject *type, *value, *tb;
-  PyErr_NormalizeException(&prev_type, &prev_value, &prev_tb);
-  if (prev_tb != NULL && prev_value != NULL)
-    PyException_SetTraceback(prev_value, prev_tb);
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  if (value != NULL && prev_value != NULL && value != prev_value) {
-    PyException_SetContext(value, prev_value); /* steals prev_value */
-    prev_value = NULL;
-  }
-  PyErr_Restore(type, value, tb);
-  Py_XDECREF(prev_type);
-  Py_XDECREF(prev_value);
-  Py_XDECREF(prev_tb);
+  restore_error(&e);
 }
 
 /* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
@@ -179,12 +222,12 @@ static void release_py_keeper(void *ctx) {
   if (k == NULL) return;
   if (interpreter_gone()) return;
   PyGILState_STATE g = PyGILState_Ensure();
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
+  saved_error e;
+  save_error(&e);
   if (k->has_view) PyBuffer_Release(&k->view);
   Py_XDECREF(k->owner);
   PyMem_RawFree(k);
-  PyErr_Restore(type, value, tb);
+  restore_error(&e);
   PyGILState_Release(g);
 }
 
@@ -197,12 +240,12 @@ static py_keeper *keeper_new(void) {
 /* Free a keeper that never got attached to a managed tensor.  GIL held. */
 static void keeper_free(py_keeper *k) {
   if (k == NULL) return;
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
+  saved_error e;
+  save_error(&e);
   if (k->has_view) PyBuffer_Release(&k->view);
   Py_XDECREF(k->owner);
   PyMem_RawFree(k);
-  PyErr_Restore(type, value, tb);
+  restore_error(&e);
 }
 
 /* Wrap view (CPU or CUDA memory a Python object owns) into a managed tensor
@@ -456,12 +499,20 @@ static int parse_device_pair(PyObject *r, DLDevice *out) {
   return 0;
 }
 
+/* Special methods are looked up on the type, as Python does for its own
+ * protocols: no bound method is created and a miss raises nothing. */
+static int type_has(PyObject *obj, PyObject *name) {
+  return _PyType_Lookup(Py_TYPE(obj), name) != NULL;
+}
+
 static PyObject *import_dunder_dlpack(dlb_module_state *st, PyObject *obj,
-                                      PyObject *method, const DLDevice *target,
-                                      int copy) {
-  PyObject *result = NULL, *cap = NULL, *dev_meth = NULL, *dev_res = NULL;
+                                      const DLDevice *target, int copy) {
+  PyObject *result = NULL, *cap = NULL, *dev_res = NULL;
   PyObject *kwnames = NULL, *stream = NULL, *dl_device = NULL;
-  PyObject *args[5];
+  /* buf[0] is the spare slot PY_VECTORCALL_ARGUMENTS_OFFSET lets the
+   * callee borrow; args[0] is self, then the keyword values. */
+  PyObject *buf[6];
+  PyObject **args = buf + 1;
   PyObject *names[4];
   DLDevice src = {kDLCPU, 0};
   int have_src = 0;
@@ -470,10 +521,8 @@ static PyObject *import_dunder_dlpack(dlb_module_state *st, PyObject *obj,
   /* As the array API does: the device first, to choose stream and target.
    * Its errors (BufferError above all) propagate.  A producer without it
    * is tolerated and treated as "device unknown". */
-  int found = get_optional_attr(obj, st->str_dlpack_device, &dev_meth);
-  if (found < 0) goto cleanup;
-  if (found) {
-    dev_res = PyObject_CallNoArgs(dev_meth);
+  if (type_has(obj, st->str_dlpack_device)) {
+    dev_res = PyObject_CallMethodNoArgs(obj, st->str_dlpack_device);
     if (dev_res == NULL) goto cleanup;
     if (parse_device_pair(dev_res, &src) < 0) goto cleanup;
     have_src = 1;
@@ -515,34 +564,32 @@ static PyObject *import_dunder_dlpack(dlb_module_state *st, PyObject *obj,
   for (Py_ssize_t i = 0; i < nkw; i++)
     PyTuple_SET_ITEM(kwnames, i, Py_NewRef(names[i]));
 
-  cap = PyObject_Vectorcall(method, args + 1,
-                            0 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+  cap = PyObject_VectorcallMethod(st->str_dlpack, args,
+                                  1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
   if (cap == NULL) {
     /* Fall back to the pre-2023.12 signature only on TypeError and only
      * when nothing the caller asked for would be dropped (B57, B58). */
     if (!PyErr_ExceptionMatches(PyExc_TypeError) || asked_device || copy >= 0)
       goto cleanup;
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
+    saved_error first;
+    save_error(&first);
     if (stream != NULL) {
       /* stream was in the old signature too. */
       PyObject *kw = PyTuple_Pack(1, st->str_stream);
       if (kw != NULL) {
         args[1] = stream;
-        cap = PyObject_Vectorcall(method, args + 1,
-                                  0 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw);
+        cap = PyObject_VectorcallMethod(st->str_dlpack, args,
+                                        1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw);
         Py_DECREF(kw);
       }
     } else {
-      cap = PyObject_CallNoArgs(method);
+      cap = PyObject_CallMethodNoArgs(obj, st->str_dlpack);
     }
     if (cap == NULL) {
-      chain_context(et, ev, etb); /* the retry's error, with the first */
+      chain_context(&first); /* the retry's error, with the first */
       goto cleanup;
     }
-    Py_XDECREF(et);
-    Py_XDECREF(ev);
-    Py_XDECREF(etb);
+    discard_error(&first);
   }
   result = import_capsule(st, cap, target, copy, "__dlpack__()");
 
@@ -550,11 +597,9 @@ cleanup:
   if (result == NULL) {
     /* The capsule's destructor runs here; keep our error intact. */
     clear_keep_error(&cap);
-    clear_keep_error(&dev_meth);
     clear_keep_error(&dev_res);
   } else {
     Py_XDECREF(cap);
-    Py_XDECREF(dev_meth);
     Py_XDECREF(dev_res);
   }
   Py_XDECREF(kwnames);
@@ -1011,13 +1056,8 @@ PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
   if (found != 0) return found > 0 ? result : NULL;
 
   /* c. __dlpack__ */
-  found = get_optional_attr(obj, st->str_dlpack, &attr);
-  if (found < 0) return NULL;
-  if (found) {
-    result = import_dunder_dlpack(st, obj, attr, device, copy);
-    Py_DECREF(attr);
-    return result;
-  }
+  if (type_has(obj, st->str_dlpack))
+    return import_dunder_dlpack(st, obj, device, copy);
 
   /* d. raw capsules */
   if (PyCapsule_CheckExact(obj))

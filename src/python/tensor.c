@@ -604,7 +604,9 @@ static PyObject *tolist_rec(scalar_kind k, const char *p, int32_t dim,
   PyObject *list = PyList_New((Py_ssize_t)n);
   if (list == NULL) return NULL;
   for (int64_t i = 0; i < n; i++) {
-    PyObject *x = tolist_rec(k, p + i * bs[dim], dim + 1, t, bs);
+    /* p is NULL for a tensor with no elements: no arithmetic on it. */
+    PyObject *x = tolist_rec(k, p != NULL ? p + i * bs[dim] : NULL, dim + 1,
+                             t, bs);
     if (x == NULL) {
       Py_DECREF(list);
       return NULL;
@@ -1010,14 +1012,12 @@ static int classify(PyObject *o) {
   if (strcmp(tn, "numpy.bool") == 0 || strcmp(tn, "numpy.bool_") == 0)
     return C_BOOL;
   if (PyIndex_Check(o)) return C_INT;
-  if (PyObject_HasAttrString(o, "__complex__") &&
-      !(Py_TYPE(o)->tp_as_number && Py_TYPE(o)->tp_as_number->nb_float &&
-        strncmp(tn, "numpy.complex", 13) != 0 &&
-        strcmp(tn, "numpy.clongdouble") != 0))
-    return C_COMPLEX;
-  if (strncmp(tn, "numpy.complex", 13) == 0) return C_COMPLEX;
+  if (strncmp(tn, "numpy.complex", 13) == 0 ||
+      strcmp(tn, "numpy.clongdouble") == 0)
+    return C_COMPLEX; /* they also have __float__, which drops the imag */
   if (Py_TYPE(o)->tp_as_number && Py_TYPE(o)->tp_as_number->nb_float)
     return C_FLOAT;
+  if (PyObject_HasAttrString(o, "__complex__")) return C_COMPLEX;
   PyErr_Format(PyExc_TypeError,
                "tensor() data must be nested lists/tuples of numbers; got "
                "%.200s",
@@ -1092,13 +1092,14 @@ static int store_int(PyObject *o, int cls, scalar_kind k, const char *name,
     PyObject *idx = cls == C_BOOL ? PyLong_FromLong(PyObject_IsTrue(o))
                                   : PyNumber_Index(o);
     if (idx == NULL) return -1;
+    int overflow = 0;
+    v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+      Py_DECREF(idx);
+      return -1;
+    }
     if (is_unsigned) {
-      int neg = PyObject_RichCompareBool(idx, Py_False, Py_LT);
-      if (neg < 0) {
-        Py_DECREF(idx);
-        return -1;
-      }
-      if (neg) {
+      if (overflow < 0 || (overflow == 0 && v < 0)) {
         Py_DECREF(idx);
         return out_of_range(o, name);
       }
@@ -1110,10 +1111,7 @@ static int store_int(PyObject *o, int cls, scalar_kind k, const char *name,
         return out_of_range(o, name);
       }
     } else {
-      int overflow = 0;
-      v = PyLong_AsLongLongAndOverflow(idx, &overflow);
       Py_DECREF(idx);
-      if (v == -1 && PyErr_Occurred()) return -1;
       if (overflow) return out_of_range(o, name);
     }
   }

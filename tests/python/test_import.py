@@ -314,8 +314,9 @@ def make_capsule(versioned=True, major=1, ndim=1, shape=(4,), strides=None,
     n = 1
     for s in shape:
         n *= max(s, 0)
-    n = min(max(n, 1), 64)  # hostile shapes never get read
-    storage = (ctypes.c_float * n)(*range(n))
+    # Always 64 floats: room for a byte_offset, and hostile shapes are
+    # rejected before any element is read.
+    storage = (ctypes.c_float * 64)(*range(64))
     shp = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     st = (ctypes.c_int64 * max(len(shape), 1))(*(strides or [0]))
     m = (_DLMTV if versioned else _DLMT)()
@@ -673,11 +674,17 @@ def test_array_array(code, dtype):
 
 def test_memoryview_strided_and_shaped():
     base = bytearray(range(24))
-    m = memoryview(base).cast("B", (4, 6))[::2, ::-3]
+    m = memoryview(base)[::-3]
     t = dlb.from_dlpack(m)
-    assert t.shape == (2, 2)
-    assert t.strides == (12, -3)
+    assert t.shape == (8,) and t.strides == (-3,)
     assert t.tolist() == m.tolist()
+    # A 2-d strided buffer (memoryview has no __dlpack__, so this is the
+    # buffer path, with numpy's byte strides).
+    a = np.arange(24, dtype=np.int32).reshape(4, 6)[::2, ::-3]
+    t = dlb.from_dlpack(memoryview(a))
+    assert t.shape == (2, 2) and t.strides == (12, -3)
+    assert t.data_ptr == a.__array_interface__["data"][0]
+    assert t.tolist() == a.tolist()
 
 
 def test_memoryview_readonly():
@@ -686,11 +693,20 @@ def test_memoryview_readonly():
     assert t.readonly
 
 
-def test_memoryview_bool_and_float16():
-    m = memoryview(bytearray(4)).cast("?")
-    assert dlb.from_dlpack(m).dtype == "bool"
-    m = memoryview(bytearray(8)).cast("e")
-    assert dlb.from_dlpack(m).dtype == "float16"
+@pytest.mark.parametrize(
+    "dtype", ["bool", "float16", "complex64", "complex128", "int64", "uint16"]
+)
+def test_buffer_formats_from_numpy(dtype):
+    a = sample(dtype)
+    t = dlb.from_dlpack(memoryview(a))
+    assert t.dtype == dtype
+    assert t.tolist() == a.tolist()
+
+
+def test_buffer_non_native_byte_order():
+    m = memoryview(np.arange(3, dtype=np.dtype(np.int32).newbyteorder()))
+    with pytest.raises(BufferError, match="byte order"):
+        dlb.from_dlpack(m)
 
 
 def test_buffer_zero_d():
@@ -815,6 +831,8 @@ def test_no_refcount_growth_10k_round_trips():
     gc.collect()
     ra, rb = sys.getrefcount(a), sys.getrefcount(b)
     nobj = len(gc.get_objects())
+    # Capsules and tuples are not GC-tracked: count allocator blocks too.
+    blocks = sys.getallocatedblocks()
     for _ in range(10_000):
         np.from_dlpack(dlb.from_dlpack(a))
         dlb.from_dlpack(b)
@@ -823,6 +841,7 @@ def test_no_refcount_growth_10k_round_trips():
     assert sys.getrefcount(a) == ra
     assert sys.getrefcount(b) == rb
     assert len(gc.get_objects()) <= nobj + 50
+    assert sys.getallocatedblocks() <= blocks + 1000  # 30k imports
 
 
 def test_no_leak_on_error_paths():
@@ -836,3 +855,61 @@ def test_no_leak_on_error_paths():
             dlb.from_dlpack(cap_owner, device="cuda")
     gc.collect()
     assert sys.getrefcount(cap_owner) == before
+
+
+class HostileProducer:
+    """__dlpack__ hands back a capsule we must reject or consume correctly."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+        self.addr = None
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, **kw):
+        cap, self.addr = make_capsule(**self.kw)
+        return cap
+
+
+def test_hostile_capsule_from_dunder_dlpack_freed_once():
+    p = HostileProducer(ndim=2, shape=(2, 2), null_shape=True)
+    with pytest.raises(BufferError, match="unconsumed"):
+        dlb.from_dlpack(p)
+    gc.collect()
+    assert _DELETED[p.addr] == 1  # the dropped capsule's destructor ran it
+    p = HostileProducer(major=7)
+    with pytest.raises(BufferError, match="version"):
+        dlb.from_dlpack(p)
+    gc.collect()
+    assert _DELETED[p.addr] == 1  # we ran it; the destructor did not
+
+
+def test_tensorflow_not_imported_for_other_types():
+    import subprocess
+    code = (
+        "import sys, dlbridge\n"
+        "class T: pass\n"
+        "for o in (T(), bytearray(2)):\n"
+        "    try: dlbridge.from_dlpack(o)\n"
+        "    except TypeError: pass\n"
+        "assert 'tensorflow' not in sys.modules\n"
+        "assert 'numpy' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class CRaisesTypeError:
+    """__dlpack__ is a C function that raises TypeError from C, so the
+    exception arrives unnormalised (3.11) -- the retry's chaining must cope."""
+
+    __dlpack__ = int.__add__
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_c_level_typeerror_retry_chained():
+    with pytest.raises(TypeError, match="int") as info:
+        dlb.from_dlpack(CRaisesTypeError())
+    assert isinstance(info.value.__context__, TypeError)
