@@ -13,7 +13,7 @@ PYTEST  := $(PY) -m pytest
 TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
 .PHONY: all bootstrap build test test-c test-valgrind test-python sanitize \
-        demo bench clean
+        test-install demo bench clean
 
 all: build
 
@@ -25,7 +25,7 @@ build: bootstrap
 	    -Cbuild-dir=$(BUILD) . 2>&1 | grep -v '^$$' || true
 	@$(PY) -c 'import dlbridge' || { echo "build failed: see above"; exit 1; }
 
-test: build test-c test-valgrind sanitize test-python
+test: build test-c test-valgrind sanitize test-install test-python
 
 test-c: build
 	@$(MESON) test -C $(BUILD) --suite c --print-errorlogs -q
@@ -46,6 +46,20 @@ sanitize: bootstrap
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    $(MESON) test -C $(ASAN) --suite c --print-errorlogs -q
 
+# Install libdlbridge into a scratch prefix and build the C demo against it
+# through pkg-config, as a C user would; then run it against the shared lib.
+INSTALL_PREFIX := $(CURDIR)/build-install/prefix
+test-install: bootstrap
+	@[ -f build-install/build.ninja ] || $(MESON) setup build-install \
+	    -Dpython=false -Dtests=false --prefix=$(INSTALL_PREFIX) \
+	    --libdir=lib >/dev/null
+	@$(MESON) install -C build-install --quiet >/dev/null
+	@PKG_CONFIG_PATH=$(INSTALL_PREFIX)/lib/pkgconfig sh -c \
+	    'cc -std=c11 -Wall -Wextra -Werror examples/demo_c.c \
+	     $$(pkg-config --cflags --libs dlbridge) -o build-install/demo_c'
+	@LD_LIBRARY_PATH=$(INSTALL_PREFIX)/lib build-install/demo_c >/dev/null
+	@echo "install: headers, libdlbridge and dlbridge.pc installed; demo_c built with pkg-config and ran"
+
 test-python: build
 	@PYTHONPATH=$(TESTPATH) $(PYTEST) -q tests/python
 
@@ -55,9 +69,32 @@ demo: build
 	@echo
 	@echo "== through Python: NumPy and torch via dlbridge and back (examples/demo.py) =="
 	@$(PY) examples/demo.py
+	@echo
+	@echo "== one C kernel, every framework: dlb.load + dlb.Function (examples/function_demo.py) =="
+	@$(PY) examples/function_demo.py $(BUILD)/libdlb_example_kernels.so
 
+# Benchmarks, never part of `make test`: the peers (nanobind, tvm-ffi; pinned
+# in requirements/bench.txt, installed on first use and whenever that file
+# changes) are built into $(BUILD)/bench, then the copy and call benchmarks
+# run.  They print figures and PASS/MISS against the targets; a MISS never
+# fails the run.
+BENCH_REQ   := requirements/bench.txt
+BENCH_STAMP := $(VENV)/.bench-requirements.sha256
 bench: build
+	@want=$$(sha256sum $(BENCH_REQ) | cut -d' ' -f1); \
+	 if [ "$$want" != "$$(cat $(BENCH_STAMP) 2>/dev/null)" ]; then \
+	   echo "bench: installing $(BENCH_REQ) into $(VENV)"; \
+	   if $(PY) -m pip install -q -r $(BENCH_REQ) >$(VENV)/.bench-pip.log 2>&1; \
+	   then echo "$$want" > $(BENCH_STAMP); \
+	   else grep -v '^WARNING: Location' $(VENV)/.bench-pip.log; \
+	     echo "bench: pip failed; peers that are missing will be skipped"; fi; \
+	 fi
+	@PY=$(PY) bench/build_peers.sh
+	@echo "== copies (build/bench_copy) =="
 	@$(BUILD)/bench_copy
+	@echo
+	@echo "== calls, from_dlpack, convert, __dlpack__, memory (bench/bench_calls.py) =="
+	@$(PY) bench/bench_calls.py
 
 clean:
 	rm -rf $(BUILD) $(ASAN)

@@ -268,6 +268,19 @@ int dlb_managed_from_legacy(DLManagedTensor *legacy,
 int dlb_managed_to_legacy(DLManagedTensorVersioned *m, DLManagedTensor **out,
                           dlb_error *err);
 
+/* ---- Kernels (dlbridge.Function) -------------------------------------------- */
+
+/* A kernel callable from every framework through dlbridge.Function.
+ *  args    inputs then outputs, in signature order; 0-d parameters (Python
+ *          numbers included) arrive as 0-d tensors.  The views are valid for
+ *          the length of the call only.
+ *  stream  the caller's current stream for the arguments' device (a
+ *          cudaStream_t as void *), NULL on the CPU.
+ * Return 0, or fill err (dlb_error_set) and return a negative dlb_status; the
+ * caller raises it as a Python exception. */
+typedef int (*dlb_kernel)(DLTensor *const *args, int32_t nargs, void *stream,
+                          dlb_error *err);
+
 /* ---- Copy ------------------------------------------------------------------ */
 
 /* Copy the elements of src into dst, element by element in logical order:

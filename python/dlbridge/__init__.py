@@ -11,26 +11,41 @@ from ._core import (  # noqa: F401  (re-exported public API)
     MAX_NDIM,
     Device,
     DType,
+    Function,
     Tensor,
     __version__,
     device,
     dtype,
     empty,
     from_dlpack,
+    load,
     tensor,
     zeros,
 )
 from ._frameworks import convert  # noqa: F401
 
+
+def get_include():
+    """The directory to put on the C compiler's include path (``-I``) to build
+    an extension against ``<dlbridge/python.h>`` (which also brings in
+    ``<dlbridge/dlbridge.h>`` and ``<dlpack/dlpack.h>``)."""
+    import os.path
+
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
 __all__ = [
     "DType",
     "Device",
+    "Function",
     "Tensor",
     "convert",
+    "get_include",
     "device",
     "dtype",
     "empty",
     "from_dlpack",
+    "load",
     "tensor",
     "zeros",
     "MAX_NDIM",

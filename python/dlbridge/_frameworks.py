@@ -31,6 +31,10 @@ Choices, written down because the DLPack spec leaves them open:
   a ``BufferError`` naming the target and the dtype.  Any other refusal by
   the target's importer (device, layout) is re-raised as ``BufferError``
   naming the target, chained to the framework's own exception.
+* Layouts a target cannot take are refused before it is asked: negative
+  strides into torch (torch.from_dlpack 2.13 aborts the process on them)
+  and anything but compact row-major into TensorFlow.  JAX copies
+  transposed data itself and refuses other strided layouts.
 """
 
 import importlib
@@ -70,6 +74,15 @@ _SUPPORTED_DTYPES = {"numpy": _NUMPY_DTYPES, "torch": _TORCH_DTYPES}
 
 # Targets whose tensors cannot be read-only.
 _NO_READONLY = frozenset({"torch", "cupy"})
+
+# torch has no negative strides, and torch.from_dlpack (2.13) does not refuse
+# them cleanly: it throws a C++ error that aborts the process.  Refusing here
+# turns a crash into an exception.
+_NO_NEGATIVE_STRIDES = frozenset({"torch"})
+
+# TensorFlow's importer only takes compact row-major data ("Invalid strides
+# array from DLPack" otherwise).
+_COMPACT_ONLY = frozenset({"tensorflow"})
 
 
 def _root_framework(tp):
@@ -141,12 +154,17 @@ def _to_jax(t):
 
 
 def _to_tensorflow(t):
-    _import("tensorflow")
+    tf = _import("tensorflow")
     tfdlpack = importlib.import_module("tensorflow.experimental.dlpack")
     # TensorFlow only reads legacy capsules: __dlpack__() without
     # max_version makes one (and refuses read-only data, see above).
     capsule = t.__dlpack__()
-    return tfdlpack.from_dlpack(capsule)
+    try:
+        return tfdlpack.from_dlpack(capsule)
+    except tf.errors.OpError as exc:
+        # TF's errors derive from Exception alone; report them as the
+        # BufferError convert promises.
+        raise BufferError(str(exc).strip()) from exc
 
 
 _IMPORTERS = {
@@ -194,6 +212,20 @@ def convert(obj, to):
             f"convert: the data is read-only and {target} tensors cannot be "
             f"read-only ({target}'s from_dlpack would make it silently "
             "writable); copy it first: "
+            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
+        )
+    if target in _NO_NEGATIVE_STRIDES and any(
+        st < 0 for st, n in zip(t.strides, t.shape) if n > 1
+    ):
+        raise BufferError(
+            f"convert: {target} tensors cannot have negative strides "
+            f"(strides {t.strides}); copy it first: "
+            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
+        )
+    if target in _COMPACT_ONLY and not t.is_contiguous:
+        raise BufferError(
+            f"convert: {target} imports only compact row-major data (strides "
+            f"{t.strides} for shape {t.shape}); copy it first: "
             f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
         )
     try:

@@ -42,6 +42,11 @@ typedef struct {
   PyObject *str_array_interface;   /* "__array_interface__" */
   PyObject *str_cuda_array_interface; /* "__cuda_array_interface__" */
   PyObject *max_version_tuple;     /* (1, 3): what we ask producers for */
+  /* exchange.c: the per-type handler cache (owned, freed by
+   * dlb__exchange_clear). */
+  struct dlb_handler_cache *handlers;
+  /* function.c */
+  PyTypeObject *FunctionType;
 } dlb_module_state;
 
 extern PyModuleDef dlb__module_def;
@@ -142,5 +147,118 @@ PyObject *dlb__py_from_dlpack(PyObject *module, PyObject *const *args,
  * "where it is"; copy: -1 None, 0 False, 1 True. */
 PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
                       const DLDevice *device, int copy);
+
+/* ---- Per-type handlers and borrowed views (exchange.c) ----------------------
+ *
+ * The fast path.  The first time an object of some type is seen, its type is
+ * classified once and the result cached in module state, holding a strong
+ * reference to the type so a freed type can never alias a new one at the
+ * same address; from then on, finding the handler is a pointer compare.
+ * Every consumer of tensors -- from_dlpack, Function, the C API -- reads
+ * objects through a handler, so each framework is supported in one place. */
+
+typedef enum {
+  DLB_KIND_NONE = 0,   /* not tensor-like */
+  DLB_KIND_TENSOR,     /* dlbridge.Tensor (or subclass): direct struct access */
+  DLB_KIND_EXCHANGE,   /* the type publishes a DLPack C exchange table */
+  DLB_KIND_NUMPY,      /* numpy.ndarray: fields read directly */
+  DLB_KIND_DLPACK,     /* __dlpack__ only: owning export per view */
+  DLB_KIND_BUFFER,     /* buffer protocol */
+  DLB_KIND_ARRAY_INTERFACE,      /* __array_interface__ */
+  DLB_KIND_CUDA_ARRAY_INTERFACE  /* __cuda_array_interface__ */
+} dlb_kind;
+
+typedef struct dlb_handler {
+  PyTypeObject *type;            /* strong reference */
+  dlb_kind kind;
+  /* The type's exchange table (major 1, after walking prev_api), or NULL.
+   * dlb.Tensor's own table is set here too, so producers and consumers
+   * share one code path. */
+  const DLPackExchangeAPI *api;
+  PyObject *api_owner;           /* keeps the capsule/int alive; may be NULL */
+  /* Framework name from the type's module ("numpy", "torch", "jax",
+   * "tensorflow", "cupy", "dlbridge", ...): interned str, strong ref. */
+  PyObject *framework;
+} dlb_handler;
+
+/* The handler for type (borrowed, lives as long as the module).  Never NULL
+ * unless an exception is set: a type that is not tensor-like gets a handler
+ * with kind DLB_KIND_NONE, cached too. */
+const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type);
+
+/* A borrowed view of a tensor-like object, for the length of one call.
+ * Lives on the caller's stack; nothing in it is allocated for the dlbridge,
+ * NumPy, exchange-table (dltensor_from_py_object_no_sync) and buffer paths. */
+typedef struct {
+  DLTensor t;                 /* valid until dlb__view_release */
+  uint64_t flags;             /* DLPACK_FLAG_BITMASK_READ_ONLY, ... */
+  const dlb_handler *handler; /* how the object was read */
+  DLManagedTensorVersioned *owned; /* owning export made for this view */
+  Py_buffer buffer;           /* held when has_buffer */
+  int has_buffer;
+  int64_t strides_storage[DLB_MAX_NDIM]; /* strides converted from bytes */
+} dlb_view;
+
+/* Options for dlb__view_get. */
+enum {
+  DLB_VIEW_WRITABLE = 1u << 0  /* fail with BufferError if read-only */
+};
+
+/* Fill view for obj (which the caller keeps alive until release).  0 on
+ * success; -1 with TypeError (not tensor-like), BufferError (cannot be
+ * described, or read-only with DLB_VIEW_WRITABLE).  On failure nothing needs
+ * releasing. */
+int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
+                  dlb_view *view);
+void dlb__view_release(dlb_view *view);
+
+/* The framework's current work stream for device (NULL on CPU, and NULL for
+ * the legacy default stream on CUDA).  0, or -1 with an exception. */
+int dlb__current_stream(dlb_module_state *st, const dlb_handler *h,
+                        DLDevice device, void **stream);
+
+/* A new owning tensor allocated by h's framework (its exchange table's
+ * allocator when it has one, else dlbridge's own allocator), contiguous,
+ * shaped by prototype's ndim/shape/dtype/device.  0, or -1 with an
+ * exception. */
+int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
+                    const DLTensor *prototype, DLManagedTensorVersioned **out);
+
+/* m as an object of h's framework (new reference in *out): the table's
+ * managed_tensor_to_py_object_no_sync when there is one, a dlb.Tensor for
+ * dlbridge, else the framework's from_dlpack on a dlb.Tensor.  Steals m on
+ * success and failure. */
+int dlb__to_framework(dlb_module_state *st, const dlb_handler *h,
+                      DLManagedTensorVersioned *m, PyObject **out);
+
+/* Handlers cached in module state; cleared with the module. */
+int dlb__exchange_init(PyObject *module, dlb_module_state *st);
+void dlb__exchange_clear(dlb_module_state *st);
+
+/* ---- Function (function.c) and the C API capsule (capi.c) ------------------ */
+
+/* Adds the Function type and load() to the module. */
+int dlb__function_init(PyObject *module, dlb_module_state *st);
+/* Adds the dlbridge._C_API capsule (include/dlbridge/python.h). */
+int dlb__capi_init(PyObject *module, dlb_module_state *st);
+
+/* dlb.Tensor's own exchange table (process lifetime). */
+extern const DLPackExchangeAPI dlb__tensor_exchange_api;
+
+/* added by exchange.c */
+/* import.c, shared with exchange.c's views.  Each gives an owning, validated
+ * managed tensor in *out (0), or -1 with an exception and nothing owned. */
+int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
+                               const DLDevice *target, int copy,
+                               DLManagedTensorVersioned **out);
+int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
+                                 DLManagedTensorVersioned **out);
+/* dlb__view_get for a caller that already holds h = the handler of
+ * Py_TYPE(obj) (saves the second lookup). */
+int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
+                       PyObject *obj, unsigned options, dlb_view *view);
+/* dtype of a buffer-protocol format string; BufferError when it has none. */
+int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
+                             DLDataType *out);
 
 #endif /* DLB_PYTHON_DLBRIDGE_PY_H_ */

@@ -2,9 +2,12 @@
  * import.c -- dlbridge.from_dlpack: turn anything tensor-like into a Tensor.
  *
  * Producers are tried in this order (the first that applies wins):
- *   a. a dlbridge Tensor: returned as it is (or copied when asked);
- *   b. [hook] the DLPack C exchange API (__dlpack_c_exchange_api__) -- a
- *      later issue, see try_exchange_api();
+ *   a. a dlbridge Tensor (found through the per-type handler, below):
+ *      returned as it is (or copied when asked);
+ *   b. through the per-type handler (exchange.c): a type publishing a
+ *      DLPack C exchange table (__dlpack_c_exchange_api__, or the 1.2
+ *      __c_dlpack_exchange_api__) is imported through the table's owning
+ *      export; numpy.ndarray has its fields read directly (try_handler());
  *   c. __dlpack__ / __dlpack_device__, versioned first, legacy on TypeError
  *      only when that loses nothing the caller asked for;
  *   d. raw PyCapsules named "dltensor_versioned" / "dltensor";
@@ -505,9 +508,14 @@ static int type_has(PyObject *obj, PyObject *name) {
   return _PyType_Lookup(Py_TYPE(obj), name) != NULL;
 }
 
-static PyObject *import_dunder_dlpack(dlb_module_state *st, PyObject *obj,
-                                      const DLDevice *target, int copy) {
-  PyObject *result = NULL, *cap = NULL, *dev_res = NULL;
+/* Shared with exchange.c (DLB_KIND_DLPACK views): call __dlpack__ with the
+ * negotiation below and take ownership of what it returns.  0 with *out
+ * owned and validated, -1 with an exception. */
+int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
+                               const DLDevice *target, int copy,
+                               DLManagedTensorVersioned **out) {
+  int result = -1;
+  PyObject *cap = NULL, *dev_res = NULL;
   PyObject *kwnames = NULL, *stream = NULL, *dl_device = NULL;
   /* buf[0] is the spare slot PY_VECTORCALL_ARGUMENTS_OFFSET lets the
    * callee borrow; args[0] is self, then the keyword values. */
@@ -591,10 +599,18 @@ static PyObject *import_dunder_dlpack(dlb_module_state *st, PyObject *obj,
     }
     discard_error(&first);
   }
-  result = import_capsule(st, cap, target, copy, "__dlpack__()");
+  if (!PyCapsule_CheckExact(cap)) {
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: __dlpack__() returned %.200s, not a DLPack "
+                 "PyCapsule",
+                 Py_TYPE(cap)->tp_name);
+    goto cleanup;
+  }
+  if (consume_capsule(cap, out) < 0) goto cleanup;
+  result = 0;
 
 cleanup:
-  if (result == NULL) {
+  if (result < 0) {
     /* The capsule's destructor runs here; keep our error intact. */
     clear_keep_error(&cap);
     clear_keep_error(&dev_res);
@@ -606,6 +622,13 @@ cleanup:
   Py_XDECREF(stream);
   Py_XDECREF(dl_device);
   return result;
+}
+
+static PyObject *import_dunder_dlpack(dlb_module_state *st, PyObject *obj,
+                                      const DLDevice *target, int copy) {
+  DLManagedTensorVersioned *m = NULL;
+  if (dlb__dunder_dlpack_managed(st, obj, target, copy, &m) < 0) return NULL;
+  return finish(st, m, target, copy);
 }
 
 /* ---- e. legacy producers ------------------------------------------------------ */
@@ -641,8 +664,9 @@ static int legacy_producer_capsule(PyObject *obj, PyObject **cap) {
 
 /* ---- f. buffer protocol --------------------------------------------------------- */
 
-/* dtype of one struct-module format (native byte order only). */
-static int format_dtype(const char *fmt, Py_ssize_t itemsize, DLDataType *out) {
+/* dtype of one struct-module format (native byte order only).  Shared with
+ * exchange.c's buffer views. */
+int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize, DLDataType *out) {
   const char *f = fmt != NULL ? fmt : "B";
   char order = '@';
   if (*f == '@' || *f == '=' || *f == '<' || *f == '>' || *f == '!')
@@ -742,7 +766,7 @@ static int view_from_buffer(const Py_buffer *b, DLTensor *t, int64_t *shape,
       }
     }
   }
-  if (format_dtype(b->format, b->itemsize, &t->dtype) < 0) return -1;
+  if (dlb__buffer_format_dtype(b->format, b->itemsize, &t->dtype) < 0) return -1;
   t->ndim = b->ndim;
   if (b->ndim > 0) {
     if (b->shape != NULL) {
@@ -873,9 +897,8 @@ static int int_tuple(PyObject *o, int64_t *arr, const char *key) {
 
 /* Import a v3 __array_interface__ (cuda == 0) or __cuda_array_interface__
  * (cuda == 1) dictionary whose owner is obj. */
-static PyObject *import_array_interface(dlb_module_state *st, PyObject *obj,
-                                        PyObject *ai, int cuda,
-                                        const DLDevice *target, int copy) {
+static int array_interface_managed(PyObject *obj, PyObject *ai, int cuda,
+                                   DLManagedTensorVersioned **out) {
   const char *which = cuda ? "__cuda_array_interface__" : "__array_interface__";
   DLManagedTensorVersioned *m = NULL;
   int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
@@ -1012,26 +1035,126 @@ static PyObject *import_array_interface(dlb_module_state *st, PyObject *obj,
     k = NULL;
     if (wrap_keeper(&t, flags, kk, &m) < 0) goto error;
   }
-  return finish(st, m, target, copy);
+  *out = m;
+  return 0;
 
 error:
   keeper_free(k);
-  return NULL;
+  return -1;
 }
 
-/* ---- b. the C exchange API (hook) ------------------------------------------- */
+static PyObject *import_array_interface(dlb_module_state *st, PyObject *obj,
+                                        PyObject *ai, int cuda,
+                                        const DLDevice *target, int copy) {
+  DLManagedTensorVersioned *m = NULL;
+  if (array_interface_managed(obj, ai, cuda, &m) < 0) return NULL;
+  return finish(st, m, target, copy);
+}
 
-/* HOOK: objects whose type has __dlpack_c_exchange_api__ (DLPack 1.3) will
- * be imported through the table's managed_tensor_from_py_object_no_sync
- * here, ahead of __dlpack__.  A later issue; returns 0 ("not handled")
- * for now, 1 with *out set when handled, -1 on error. */
-static int try_exchange_api(dlb_module_state *st, PyObject *obj,
-                            const DLDevice *target, int copy, PyObject **out) {
-  (void)st;
-  (void)obj;
-  (void)target;
-  (void)copy;
-  (void)out;
+/* Shared with exchange.c: an owning managed tensor for obj's
+ * __array_interface__ (cuda == 0) or __cuda_array_interface__ (cuda == 1). */
+int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
+                                 DLManagedTensorVersioned **out) {
+  PyObject *ai = NULL;
+  PyObject *name = cuda ? st->str_cuda_array_interface : st->str_array_interface;
+  int found = get_optional_attr(obj, name, &ai);
+  if (found < 0) return -1;
+  if (!found) {
+    PyErr_Format(PyExc_TypeError, "an object of type '%.200s' has no %U",
+                 Py_TYPE(obj)->tp_name, name);
+    return -1;
+  }
+  int rc = array_interface_managed(obj, ai, cuda, out);
+  if (rc < 0)
+    clear_keep_error(&ai);
+  else
+    Py_DECREF(ai);
+  return rc;
+}
+
+/* ---- b. the per-type handler: exchange tables and NumPy ---------------------- */
+
+/* dlb_release_fn for a NumPy import: drops the array the Tensor views.  Any
+ * thread, with or without the GIL, even at shutdown (then it leaks). */
+static void release_pyobject(void *ctx) {
+  if (ctx == NULL || interpreter_gone()) return;
+  if (PyGILState_Check() && !PyErr_Occurred()) {
+    /* The usual case (a Tensor dropped by Python code): no GIL dance and
+     * no error to protect. */
+    Py_DECREF((PyObject *)ctx);
+    return;
+  }
+  PyGILState_STATE g = PyGILState_Ensure();
+  if (PyErr_Occurred()) {
+    saved_error e;
+    save_error(&e);
+    Py_DECREF((PyObject *)ctx);
+    restore_error(&e);
+  } else {
+    Py_DECREF((PyObject *)ctx); /* the common case: nothing to protect */
+  }
+  PyGILState_Release(g);
+}
+
+/* Objects whose type the handler cache (exchange.c) reads directly: types
+ * publishing a DLPack C exchange table, imported through the table's
+ * managed_tensor_from_py_object_no_sync (an owning export, so the Tensor
+ * may outlive any Python code), and numpy.ndarray, whose fields are read
+ * without a Python call and wrapped with a reference to the array -- no
+ * capsule, no __dlpack__ call.  1 with *out set when handled, 0 when
+ * another path must handle obj, -1 on error. */
+static int try_handler(dlb_module_state *st, PyObject *obj,
+                       const DLDevice *target, int copy, PyObject **out) {
+  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
+  if (h == NULL) return -1;
+  DLManagedTensorVersioned *m = NULL;
+  dlb_error err;
+  if (h->kind == DLB_KIND_TENSOR) {
+    /* Our own Tensor: returned as it is, or copied when asked. */
+    dlb_TensorObject *self = (dlb_TensorObject *)obj;
+    int p = plan(target, copy, self->t.device, 0);
+    if (p < 0) return -1;
+    *out = p == 0 ? Py_NewRef(obj) : copy_to_cpu(st, &self->t, self->flags);
+    return *out != NULL ? 1 : -1;
+  }
+  if (h->kind == DLB_KIND_EXCHANGE) {
+    if (h->api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 ||
+        m == NULL) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_BufferError,
+                     "from_dlpack: the exchange table of '%.200s' failed to "
+                     "export the object without saying why",
+                     Py_TYPE(obj)->tp_name);
+      return -1;
+    }
+    if (dlb_managed_check_version(m, &err) != DLB_OK) {
+      delete_keep_error(m); /* the spec: unknown major -> delete, read nothing */
+      raise_core("unsupported DLPack version from the exchange table", &err);
+      return -1;
+    }
+    if (dlb_tensor_validate(&m->dl_tensor, 0, &err) != DLB_OK) {
+      delete_keep_error(m);
+      raise_core("the exchange table's tensor cannot be imported", &err);
+      return -1;
+    }
+    *out = finish(st, m, target, copy);
+    return *out != NULL ? 1 : -1;
+  }
+  if (h->kind == DLB_KIND_NUMPY) {
+    dlb_view v;
+    if (dlb__view_get_with(st, h, obj, 0, &v) < 0) return -1;
+    /* NUMPY views own nothing, so v needs no release; the managed tensor
+     * keeps the array (and so its memory) alive instead. */
+    Py_INCREF(obj);
+    if (dlb_managed_wrap(&v.t, v.flags, release_pyobject, obj, &m, &err) !=
+        DLB_OK) {
+      Py_DECREF(obj); /* release is not called on failure */
+      raise_core("cannot wrap the array", &err);
+      return -1;
+    }
+    *out = finish(st, m, target, copy);
+    return *out != NULL ? 1 : -1;
+  }
   return 0;
 }
 
@@ -1042,17 +1165,9 @@ PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
   PyObject *attr = NULL, *result = NULL;
   int found;
 
-  /* a. our own Tensor */
-  if (dlb__is_tensor(st, obj)) {
-    dlb_TensorObject *self = (dlb_TensorObject *)obj;
-    int p = plan(device, copy, self->t.device, 0);
-    if (p < 0) return NULL;
-    if (p == 0) return Py_NewRef(obj);
-    return copy_to_cpu(st, &self->t, self->flags);
-  }
-
-  /* b. exchange API */
-  found = try_exchange_api(st, obj, device, copy, &result);
+  /* a. our own Tensor, b. exchange tables and NumPy: through the per-type
+   * handler, which costs one cached pointer compare per type */
+  found = try_handler(st, obj, device, copy, &result);
   if (found != 0) return found > 0 ? result : NULL;
 
   /* c. __dlpack__ */

@@ -39,6 +39,9 @@ static int module_exec(PyObject *module) {
   if (st->max_version_tuple == NULL) return -1;
   if (dlb__types_init(module, st) < 0) return -1;
   if (dlb__tensor_init(module, st) < 0) return -1;
+  if (dlb__exchange_init(module, st) < 0) return -1;
+  if (dlb__function_init(module, st) < 0) return -1;
+  if (dlb__capi_init(module, st) < 0) return -1;
   if (PyModule_AddStringConstant(module, "__version__", DLB_VERSION_STRING) < 0)
     return -1;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", DLB_MAX_NDIM) < 0) return -1;
@@ -56,6 +59,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->DTypeType);
   Py_VISIT(st->DeviceType);
   Py_VISIT(st->max_version_tuple);
+  Py_VISIT(st->FunctionType);
   return 0;
 }
 
@@ -73,6 +77,8 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_array_interface);
   Py_CLEAR(st->str_cuda_array_interface);
   Py_CLEAR(st->max_version_tuple);
+  Py_CLEAR(st->FunctionType);
+  dlb__exchange_clear(st);
   return 0;
 }
 

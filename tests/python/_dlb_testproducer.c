@@ -1291,6 +1291,570 @@ static PyObject *mod_wrong_name_capsule(PyObject *Py_UNUSED(module),
   return PyCapsule_New(&g_dummy, NAME_WRONG, NULL);
 }
 
+/* ------------------------------------------------------------------------ */
+/* The C exchange API, both ways (added for test_exchange.py).
+ *
+ * CountingTable is a tensor type publishing its own DLPackExchangeAPI whose
+ * entries count their calls, so a test can prove dlbridge takes the fast
+ * path and how often each entry runs.  Its instances are 1-d float32
+ * tensors over their own buffer, or (when made by
+ * managed_tensor_to_py_object_no_sync) views of an imported tensor, which
+ * they own and delete once.  exchange_capsule()/exchange_address() hand out
+ * variants of the table (managed-only, a major-2 table with and without a
+ * major-1 prev_api, a misnamed capsule) for classification tests, and
+ * consume_exchange(obj) plays a third-party consumer of any type's table. */
+
+enum { CT_ALLOC, CT_FROM_PY, CT_TO_PY, CT_DLTENSOR, CT_STREAM, CT_DUNDER,
+       CT_DELETER, CT_NCOUNTS };
+static const char *const ct_count_names[CT_NCOUNTS] = {
+    "alloc", "from_py", "to_py", "dltensor", "stream", "dunder", "deleter"};
+static long long g_ct_counts[CT_NCOUNTS];
+static char g_ct_fail_alloc_kind[64]; /* non-empty: the allocator fails */
+static int g_ct_fail_to_py;           /* to_py deletes the tensor and fails */
+static PyTypeObject *g_ct_type;       /* CountingTable (module lifetime) */
+
+typedef struct {
+  PyObject_HEAD
+  DLTensor view;
+  int readonly;
+  int64_t shape1, stride1;
+  float *own;                          /* malloc'd, or NULL */
+  DLManagedTensorVersioned *imported;  /* owned, or NULL */
+} CountingObject;
+
+typedef struct {
+  DLManagedTensorVersioned m;
+  PyObject *owner; /* strong */
+} ct_export;
+
+static void ct_export_deleter(DLManagedTensorVersioned *m) {
+  ct_export *e = (ct_export *)m->manager_ctx;
+  g_ct_counts[CT_DELETER]++;
+  if (TP_IS_FINALIZING()) {
+    free(e);
+    return;
+  }
+  PyGILState_STATE g = PyGILState_Ensure();
+  saved_error s;
+  save_error(&s);
+  Py_XDECREF(e->owner);
+  restore_error(&s);
+  PyGILState_Release(g);
+  free(e);
+}
+
+static int ct_export_of(CountingObject *o, DLManagedTensorVersioned **out) {
+  ct_export *e = calloc(1, sizeof *e);
+  if (e == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  e->m.version.major = 1;
+  e->m.version.minor = 3;
+  e->m.manager_ctx = e;
+  e->m.deleter = ct_export_deleter;
+  e->m.flags = o->readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+  e->m.dl_tensor = o->view;
+  Py_INCREF(o);
+  e->owner = (PyObject *)o;
+  *out = &e->m;
+  return 0;
+}
+
+static int ct_check(void *py_object, const char *entry) {
+  PyObject *o = (PyObject *)py_object;
+  if (o != NULL && g_ct_type != NULL && PyObject_TypeCheck(o, g_ct_type))
+    return 0;
+  PyErr_Format(PyExc_TypeError, "CountingTable %s: not a CountingTable (%.200s)",
+               entry, o ? Py_TYPE(o)->tp_name : "NULL");
+  return -1;
+}
+
+/* Allocations: one malloc holding the struct, shape, strides and data. */
+static void ct_alloc_deleter(DLManagedTensorVersioned *m) {
+  g_ct_counts[CT_DELETER]++;
+  free(m);
+}
+
+static int ct_allocator(DLTensor *proto, DLManagedTensorVersioned **out,
+                        void *ctx,
+                        void (*SetError)(void *, const char *, const char *)) {
+  g_ct_counts[CT_ALLOC]++;
+  if (g_ct_fail_alloc_kind[0] != '\0') {
+    SetError(ctx, g_ct_fail_alloc_kind, "CountingTable allocator told to fail");
+    return -1;
+  }
+  if (proto->device.device_type != kDLCPU) {
+    SetError(ctx, "BufferError", "CountingTable allocates on the CPU only");
+    return -1;
+  }
+  if (proto->ndim < 0 || proto->ndim > 64) {
+    SetError(ctx, "ValueError", "CountingTable: bad ndim");
+    return -1;
+  }
+  int64_t n = 1;
+  for (int i = 0; i < proto->ndim; i++) n *= proto->shape[i];
+  size_t item = ((size_t)proto->dtype.bits * proto->dtype.lanes + 7) / 8;
+  size_t meta = sizeof(DLManagedTensorVersioned) + 2 * sizeof(int64_t) * (size_t)proto->ndim;
+  meta = (meta + 63) & ~(size_t)63;
+  char *blk = calloc(1, meta + item * (size_t)n + 1);
+  if (blk == NULL) {
+    SetError(ctx, "MemoryError", "CountingTable: out of memory");
+    return -1;
+  }
+  DLManagedTensorVersioned *m = (DLManagedTensorVersioned *)blk;
+  int64_t *shape = (int64_t *)(blk + sizeof *m);
+  int64_t *strides = shape + proto->ndim;
+  int64_t run = 1;
+  for (int i = proto->ndim - 1; i >= 0; i--) {
+    shape[i] = proto->shape[i];
+    strides[i] = run;
+    run *= shape[i] > 0 ? shape[i] : 1;
+  }
+  m->version.major = 1;
+  m->version.minor = 3;
+  m->deleter = ct_alloc_deleter;
+  m->dl_tensor.data = blk + meta;
+  m->dl_tensor.device = proto->device;
+  m->dl_tensor.ndim = proto->ndim;
+  m->dl_tensor.dtype = proto->dtype;
+  m->dl_tensor.shape = proto->ndim ? shape : NULL;
+  m->dl_tensor.strides = proto->ndim ? strides : NULL;
+  *out = m;
+  return 0;
+}
+
+static int ct_from_py(void *py_object, DLManagedTensorVersioned **out) {
+  g_ct_counts[CT_FROM_PY]++;
+  if (ct_check(py_object, "managed_tensor_from_py_object_no_sync") < 0) return -1;
+  return ct_export_of((CountingObject *)py_object, out);
+}
+
+static int ct_to_py(DLManagedTensorVersioned *m, void **out) {
+  g_ct_counts[CT_TO_PY]++;
+  if (g_ct_fail_to_py) {
+    if (m->deleter) m->deleter(m); /* stolen on failure too */
+    PyErr_SetString(PyExc_RuntimeError, "CountingTable to_py told to fail");
+    return -1;
+  }
+  CountingObject *o = (CountingObject *)g_ct_type->tp_alloc(g_ct_type, 0);
+  if (o == NULL) {
+    if (m->deleter) m->deleter(m);
+    return -1;
+  }
+  o->imported = m;
+  o->view = m->dl_tensor;
+  o->readonly = (m->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+  *out = o;
+  return 0;
+}
+
+static int ct_dltensor(void *py_object, DLTensor *out) {
+  g_ct_counts[CT_DLTENSOR]++;
+  if (ct_check(py_object, "dltensor_from_py_object_no_sync") < 0) return -1;
+  *out = ((CountingObject *)py_object)->view;
+  return 0;
+}
+
+static int ct_stream(DLDeviceType type, int32_t id, void **out) {
+  (void)id;
+  g_ct_counts[CT_STREAM]++;
+  /* A recognisable fake stream on devices that have streams. */
+  *out = type == kDLCPU ? NULL : (void *)(uintptr_t)0x1234;
+  return 0;
+}
+
+static const DLPackExchangeAPI ct_table = {
+    {{1, 3}, NULL}, ct_allocator, ct_from_py, ct_to_py, ct_dltensor, ct_stream};
+static const DLPackExchangeAPI ct_table_managed_only = {
+    {{1, 3}, NULL}, ct_allocator, ct_from_py, ct_to_py, NULL, ct_stream};
+/* A future major whose prev_api is the major-1 table. */
+static DLPackExchangeAPI ct_table_major2 = {
+    {{2, 0}, (DLPackExchangeAPIHeader *)&ct_table.header}, NULL, NULL, NULL,
+    NULL, NULL};
+static const DLPackExchangeAPI ct_table_major2_only = {
+    {{2, 0}, NULL}, NULL, NULL, NULL, NULL, NULL};
+
+static const DLPackExchangeAPI *ct_variant(const char *v) {
+  if (strcmp(v, "counting") == 0) return &ct_table;
+  if (strcmp(v, "managed_only") == 0) return &ct_table_managed_only;
+  if (strcmp(v, "major2_prev1") == 0) return &ct_table_major2;
+  if (strcmp(v, "major2_only") == 0) return &ct_table_major2_only;
+  PyErr_Format(PyExc_ValueError, "unknown table variant '%s'", v);
+  return NULL;
+}
+
+static PyObject *mod_exchange_capsule(PyObject *m, PyObject *arg) {
+  (void)m;
+  const char *v = PyUnicode_AsUTF8(arg);
+  if (v == NULL) return NULL;
+  if (strcmp(v, "wrong_name") == 0)
+    return PyCapsule_New((void *)&ct_table, "not_an_exchange_api", NULL);
+  const DLPackExchangeAPI *t = ct_variant(v);
+  return t ? PyCapsule_New((void *)t, "dlpack_exchange_api", NULL) : NULL;
+}
+
+static PyObject *mod_exchange_address(PyObject *m, PyObject *arg) {
+  (void)m;
+  const char *v = PyUnicode_AsUTF8(arg);
+  if (v == NULL) return NULL;
+  const DLPackExchangeAPI *t = ct_variant(v);
+  return t ? PyLong_FromVoidPtr((void *)t) : NULL;
+}
+
+static PyObject *mod_counting_counts(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  PyObject *d = PyDict_New();
+  for (int i = 0; d != NULL && i < CT_NCOUNTS; i++) {
+    PyObject *v = PyLong_FromLongLong(g_ct_counts[i]);
+    if (v == NULL || PyDict_SetItemString(d, ct_count_names[i], v) < 0) Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
+static PyObject *mod_counting_reset(PyObject *m, PyObject *unused) {
+  (void)m;
+  (void)unused;
+  memset(g_ct_counts, 0, sizeof g_ct_counts);
+  g_ct_fail_alloc_kind[0] = '\0';
+  g_ct_fail_to_py = 0;
+  Py_RETURN_NONE;
+}
+
+/* counting_fail(alloc_kind=None or str, to_py=False) */
+static PyObject *mod_counting_fail(PyObject *m, PyObject *args) {
+  (void)m;
+  const char *kind = NULL;
+  int to_py = 0;
+  if (!PyArg_ParseTuple(args, "zp", &kind, &to_py)) return NULL;
+  PyOS_snprintf(g_ct_fail_alloc_kind, sizeof g_ct_fail_alloc_kind, "%s",
+                kind ? kind : "");
+  g_ct_fail_to_py = to_py;
+  Py_RETURN_NONE;
+}
+
+static PyObject *CountingObject_new(PyTypeObject *type, PyObject *args,
+                                    PyObject *kwds) {
+  static char *kwlist[] = {"n", "readonly", NULL};
+  Py_ssize_t n = 4;
+  int readonly = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|np", kwlist, &n, &readonly))
+    return NULL;
+  if (n < 0) {
+    PyErr_SetString(PyExc_ValueError, "n must be >= 0");
+    return NULL;
+  }
+  CountingObject *o = (CountingObject *)type->tp_alloc(type, 0);
+  if (o == NULL) return NULL;
+  o->own = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  if (o->own == NULL) {
+    Py_DECREF(o);
+    return PyErr_NoMemory();
+  }
+  for (Py_ssize_t i = 0; i < n; i++) o->own[i] = (float)i;
+  o->shape1 = n;
+  o->stride1 = 1;
+  o->readonly = readonly;
+  o->view.data = o->own;
+  o->view.device.device_type = kDLCPU;
+  o->view.device.device_id = 0;
+  o->view.ndim = 1;
+  o->view.dtype.code = kDLFloat;
+  o->view.dtype.bits = 32;
+  o->view.dtype.lanes = 1;
+  o->view.shape = &o->shape1;
+  o->view.strides = &o->stride1;
+  o->view.byte_offset = 0;
+  return (PyObject *)o;
+}
+
+static void CountingObject_dealloc(PyObject *self) {
+  CountingObject *o = (CountingObject *)self;
+  PyTypeObject *tp = Py_TYPE(self);
+  if (o->imported != NULL && o->imported->deleter != NULL) {
+    saved_error s;
+    save_error(&s);
+    o->imported->deleter(o->imported);
+    restore_error(&s);
+  }
+  free(o->own);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+static void ct_capsule_destructor(PyObject *cap) {
+  if (!PyCapsule_IsValid(cap, NAME_VERSIONED)) return; /* consumed */
+  DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, NAME_VERSIONED);
+  if (m != NULL && m->deleter != NULL) m->deleter(m);
+}
+
+/* __dlpack__(**anything): the slow path, counted. */
+static PyObject *CountingObject_dlpack(PyObject *self, PyObject *args,
+                                       PyObject *kwds) {
+  (void)args;
+  (void)kwds;
+  DLManagedTensorVersioned *m = NULL;
+  g_ct_counts[CT_DUNDER]++;
+  if (ct_export_of((CountingObject *)self, &m) < 0) return NULL;
+  PyObject *cap = PyCapsule_New(m, NAME_VERSIONED, ct_capsule_destructor);
+  if (cap == NULL) m->deleter(m);
+  return cap;
+}
+
+static PyObject *CountingObject_dlpack_device(PyObject *self, PyObject *unused) {
+  (void)unused;
+  CountingObject *o = (CountingObject *)self;
+  return Py_BuildValue("(ii)", (int)o->view.device.device_type,
+                       (int)o->view.device.device_id);
+}
+
+static PyObject *CountingObject_tolist(PyObject *self, PyObject *unused) {
+  (void)unused;
+  CountingObject *o = (CountingObject *)self;
+  if (o->view.ndim != 1 || o->view.dtype.code != kDLFloat || o->view.dtype.bits != 32) {
+    PyErr_SetString(PyExc_TypeError, "tolist: only 1-d float32");
+    return NULL;
+  }
+  PyObject *l = PyList_New(o->view.shape[0]);
+  for (int64_t i = 0; l != NULL && i < o->view.shape[0]; i++) {
+    float *p = (float *)((char *)o->view.data + o->view.byte_offset) +
+               i * (o->view.strides ? o->view.strides[0] : 1);
+    PyObject *x = PyFloat_FromDouble(*p);
+    if (x == NULL) Py_CLEAR(l);
+    else PyList_SET_ITEM(l, i, x);
+  }
+  return l;
+}
+
+static PyObject *CountingObject_info(PyObject *self, void *c) {
+  (void)c;
+  CountingObject *o = (CountingObject *)self;
+  PyObject *shape = PyTuple_New(o->view.ndim);
+  for (int i = 0; shape != NULL && i < o->view.ndim; i++)
+    PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(o->view.shape[i]));
+  if (shape == NULL) return NULL;
+  return Py_BuildValue("{s:N,s:(iii),s:(ii),s:O,s:O}", "shape", shape, "dtype",
+                       (int)o->view.dtype.code, (int)o->view.dtype.bits,
+                       (int)o->view.dtype.lanes, "device",
+                       (int)o->view.device.device_type,
+                       (int)o->view.device.device_id, "imported",
+                       o->imported ? Py_True : Py_False, "readonly",
+                       o->readonly ? Py_True : Py_False);
+}
+
+static PyMethodDef CountingObject_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))CountingObject_dlpack,
+     METH_VARARGS | METH_KEYWORDS, "A versioned capsule (counted)."},
+    {"__dlpack_device__", CountingObject_dlpack_device, METH_NOARGS, NULL},
+    {"tolist", CountingObject_tolist, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef CountingObject_getset[] = {
+    {"info", CountingObject_info, NULL, "shape, dtype, device, imported", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot CountingObject_slots[] = {
+    {Py_tp_new, CountingObject_new},
+    {Py_tp_dealloc, CountingObject_dealloc},
+    {Py_tp_methods, CountingObject_methods},
+    {Py_tp_getset, CountingObject_getset},
+    {Py_tp_doc, "CountingTable(n=4, readonly=False): a 1-d float32 tensor "
+                "whose type publishes a counting DLPack exchange table."},
+    {0, NULL},
+};
+
+static PyType_Spec CountingObject_spec = {
+    .name = "_dlb_testproducer.CountingTable",
+    .basicsize = sizeof(CountingObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = CountingObject_slots,
+};
+
+/* What a SetError call said. */
+typedef struct {
+  int calls;
+  char kind[64];
+  char msg[512];
+} ce_error;
+
+static void ce_set_error(void *ctx, const char *kind, const char *msg) {
+  ce_error *e = ctx;
+  e->calls++;
+  PyOS_snprintf(e->kind, sizeof e->kind, "%s", kind);
+  PyOS_snprintf(e->msg, sizeof e->msg, "%s", msg);
+}
+
+static PyObject *shape_tuple(const DLTensor *t, int strides) {
+  const int64_t *v = strides ? t->strides : t->shape;
+  if (v == NULL) Py_RETURN_NONE;
+  PyObject *r = PyTuple_New(t->ndim);
+  for (int i = 0; r != NULL && i < t->ndim; i++)
+    PyTuple_SET_ITEM(r, i, PyLong_FromLongLong(v[i]));
+  return r;
+}
+
+static int put(PyObject *d, const char *k, PyObject *v) {
+  if (v == NULL) return -1;
+  int rc = PyDict_SetItemString(d, k, v);
+  Py_DECREF(v);
+  return rc;
+}
+
+/* The pending exception as "Type: message", cleared; None when none. */
+static PyObject *take_error(void) {
+  if (!PyErr_Occurred()) Py_RETURN_NONE;
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);
+  PyErr_NormalizeException(&t, &v, &tb);
+  PyObject *r = PyUnicode_FromFormat("%s: %S", ((PyTypeObject *)t)->tp_name,
+                                     v ? v : Py_None);
+  Py_XDECREF(t);
+  Py_XDECREF(v);
+  Py_XDECREF(tb);
+  return r;
+}
+
+/* consume_exchange(obj): find type(obj)'s table as any third-party consumer
+ * would, call every entry, and report what each did. */
+static PyObject *mod_consume_exchange(PyObject *module, PyObject *obj) {
+  (void)module;
+  PyObject *res = PyDict_New(), *attr = NULL;
+  if (res == NULL) return NULL;
+  attr = PyObject_GetAttrString((PyObject *)Py_TYPE(obj),
+                                "__dlpack_c_exchange_api__");
+  if (attr == NULL) goto error;
+  const DLPackExchangeAPIHeader *h =
+      PyCapsule_GetPointer(attr, "dlpack_exchange_api");
+  if (h == NULL) goto error;
+  while (h != NULL && h->version.major != 1) h = h->prev_api;
+  if (h == NULL) {
+    PyErr_SetString(PyExc_BufferError, "no major-1 table");
+    goto error;
+  }
+  const DLPackExchangeAPI *api = (const DLPackExchangeAPI *)h;
+  int nonnull = (api->managed_tensor_allocator != NULL) +
+                (api->managed_tensor_from_py_object_no_sync != NULL) +
+                (api->managed_tensor_to_py_object_no_sync != NULL) +
+                (api->dltensor_from_py_object_no_sync != NULL) +
+                (api->current_work_stream != NULL);
+  if (put(res, "version", Py_BuildValue("(II)", api->header.version.major,
+                                        api->header.version.minor)) < 0 ||
+      put(res, "entries", PyLong_FromLong(nonnull)) < 0 ||
+      put(res, "prev_api_null", PyBool_FromLong(api->header.prev_api == NULL)) < 0)
+    goto error;
+  int leaked = 0;
+
+  /* 1. the borrowed DLTensor */
+  if (api->dltensor_from_py_object_no_sync != NULL) {
+    DLTensor t;
+    memset(&t, 0, sizeof t);
+    int rc = api->dltensor_from_py_object_no_sync(obj, &t);
+    if (rc == 0) {
+      leaked |= PyErr_Occurred() != NULL;
+      if (put(res, "dltensor", Py_BuildValue(
+                  "{s:i,s:N,s:N,s:(iii),s:K,s:n,s:(ii)}", "ndim", (int)t.ndim,
+                  "shape", shape_tuple(&t, 0), "strides", shape_tuple(&t, 1),
+                  "dtype", (int)t.dtype.code, (int)t.dtype.bits, (int)t.dtype.lanes,
+                  "byte_offset", (unsigned long long)t.byte_offset, "data",
+                  (Py_ssize_t)(intptr_t)t.data, "device", (int)t.device.device_type,
+                  (int)t.device.device_id)) < 0)
+        goto error;
+    } else if (put(res, "dltensor_error", take_error()) < 0) {
+      goto error;
+    }
+  }
+  /* 2. owning export, then back through to_py */
+  {
+    DLManagedTensorVersioned *m = NULL;
+    int rc = api->managed_tensor_from_py_object_no_sync(obj, &m);
+    if (rc == 0 && m != NULL) {
+      leaked |= PyErr_Occurred() != NULL;
+      if (put(res, "managed", Py_BuildValue(
+                  "{s:(II),s:K,s:N,s:n}", "version", m->version.major,
+                  m->version.minor, "flags", (unsigned long long)m->flags,
+                  "shape", shape_tuple(&m->dl_tensor, 0), "data",
+                  (Py_ssize_t)(intptr_t)((char *)m->dl_tensor.data +
+                                         m->dl_tensor.byte_offset))) < 0) {
+        m->deleter(m);
+        goto error;
+      }
+      void *back = NULL;
+      rc = api->managed_tensor_to_py_object_no_sync(m, &back); /* steals */
+      if (rc == 0) {
+        leaked |= PyErr_Occurred() != NULL;
+        if (put(res, "roundtrip", (PyObject *)back) < 0) goto error;
+      } else if (put(res, "roundtrip_error", take_error()) < 0) {
+        goto error;
+      }
+    } else if (put(res, "managed_error", take_error()) < 0) {
+      goto error;
+    }
+  }
+  /* 3. the current stream on the CPU */
+  {
+    void *s = (void *)(uintptr_t)1;
+    int rc = api->current_work_stream(kDLCPU, 0, &s);
+    if (put(res, "stream", rc == 0 ? (s ? PyLong_FromVoidPtr(s) : Py_NewRef(Py_None))
+                                   : take_error()) < 0)
+      goto error;
+  }
+  /* 4. allocate a (2, 3) float32 CPU tensor and import it */
+  {
+    int64_t shape[2] = {2, 3};
+    DLTensor proto;
+    memset(&proto, 0, sizeof proto);
+    proto.ndim = 2;
+    proto.shape = shape;
+    proto.dtype.code = kDLFloat;
+    proto.dtype.bits = 32;
+    proto.dtype.lanes = 1;
+    proto.device.device_type = kDLCPU;
+    ce_error e = {0, "", ""};
+    DLManagedTensorVersioned *m = NULL;
+    int rc = api->managed_tensor_allocator(&proto, &m, &e, ce_set_error);
+    if (rc == 0 && m != NULL) {
+      leaked |= PyErr_Occurred() != NULL;
+      void *obj2 = NULL;
+      if (put(res, "alloc_shape", shape_tuple(&m->dl_tensor, 0)) < 0) {
+        m->deleter(m);
+        goto error;
+      }
+      rc = api->managed_tensor_to_py_object_no_sync(m, &obj2);
+      if (put(res, "allocated", rc == 0 ? (PyObject *)obj2 : take_error()) < 0)
+        goto error;
+    } else if (put(res, "alloc_error", Py_BuildValue("(iss)", e.calls, e.kind,
+                                                     e.msg)) < 0) {
+      goto error;
+    }
+    /* 5. the same on CUDA: a CPU-only producer must refuse via SetError */
+    proto.device.device_type = kDLCUDA;
+    e.calls = 0;
+    m = NULL;
+    rc = api->managed_tensor_allocator(&proto, &m, &e, ce_set_error);
+    if (rc == 0 && m != NULL) {
+      m->deleter(m);
+      if (put(res, "cuda_alloc", Py_NewRef(Py_True)) < 0) goto error;
+    } else {
+      if (put(res, "cuda_alloc_error",
+              Py_BuildValue("(iiss)", rc, e.calls, e.kind, e.msg)) < 0)
+        goto error;
+      leaked |= PyErr_Occurred() != NULL;
+      PyErr_Clear();
+    }
+  }
+  if (put(res, "exception_left", PyBool_FromLong(leaked)) < 0) goto error;
+  Py_DECREF(attr);
+  return res;
+error:
+  Py_XDECREF(attr);
+  Py_DECREF(res);
+  return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"deleter_calls", mod_deleter_calls, METH_NOARGS,
      "Deleter calls across every Producer since the last reset."},
@@ -1307,6 +1871,23 @@ static PyMethodDef module_methods[] = {
      "An already consumed \"used_dltensor\" capsule."},
     {"wrong_name_capsule", mod_wrong_name_capsule, METH_NOARGS,
      "A capsule named \"not_a_dltensor\"."},
+    {"exchange_capsule", mod_exchange_capsule, METH_O,
+     "exchange_capsule(variant): a \"dlpack_exchange_api\" capsule of a "
+     "CountingTable table variant: counting, managed_only, major2_prev1, "
+     "major2_only; wrong_name gives a misnamed capsule."},
+    {"exchange_address", mod_exchange_address, METH_O,
+     "exchange_address(variant): the table's address as an int (DLPack "
+     "1.2's __c_dlpack_exchange_api__)."},
+    {"counting_counts", mod_counting_counts, METH_NOARGS,
+     "Calls of each CountingTable table entry since counting_reset()."},
+    {"counting_reset", mod_counting_reset, METH_NOARGS,
+     "Zero the CountingTable counters and failure modes."},
+    {"counting_fail", mod_counting_fail, METH_VARARGS,
+     "counting_fail(alloc_kind, to_py): make the allocator fail with "
+     "SetError(kind) (None: do not) and to_py delete and fail."},
+    {"consume_exchange", mod_consume_exchange, METH_O,
+     "consume_exchange(obj): call every entry of type(obj)'s exchange table "
+     "as a third-party consumer would; returns what each did."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1321,6 +1902,23 @@ static int module_exec(PyObject *module) {
       (PyTypeObject *)PyType_FromModuleAndSpec(module, &Legacy_spec, NULL);
   if (st->legacy_type == NULL) return -1;
   if (PyModule_AddType(module, st->legacy_type) < 0) return -1;
+  {
+    PyTypeObject *ct =
+        (PyTypeObject *)PyType_FromModuleAndSpec(module, &CountingObject_spec, NULL);
+    if (ct == NULL) return -1;
+    PyObject *cap = PyCapsule_New((void *)&ct_table, "dlpack_exchange_api", NULL);
+    int rc = cap ? PyDict_SetItemString(ct->tp_dict, "__dlpack_c_exchange_api__", cap)
+                 : -1;
+    Py_XDECREF(cap);
+    PyType_Modified(ct);
+    if (rc < 0 || PyModule_AddType(module, ct) < 0) {
+      Py_DECREF(ct);
+      return -1;
+    }
+    /* Kept for the module's lifetime by the module attribute; the table
+     * entries need it without a module at hand. */
+    Py_XSETREF(g_ct_type, ct);
+  }
   if (PyModule_AddIntConstant(module, "FLAG_READ_ONLY",
                               (long)DLPACK_FLAG_BITMASK_READ_ONLY) < 0 ||
       PyModule_AddIntConstant(module, "FLAG_IS_COPIED",

@@ -1,0 +1,61 @@
+/*
+ * testing.c -- kernels for dlbridge.Function's tests and benchmarks, in the
+ * dlb_example_kernels module next to saxpy.c and matmul.c:
+ *   dlb_kernel_noop        any signature; does nothing (call overhead)
+ *   dlb_kernel_fail        any signature; fails with DLB_EINVAL and a message
+ *   dlb_kernel_unsupported any signature; fails with DLB_EUNSUPPORTED, no message
+ *   dlb_kernel_bad_status  any signature; returns 7, which the ABI forbids
+ *   dlb_kernel_copy        copy(x: T[...]) -> T[...]: the result is a copy of
+ *                          x (dlb_copy), so tests can read what a 0-d
+ *                          parameter received from a Python number
+ */
+#include "dlbridge/dlbridge.h"
+
+#if defined(_WIN32)
+#define EXPORT __declspec(dllexport)
+#else
+#define EXPORT __attribute__((visibility("default")))
+#endif
+
+EXPORT int dlb_kernel_noop(DLTensor *const *args, int32_t nargs, void *stream,
+                           dlb_error *err) {
+  (void)args;
+  (void)nargs;
+  (void)stream;
+  (void)err;
+  return DLB_OK;
+}
+
+EXPORT int dlb_kernel_fail(DLTensor *const *args, int32_t nargs, void *stream,
+                           dlb_error *err) {
+  (void)args;
+  (void)stream;
+  return dlb_error_set(err, DLB_EINVAL,
+                       "fail was given %d tensors and refuses them all",
+                       (int)nargs);
+}
+
+EXPORT int dlb_kernel_unsupported(DLTensor *const *args, int32_t nargs,
+                                  void *stream, dlb_error *err) {
+  (void)args;
+  (void)nargs;
+  (void)stream;
+  (void)err;
+  return DLB_EUNSUPPORTED;
+}
+
+EXPORT int dlb_kernel_bad_status(DLTensor *const *args, int32_t nargs,
+                                 void *stream, dlb_error *err) {
+  (void)args;
+  (void)nargs;
+  (void)stream;
+  (void)err;
+  return 7;
+}
+
+EXPORT int dlb_kernel_copy(DLTensor *const *args, int32_t nargs, void *stream,
+                           dlb_error *err) {
+  (void)stream;
+  if (nargs != 2) return dlb_error_set(err, DLB_EINVAL, "copy takes 2 arguments");
+  return dlb_copy(args[1], args[0], err);
+}

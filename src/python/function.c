@@ -1,0 +1,1249 @@
+/*
+ * function.c -- dlbridge.Function and dlbridge.load(): call one C kernel
+ * (the dlb_kernel ABI in dlbridge.h) from any framework's tensors.
+ *
+ * A signature such as
+ *     "saxpy(a: float32, x: float32[n], y: mut float32[n]) -> float32[n]"
+ * is parsed once, at construction, into a flat array of fn_param / fn_dim
+ * records.  Grammar (whitespace allowed between any two tokens):
+ *
+ *     signature := NAME '(' [param {',' param} [',']] ')' ['->' results]
+ *     param     := NAME ':' ['mut'] type
+ *     results   := type | '(' [type {',' type} [',']] ')'
+ *     type      := DTYPE ['[' [dim {',' dim}] ']']     no brackets, or
+ *                                                       "[]": 0-d
+ *     dim       := NAME | INTEGER
+ *
+ * NAME is [A-Za-z_][A-Za-z0-9_]*; DTYPE any name dlb_dtype_from_name knows.
+ * A dimension NAME binds the first time it appears, reading parameters left
+ * to right, and must be equal everywhere after; output dimensions must be
+ * literals or names some input binds.  At most 64 parameters and results
+ * together (the kernel's argument array lives on the stack).
+ *
+ * The call path is built for overhead, not generality: every check that can
+ * be decided from the signature alone is decided at parse time.  Each dim
+ * record says whether it binds a name, checks a literal, or checks against
+ * the (parameter, axis) that bound its name -- so a call needs no symbol
+ * table, just compares against the shape of the view that bound it.  Views
+ * of the arguments are borrowed on the stack (dlb__view_get); Python
+ * numbers for 0-d parameters are stored on the stack too.  Nothing is
+ * allocated unless the signature has outputs.
+ *
+ * Decisions (the spec leaves them open):
+ *  - Errors: wrong argument count, non-tensor argument -> TypeError; dtype
+ *    mismatch -> TypeError (the argument has the wrong type); ndim, extent
+ *    and device mismatches -> ValueError; read-only data for a `mut`
+ *    parameter -> BufferError; a Python number out of range for the dtype
+ *    -> OverflowError (as dlb.tensor()).  A kernel's negative status maps
+ *    as dlb__raise does (DLB_EINVAL -> ValueError, ...) with message
+ *    "<name>: <kernel message>"; a positive return is a broken kernel and
+ *    raises RuntimeError (never a silently accepted result).
+ *  - The kernel runs with the GIL held: the views are borrowed, not
+ *    exported, and another thread could otherwise free an array's memory
+ *    under the kernel (ndarray.resize, torch's resize_).
+ *  - Python numbers are accepted only for 0-d parameters that are not
+ *    `mut`; they arrive as CPU 0-d tensors even when the other arguments
+ *    live on a GPU, and take no part in the same-device check.
+ *  - The stream is the first tensor argument's framework's current stream
+ *    for its device, asked once per call; on the CPU it is NULL without
+ *    asking (the ABI defines it so).
+ *  - load() never calls dlclose while a Function made from the library
+ *    lives: the handle is owned by a capsule the Function holds.
+ */
+#include "dlbridge_py.h"
+
+#include <dlfcn.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030C0000
+#include <structmember.h>
+#define FN_T_PYSSIZET T_PYSSIZET
+#define FN_T_OBJECT T_OBJECT_EX
+#define FN_READONLY READONLY
+#else
+#define FN_T_PYSSIZET Py_T_PYSSIZET
+#define FN_T_OBJECT Py_T_OBJECT_EX
+#define FN_READONLY Py_READONLY
+#endif
+
+/* Parameters and results together: the kernel's DLTensor * array and the
+ * views are stack arrays of this size. */
+#define FN_MAX_PARAMS 64
+
+#define KERNEL_CAPSULE_NAME "dlb_kernel"
+#define LIBRARY_CAPSULE_NAME "dlbridge._library"
+
+/* ---- the compiled signature --------------------------------------------------- */
+
+enum {
+  DIM_LITERAL = 0, /* extent must equal value */
+  DIM_BIND,        /* first use of a name: anything goes, others read it */
+  DIM_CHECK        /* must equal shape[from_axis] of parameter from_param */
+};
+
+typedef struct {
+  int64_t value;      /* DIM_LITERAL: the extent */
+  int16_t kind;
+  int16_t from_param; /* DIM_CHECK (and outputs): who bound the name */
+  int16_t from_axis;
+  int16_t sym;        /* index into symbol names, -1 for literals */
+} fn_dim;
+
+typedef struct {
+  DLDataType dtype;
+  int32_t ndim;
+  int32_t dim0; /* first of ndim records in dims[] */
+  uint8_t mut;  /* inputs only: must be writable */
+} fn_param;
+
+typedef struct {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  dlb_kernel kernel;
+  dlb_module_state *st; /* alive as long as our type, which we hold */
+  int32_t nin, nout;
+  fn_param *params;     /* nin inputs then nout outputs; owns dims too */
+  fn_dim *dims;
+  PyObject *name;        /* str */
+  PyObject *signature;   /* str, as given */
+  PyObject *param_names; /* tuple of str, the inputs */
+  PyObject *sym_names;   /* tuple of str */
+  PyObject *owner;       /* keeps the kernel's code alive, or NULL */
+  PyObject *weakreflist;
+} fn_object;
+
+/* ---- signature parser ------------------------------------------------------------ */
+
+typedef struct {
+  const char *s;
+  Py_ssize_t len, pos;
+  const char *msg;   /* first error, static or in msgbuf */
+  Py_ssize_t errpos;
+  char msgbuf[160];
+  /* result */
+  const char *name;
+  Py_ssize_t name_len;
+  int nparams, nin;
+  fn_param params[FN_MAX_PARAMS];
+  const char *pname[FN_MAX_PARAMS];
+  Py_ssize_t pname_len[FN_MAX_PARAMS];
+  int ndims;
+  fn_dim dims[FN_MAX_PARAMS * DLB_MAX_NDIM];
+  int nsyms;
+  const char *sym[FN_MAX_PARAMS * DLB_MAX_NDIM];
+  Py_ssize_t sym_len[FN_MAX_PARAMS * DLB_MAX_NDIM];
+} parser;
+
+static int perr(parser *p, Py_ssize_t at, const char *msg) {
+  if (p->msg == NULL) {
+    p->msg = msg;
+    p->errpos = at;
+  }
+  return -1;
+}
+
+static void skip_ws(parser *p) {
+  while (p->pos < p->len &&
+         (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
+          p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
+    p->pos++;
+}
+
+static int is_ident_start(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+static int is_ident_char(char c) {
+  return is_ident_start(c) || (c >= '0' && c <= '9');
+}
+
+/* An identifier at the cursor (after whitespace): its start and length, or
+ * 0 when there is none (cursor left on the offending character). */
+static Py_ssize_t ident(parser *p, const char **start) {
+  skip_ws(p);
+  Py_ssize_t b = p->pos;
+  if (b >= p->len || !is_ident_start(p->s[b])) return 0;
+  while (p->pos < p->len && is_ident_char(p->s[p->pos])) p->pos++;
+  *start = p->s + b;
+  return p->pos - b;
+}
+
+static int accept(parser *p, char c) {
+  skip_ws(p);
+  if (p->pos < p->len && p->s[p->pos] == c) {
+    p->pos++;
+    return 1;
+  }
+  return 0;
+}
+
+static int word_is(const char *w, Py_ssize_t n, const char *lit) {
+  return (size_t)n == strlen(lit) && memcmp(w, lit, (size_t)n) == 0;
+}
+
+static int find_sym(const parser *p, const char *w, Py_ssize_t n) {
+  for (int i = 0; i < p->nsyms; i++)
+    if (p->sym_len[i] == n && memcmp(p->sym[i], w, (size_t)n) == 0) return i;
+  return -1;
+}
+
+/* type := DTYPE ['[' dims ']'], filling params[p->nparams]. */
+static int parse_type(parser *p, int is_output) {
+  fn_param *prm = &p->params[p->nparams];
+  const char *w;
+  skip_ws(p);
+  Py_ssize_t at = p->pos;
+  Py_ssize_t n = ident(p, &w);
+  if (n == 0) return perr(p, p->pos, "expected a dtype name");
+  if (word_is(w, n, "mut")) {
+    const char *w2;
+    Py_ssize_t save = p->pos;
+    if (ident(p, &w2) > 0)
+      return perr(p, at, is_output ? "results cannot be 'mut': they are "
+                                     "always written"
+                                   : "'mut' given twice");
+    p->pos = save;
+  }
+  char name[64];
+  if ((size_t)n >= sizeof name) return perr(p, at, "unknown dtype");
+  memcpy(name, w, (size_t)n);
+  name[n] = '\0';
+  dlb_error err;
+  if (dlb_dtype_from_name(name, &prm->dtype, &err) != DLB_OK) {
+    snprintf(p->msgbuf, sizeof p->msgbuf, "unknown dtype '%s'", name);
+    return perr(p, at, p->msgbuf);
+  }
+  prm->ndim = 0;
+  prm->dim0 = p->ndims;
+  prm->mut = 0;
+  if (!accept(p, '[')) return 0;
+  if (accept(p, ']')) return 0; /* "float32[]": 0-d */
+  for (;;) {
+    if (prm->ndim >= DLB_MAX_NDIM) {
+      skip_ws(p);
+      return perr(p, p->pos, "too many dimensions (at most 64)");
+    }
+    fn_dim *d = &p->dims[p->ndims];
+    skip_ws(p);
+    Py_ssize_t dat = p->pos;
+    if (dat < p->len && p->s[dat] >= '0' && p->s[dat] <= '9') {
+      int64_t v = 0;
+      while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
+        int digit = p->s[p->pos] - '0';
+        if (v > (INT64_MAX - digit) / 10)
+          return perr(p, dat, "dimension too large");
+        v = v * 10 + digit;
+        p->pos++;
+      }
+      if (p->pos < p->len && is_ident_char(p->s[p->pos]))
+        return perr(p, p->pos, "expected ',' or ']' after a dimension");
+      d->kind = DIM_LITERAL;
+      d->value = v;
+      d->sym = -1;
+      d->from_param = d->from_axis = -1;
+    } else {
+      n = ident(p, &w);
+      if (n == 0)
+        return perr(p, p->pos, "expected a dimension (a name or an integer)");
+      int s = find_sym(p, w, n);
+      d->value = 0;
+      if (s < 0) {
+        if (is_output) {
+          snprintf(p->msgbuf, sizeof p->msgbuf,
+                   "result dimension '%.*s' is not bound by any input",
+                   (int)(n < 64 ? n : 64), w);
+          return perr(p, dat, p->msgbuf);
+        }
+        s = p->nsyms++;
+        p->sym[s] = w;
+        p->sym_len[s] = n;
+        d->kind = DIM_BIND;
+        d->from_param = (int16_t)p->nparams;
+        d->from_axis = (int16_t)prm->ndim;
+      } else {
+        /* the binding record holds who bound it */
+        const fn_dim *b = NULL;
+        for (int i = 0; i < p->ndims; i++)
+          if (p->dims[i].sym == s && p->dims[i].kind == DIM_BIND) {
+            b = &p->dims[i];
+            break;
+          }
+        d->kind = DIM_CHECK;
+        d->from_param = b->from_param;
+        d->from_axis = b->from_axis;
+      }
+      d->sym = (int16_t)s;
+    }
+    p->ndims++;
+    prm->ndim++;
+    if (accept(p, ']')) return 0;
+    if (!accept(p, ',')) {
+      skip_ws(p);
+      return perr(p, p->pos, "expected ',' or ']' after a dimension");
+    }
+  }
+}
+
+static int parse_param(parser *p) {
+  const char *w;
+  skip_ws(p);
+  Py_ssize_t at = p->pos;
+  if (p->nparams >= FN_MAX_PARAMS)
+    return perr(p, at, "too many parameters (at most 64 with the results)");
+  Py_ssize_t n = ident(p, &w);
+  if (n == 0) return perr(p, p->pos, "expected a parameter name");
+  for (int i = 0; i < p->nparams; i++)
+    if (p->pname_len[i] == n && memcmp(p->pname[i], w, (size_t)n) == 0)
+    {
+      snprintf(p->msgbuf, sizeof p->msgbuf, "duplicate parameter name '%.*s'",
+               (int)(n < 64 ? n : 64), w);
+      return perr(p, at, p->msgbuf);
+    }
+  p->pname[p->nparams] = w;
+  p->pname_len[p->nparams] = n;
+  if (!accept(p, ':')) {
+    skip_ws(p);
+    return perr(p, p->pos, "expected ':' after parameter name");
+  }
+  int mut = 0;
+  Py_ssize_t save = p->pos;
+  n = ident(p, &w);
+  if (n > 0 && word_is(w, n, "mut")) {
+    /* "mut" is the keyword only when a dtype follows it */
+    const char *w2;
+    Py_ssize_t after = p->pos;
+    if (ident(p, &w2) > 0) mut = 1;
+    p->pos = mut ? after : save;
+  } else {
+    p->pos = save;
+  }
+  if (parse_type(p, 0) < 0) return -1;
+  p->params[p->nparams].mut = (uint8_t)mut;
+  p->nparams++;
+  return 0;
+}
+
+static int parse_result(parser *p) {
+  skip_ws(p);
+  if (p->nparams >= FN_MAX_PARAMS)
+    return perr(p, p->pos,
+                "too many parameters (at most 64 with the results)");
+  if (parse_type(p, 1) < 0) return -1;
+  p->nparams++;
+  return 0;
+}
+
+static int parse_signature(parser *p) {
+  const char *w;
+  Py_ssize_t n = ident(p, &w);
+  if (n == 0) return perr(p, p->pos, "expected the function name");
+  p->name = w;
+  p->name_len = n;
+  if (!accept(p, '(')) {
+    skip_ws(p);
+    return perr(p, p->pos, "expected '(' after the function name");
+  }
+  if (!accept(p, ')')) {
+    for (;;) {
+      if (parse_param(p) < 0) return -1;
+      if (accept(p, ')')) break;
+      if (!accept(p, ',')) {
+        skip_ws(p);
+        return perr(p, p->pos, "expected ',' or ')' after a parameter");
+      }
+      if (accept(p, ')')) break; /* trailing comma */
+    }
+  }
+  p->nin = p->nparams;
+  skip_ws(p);
+  if (p->pos < p->len) {
+    if (!(p->pos + 1 < p->len && p->s[p->pos] == '-' &&
+          p->s[p->pos + 1] == '>'))
+      return perr(p, p->pos, "expected '->' or the end of the signature");
+    p->pos += 2;
+    if (accept(p, '(')) {
+      if (!accept(p, ')')) {
+        for (;;) {
+          if (parse_result(p) < 0) return -1;
+          if (accept(p, ')')) break;
+          if (!accept(p, ',')) {
+            skip_ws(p);
+            return perr(p, p->pos, "expected ',' or ')' after a result type");
+          }
+          if (accept(p, ')')) break;
+        }
+      }
+    } else if (parse_result(p) < 0) {
+      return -1;
+    }
+    skip_ws(p);
+    if (p->pos < p->len)
+      return perr(p, p->pos, "unexpected text after the signature");
+  }
+  return 0;
+}
+
+/* ValueError: message, the signature, and a caret under the bad character.
+ * Control whitespace is shown as spaces and the caret column counts code
+ * points, so it lines up for any signature. */
+static void raise_parse_error(PyObject *sig, const parser *p) {
+  Py_ssize_t col = 0;
+  for (Py_ssize_t i = 0; i < p->errpos && i < p->len; i++)
+    if (((unsigned char)p->s[i] & 0xC0) != 0x80) col++;
+  PyObject *shown = NULL, *pad = NULL, *tmp = NULL;
+  shown = Py_NewRef(sig);
+  for (const char *ws = "\n\r\t"; *ws; ws++) {
+    PyObject *from = PyUnicode_FromOrdinal(*ws);
+    PyObject *to = PyUnicode_FromOrdinal(' ');
+    tmp = (from && to) ? PyUnicode_Replace(shown, from, to, -1) : NULL;
+    Py_XDECREF(from);
+    Py_XDECREF(to);
+    if (tmp == NULL) goto done;
+    Py_SETREF(shown, tmp);
+    tmp = NULL;
+  }
+  pad = PyUnicode_New(col, 127);
+  if (pad == NULL) goto done;
+  if (col > 0 && PyUnicode_Fill(pad, 0, col, ' ') < 0) goto done;
+  PyErr_Format(PyExc_ValueError, "%s\n  %U\n  %U^", p->msg, shown, pad);
+done:
+  Py_XDECREF(shown);
+  Py_XDECREF(pad);
+}
+
+/* ---- construction ------------------------------------------------------------------ */
+
+static PyObject *names_tuple(const char *const *w, const Py_ssize_t *len,
+                             int n) {
+  PyObject *t = PyTuple_New(n);
+  if (t == NULL) return NULL;
+  for (int i = 0; i < n; i++) {
+    PyObject *s = PyUnicode_FromStringAndSize(w[i], len[i]);
+    if (s == NULL) {
+      Py_DECREF(t);
+      return NULL;
+    }
+    PyUnicode_InternInPlace(&s);
+    PyTuple_SET_ITEM(t, i, s);
+  }
+  return t;
+}
+
+/* Parse sig into fn (fields params/dims/nin/nout/name/param_names/
+ * sym_names).  0, or -1 with ValueError/TypeError/MemoryError. */
+static int compile_signature(fn_object *fn, PyObject *sig) {
+  int rc = -1;
+  parser *p = NULL;
+  if (!PyUnicode_Check(sig)) {
+    PyErr_Format(PyExc_TypeError, "signature must be a str, not %.100s",
+                 Py_TYPE(sig)->tp_name);
+    goto cleanup;
+  }
+  Py_ssize_t len;
+  const char *s = PyUnicode_AsUTF8AndSize(sig, &len);
+  if (s == NULL) goto cleanup;
+  /* The parser state is large (every possible dim); it lives only here. */
+  p = (parser *)PyMem_Calloc(1, sizeof *p);
+  if (p == NULL) {
+    PyErr_NoMemory();
+    goto cleanup;
+  }
+  p->s = s;
+  p->len = len;
+  if (parse_signature(p) < 0) {
+    raise_parse_error(sig, p);
+    goto cleanup;
+  }
+  size_t bytes = (size_t)p->nparams * sizeof(fn_param) +
+                 (size_t)p->ndims * sizeof(fn_dim);
+  fn->params = (fn_param *)PyMem_Malloc(bytes ? bytes : 1);
+  if (fn->params == NULL) {
+    PyErr_NoMemory();
+    goto cleanup;
+  }
+  memcpy(fn->params, p->params, (size_t)p->nparams * sizeof(fn_param));
+  fn->dims = (fn_dim *)(fn->params + p->nparams);
+  memcpy(fn->dims, p->dims, (size_t)p->ndims * sizeof(fn_dim));
+  fn->nin = p->nin;
+  fn->nout = p->nparams - p->nin;
+  fn->name = PyUnicode_FromStringAndSize(p->name, p->name_len);
+  if (fn->name == NULL) goto cleanup;
+  fn->param_names = names_tuple(p->pname, p->pname_len, p->nin);
+  if (fn->param_names == NULL) goto cleanup;
+  fn->sym_names = names_tuple(p->sym, p->sym_len, p->nsyms);
+  if (fn->sym_names == NULL) goto cleanup;
+  fn->signature = Py_NewRef(sig);
+  rc = 0;
+cleanup:
+  PyMem_Free(p);
+  return rc;
+}
+
+/* The kernel from an int address or a "dlb_kernel" capsule.  *owner gets a
+ * new reference to what keeps it alive (the capsule) or NULL. */
+static int kernel_from_object(PyObject *obj, dlb_kernel *out,
+                              PyObject **owner) {
+  void *ptr = NULL;
+  *owner = NULL;
+  if (PyCapsule_CheckExact(obj)) {
+    const char *name = PyCapsule_GetName(obj);
+    if (name == NULL && PyErr_Occurred()) return -1;
+    if (name == NULL || strcmp(name, KERNEL_CAPSULE_NAME) != 0) {
+      PyErr_Format(PyExc_TypeError,
+                   "kernel capsule must be named '" KERNEL_CAPSULE_NAME
+                   "', not %s%s%s",
+                   name ? "'" : "", name ? name : "unnamed", name ? "'" : "");
+      return -1;
+    }
+    ptr = PyCapsule_GetPointer(obj, KERNEL_CAPSULE_NAME);
+    if (ptr == NULL) return -1;
+    *owner = Py_NewRef(obj);
+  } else if (PyLong_Check(obj) && !PyBool_Check(obj)) {
+    ptr = PyLong_AsVoidPtr(obj);
+    if (ptr == NULL) {
+      if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "kernel address must not be 0");
+      return -1;
+    }
+  } else {
+    PyErr_Format(PyExc_TypeError,
+                 "kernel must be an int address or a PyCapsule named '"
+                 KERNEL_CAPSULE_NAME "', not %.100s",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  /* ISO C has no cast from void * to a function pointer; POSIX (dlsym)
+   * guarantees the representation is the same, so copy the bits. */
+  memcpy(out, &ptr, sizeof *out);
+  return 0;
+}
+
+static fn_object *function_create(PyTypeObject *type, dlb_kernel kernel,
+                                  PyObject *owner, PyObject *sig);
+
+static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames);
+
+static fn_object *function_create(PyTypeObject *type, dlb_kernel kernel,
+                                  PyObject *owner, PyObject *sig) {
+  fn_object *fn = (fn_object *)type->tp_alloc(type, 0);
+  if (fn == NULL) return NULL;
+  fn->vectorcall = function_vectorcall;
+  fn->kernel = kernel;
+  fn->st = dlb__state_from_type(type);
+  fn->owner = Py_XNewRef(owner);
+  if (fn->st == NULL) {
+    PyErr_SetString(PyExc_TypeError, "Function type without its module");
+    Py_DECREF(fn);
+    return NULL;
+  }
+  if (compile_signature(fn, sig) < 0) {
+    Py_DECREF(fn);
+    return NULL;
+  }
+  return fn;
+}
+
+static PyObject *function_new(PyTypeObject *type, PyObject *args,
+                              PyObject *kwargs) {
+  static char *kwlist[] = {"kernel", "signature", NULL};
+  PyObject *kobj, *sig, *owner = NULL;
+  dlb_kernel kernel;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OU:Function", kwlist, &kobj,
+                                   &sig))
+    return NULL;
+  if (kernel_from_object(kobj, &kernel, &owner) < 0) return NULL;
+  fn_object *fn = function_create(type, kernel, owner, sig);
+  Py_XDECREF(owner);
+  return (PyObject *)fn;
+}
+
+static void function_dealloc(PyObject *self) {
+  fn_object *fn = (fn_object *)self;
+  PyTypeObject *tp = Py_TYPE(self);
+  if (fn->weakreflist != NULL) PyObject_ClearWeakRefs(self);
+  PyMem_Free(fn->params);
+  Py_CLEAR(fn->name);
+  Py_CLEAR(fn->signature);
+  Py_CLEAR(fn->param_names);
+  Py_CLEAR(fn->sym_names);
+  Py_CLEAR(fn->owner); /* last: may dlclose the kernel's library */
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+/* ---- load() --------------------------------------------------------------------- */
+
+static void library_capsule_destructor(PyObject *cap) {
+  void *h = PyCapsule_GetPointer(cap, LIBRARY_CAPSULE_NAME);
+  if (h != NULL)
+    dlclose(h);
+  else
+    PyErr_Clear();
+}
+
+static PyObject *py_load(PyObject *module, PyObject *const *args,
+                         Py_ssize_t nargs, PyObject *kwnames) {
+  PyObject *result = NULL, *path_bytes = NULL, *lib = NULL;
+  void *handle = NULL;
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  PyObject *path, *symbol, *sig;
+  if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+    PyErr_SetString(PyExc_TypeError,
+                    "load() takes positional arguments only: "
+                    "load(path, symbol, signature)");
+    goto cleanup;
+  }
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError,
+                 "load(path, symbol, signature) takes 3 arguments (%zd given)",
+                 nargs);
+    goto cleanup;
+  }
+  path = args[0];
+  symbol = args[1];
+  sig = args[2];
+  if (!PyUnicode_Check(symbol)) {
+    PyErr_Format(PyExc_TypeError, "symbol must be a str, not %.100s",
+                 Py_TYPE(symbol)->tp_name);
+    goto cleanup;
+  }
+  const char *sym = PyUnicode_AsUTF8(symbol);
+  if (sym == NULL) goto cleanup;
+  if (!PyUnicode_FSConverter(path, &path_bytes)) goto cleanup;
+  /* Parse first: a bad signature should not load code. */
+  fn_object *fn = function_create(st->FunctionType, NULL, NULL, sig);
+  if (fn == NULL) goto cleanup;
+  result = (PyObject *)fn;
+  dlerror(); /* clear stale state */
+  handle = dlopen(PyBytes_AS_STRING(path_bytes), RTLD_NOW | RTLD_LOCAL);
+  if (handle == NULL) {
+    const char *e = dlerror();
+    PyErr_Format(PyExc_OSError, "cannot load %R: %s", path,
+                 e ? e : "unknown error");
+    goto fail;
+  }
+  lib = PyCapsule_New(handle, LIBRARY_CAPSULE_NAME,
+                      library_capsule_destructor);
+  if (lib == NULL) {
+    dlclose(handle);
+    goto fail;
+  }
+  dlerror();
+  void *ptr = dlsym(handle, sym);
+  const char *e = dlerror();
+  if (ptr == NULL) {
+    PyErr_Format(PyExc_ValueError, "symbol %R not found in %R: %s", symbol,
+                 path, e ? e : "the symbol is NULL");
+    goto fail;
+  }
+  memcpy(&fn->kernel, &ptr, sizeof fn->kernel);
+  fn->owner = lib;
+  lib = NULL;
+  goto cleanup;
+fail:
+  Py_CLEAR(result);
+cleanup:
+  Py_XDECREF(lib);
+  Py_XDECREF(path_bytes);
+  return result;
+}
+
+/* ---- the call --------------------------------------------------------------------- */
+
+/* Storage for a Python number passed as a 0-d tensor. */
+typedef union {
+  int64_t i;
+  uint64_t u;
+  double d[2];
+  unsigned char bytes[16];
+} fn_scalar;
+
+static void dtype_str(DLDataType dt, char *buf, size_t n) {
+  if (dlb_dtype_name(dt, buf, n, NULL) != DLB_OK)
+    snprintf(buf, n, "(code %u, bits %u, lanes %u)", (unsigned)dt.code,
+             (unsigned)dt.bits, (unsigned)dt.lanes);
+}
+
+static void device_str(DLDevice d, char *buf, size_t n) {
+  const char *tn = dlb_device_type_name(d.device_type);
+  if (tn)
+    snprintf(buf, n, "%s:%d", tn, (int)d.device_id);
+  else
+    snprintf(buf, n, "device type %d:%d", (int)d.device_type,
+             (int)d.device_id);
+}
+
+static PyObject *pname(const fn_object *fn, int i) {
+  return PyTuple_GET_ITEM(fn->param_names, i);
+}
+
+/* Out-of-line so the hot loop stays small. */
+static int scalar_range_error(const fn_object *fn, int i, const char *dt) {
+  PyErr_Format(PyExc_OverflowError,
+               "%U() argument '%U': value out of range for %s", fn->name,
+               pname(fn, i), dt);
+  return -1;
+}
+
+static uint16_t bf16_from_double(double d) {
+  float f = (float)d;
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0)
+    return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
+  u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+
+/* Store Python number obj as param i's dtype in *out.  0 or -1. */
+static int scalar_from_number(const fn_object *fn, int i, PyObject *obj,
+                              DLDataType dt, fn_scalar *out) {
+  char dts[48];
+  int is_int = PyLong_Check(obj); /* bool included */
+  int is_float = PyFloat_Check(obj);
+  if (dt.lanes != 1) goto unsupported;
+  switch (dt.code) {
+    case kDLBool:
+      if (dt.bits != 8) goto unsupported;
+      if (!is_int) goto wrong_kind;
+      {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (overflow || (v != 0 && v != 1)) goto range;
+        out->bytes[0] = (unsigned char)v;
+      }
+      return 0;
+    case kDLInt: {
+      if (!is_int) goto wrong_kind;
+      int overflow;
+      long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+      if (v == -1 && PyErr_Occurred()) return -1;
+      if (overflow) goto range;
+      switch (dt.bits) {
+        case 8:
+          if (v < INT8_MIN || v > INT8_MAX) goto range;
+          {
+            int8_t x = (int8_t)v;
+            memcpy(out->bytes, &x, sizeof x);
+          }
+          return 0;
+        case 16:
+          if (v < INT16_MIN || v > INT16_MAX) goto range;
+          {
+            int16_t x = (int16_t)v;
+            memcpy(out->bytes, &x, sizeof x);
+          }
+          return 0;
+        case 32:
+          if (v < INT32_MIN || v > INT32_MAX) goto range;
+          {
+            int32_t x = (int32_t)v;
+            memcpy(out->bytes, &x, sizeof x);
+          }
+          return 0;
+        case 64:
+          out->i = (int64_t)v;
+          return 0;
+        default:
+          goto unsupported;
+      }
+    }
+    case kDLUInt: {
+      if (!is_int) goto wrong_kind;
+      unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+      if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        goto range;
+      }
+      switch (dt.bits) {
+        case 8:
+          if (v > UINT8_MAX) goto range;
+          out->bytes[0] = (uint8_t)v;
+          return 0;
+        case 16:
+          if (v > UINT16_MAX) goto range;
+          {
+            uint16_t x = (uint16_t)v;
+            memcpy(out->bytes, &x, sizeof x);
+          }
+          return 0;
+        case 32:
+          if (v > UINT32_MAX) goto range;
+          {
+            uint32_t x = (uint32_t)v;
+            memcpy(out->bytes, &x, sizeof x);
+          }
+          return 0;
+        case 64:
+          out->u = (uint64_t)v;
+          return 0;
+        default:
+          goto unsupported;
+      }
+    }
+    case kDLFloat:
+    case kDLBfloat:
+    case kDLComplex: {
+      double re, im = 0.0;
+      if (PyComplex_Check(obj)) {
+        if (dt.code != kDLComplex) goto wrong_kind;
+        re = PyComplex_RealAsDouble(obj);
+        im = PyComplex_ImagAsDouble(obj);
+      } else if (is_int || is_float) {
+        re = PyFloat_AsDouble(obj);
+        if (re == -1.0 && PyErr_Occurred()) {
+          if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+          PyErr_Clear();
+          goto range;
+        }
+      } else {
+        goto wrong_kind;
+      }
+      int parts = dt.code == kDLComplex ? 2 : 1;
+      int bits = dt.code == kDLComplex ? dt.bits / 2 : dt.bits;
+      double v[2] = {re, im};
+      for (int k = 0; k < parts; k++) {
+        if (dt.code == kDLBfloat) {
+          if (bits != 16) goto unsupported;
+          if (isfinite(v[k]) && fabs(v[k]) > (double)FLT_MAX) goto range;
+          uint16_t h = bf16_from_double(v[k]);
+          memcpy(out->bytes, &h, sizeof h);
+        } else if (bits == 16) {
+          if (PyFloat_Pack2(v[k], (char *)out->bytes + 2 * k, PY_LITTLE_ENDIAN)
+              < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+            PyErr_Clear();
+            goto range;
+          }
+        } else if (bits == 32) {
+          if (isfinite(v[k]) && fabs(v[k]) > (double)FLT_MAX) goto range;
+          float f = (float)v[k];
+          memcpy(out->bytes + 4 * k, &f, sizeof f);
+        } else if (bits == 64) {
+          memcpy(out->bytes + 8 * k, &v[k], sizeof v[k]);
+        } else {
+          goto unsupported;
+        }
+      }
+      return 0;
+    }
+    default:
+      goto unsupported;
+  }
+range:
+  dtype_str(dt, dts, sizeof dts);
+  return scalar_range_error(fn, i, dts);
+wrong_kind:
+  dtype_str(dt, dts, sizeof dts);
+  PyErr_Format(PyExc_TypeError,
+               "%U() argument '%U': a Python %.50s cannot be passed as %s",
+               fn->name, pname(fn, i), Py_TYPE(obj)->tp_name, dts);
+  return -1;
+unsupported:
+  dtype_str(dt, dts, sizeof dts);
+  PyErr_Format(PyExc_TypeError,
+               "%U() argument '%U': no Python number converts to %s; pass a "
+               "0-d tensor",
+               fn->name, pname(fn, i), dts);
+  return -1;
+}
+
+/* Re-raise the pending exception (same type) with the argument named. */
+static void prefix_error(const fn_object *fn, int i) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyErr_Format(type, "%U() argument '%U': %S", fn->name, pname(fn, i),
+               value ? value : Py_None);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+}
+
+static int dim_error(const fn_object *fn, int i, int axis, int64_t got,
+                     const fn_dim *d, const dlb_view *views) {
+  if (d->kind == DIM_LITERAL)
+    PyErr_Format(PyExc_ValueError,
+                 "%U() argument '%U': dimension %d is %lld but the signature "
+                 "says %lld",
+                 fn->name, pname(fn, i), axis, (long long)got,
+                 (long long)d->value);
+  else
+    PyErr_Format(PyExc_ValueError,
+                 "%U() argument '%U': dimension %U is %lld here but %lld "
+                 "from argument '%U'",
+                 fn->name, pname(fn, i), PyTuple_GET_ITEM(fn->sym_names, d->sym),
+                 (long long)got,
+                 (long long)views[d->from_param].t.shape[d->from_axis],
+                 pname(fn, d->from_param));
+  return -1;
+}
+
+static int check_error(const fn_object *fn, int i, const DLTensor *t,
+                       const fn_param *p, const DLTensor *first, int ifirst) {
+  char a[48], b[48];
+  if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits ||
+      t->dtype.lanes != p->dtype.lanes) {
+    dtype_str(p->dtype, a, sizeof a);
+    dtype_str(t->dtype, b, sizeof b);
+    PyErr_Format(PyExc_TypeError,
+                 "%U() argument '%U': expected dtype %s, got %s", fn->name,
+                 pname(fn, i), a, b);
+  } else if (t->ndim != p->ndim) {
+    PyErr_Format(PyExc_ValueError,
+                 "%U() argument '%U': expected %d dimension%s, got %d",
+                 fn->name, pname(fn, i), (int)p->ndim,
+                 p->ndim == 1 ? "" : "s", (int)t->ndim);
+  } else {
+    device_str(t->device, a, sizeof a);
+    device_str(first->device, b, sizeof b);
+    PyErr_Format(PyExc_ValueError,
+                 "%U() argument '%U' is on %s but argument '%U' is on %s",
+                 fn->name, pname(fn, i), a, pname(fn, ifirst), b);
+  }
+  return -1;
+}
+
+static PyObject *kernel_error(const fn_object *fn, int rc, dlb_error *err) {
+  err->message[DLB_ERROR_MESSAGE_SIZE - 1] = '\0';
+  if (rc > 0) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "%U: the kernel returned %d; a kernel returns 0 or a "
+                 "negative dlb_status",
+                 fn->name, rc);
+    return NULL;
+  }
+  PyObject *exc;
+  switch (rc) {
+    case DLB_ENOMEM: exc = PyExc_MemoryError; break;
+    case DLB_EINVAL:
+    case DLB_EOVERFLOW: exc = PyExc_ValueError; break;
+    case DLB_EUNSUPPORTED:
+    case DLB_EVERSION:
+    case DLB_EREADONLY: exc = PyExc_BufferError; break;
+    default: exc = PyExc_RuntimeError; break;
+  }
+  if (err->message[0] != '\0')
+    PyErr_Format(exc, "%U: %s", fn->name, err->message);
+  else
+    PyErr_Format(exc, "%U: the kernel failed with %s", fn->name,
+                 dlb_status_name(rc));
+  return NULL;
+}
+
+/* Arguments by keyword, into ordered[].  Off the fast path. */
+static int order_keywords(const fn_object *fn, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames,
+                          PyObject **ordered) {
+  Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+  if (nargs + nkw > fn->nin) {
+    PyErr_Format(PyExc_TypeError, "%U() takes %d argument%s (%zd given)",
+                 fn->name, (int)fn->nin, fn->nin == 1 ? "" : "s", nargs + nkw);
+    return -1;
+  }
+  for (int i = 0; i < fn->nin; i++) ordered[i] = i < nargs ? args[i] : NULL;
+  for (Py_ssize_t k = 0; k < nkw; k++) {
+    PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+    int found = -1;
+    for (int i = 0; i < fn->nin; i++) {
+      PyObject *nm = pname(fn, i);
+      if (nm == key || PyUnicode_Compare(nm, key) == 0) {
+        found = i;
+        break;
+      }
+    }
+    if (found < 0) {
+      if (PyErr_Occurred()) return -1;
+      PyErr_Format(PyExc_TypeError,
+                   "%U() got an unexpected keyword argument %R", fn->name, key);
+      return -1;
+    }
+    if (ordered[found] != NULL) {
+      PyErr_Format(PyExc_TypeError, "%U() got multiple values for argument %R",
+                   fn->name, key);
+      return -1;
+    }
+    ordered[found] = args[nargs + k];
+  }
+  for (int i = 0; i < fn->nin; i++)
+    if (ordered[i] == NULL) {
+      PyErr_Format(PyExc_TypeError, "%U() missing argument '%U'", fn->name,
+                   pname(fn, i));
+      return -1;
+    }
+  return 0;
+}
+
+static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames) {
+  fn_object *fn = (fn_object *)self;
+  dlb_module_state *st = fn->st;
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  const int nin = fn->nin, nout = fn->nout;
+  PyObject *result = NULL;
+  PyObject *ordered[FN_MAX_PARAMS];
+  dlb_view views[FN_MAX_PARAMS];
+  fn_scalar scalars[FN_MAX_PARAMS];
+  DLTensor *argv[FN_MAX_PARAMS];
+  DLManagedTensorVersioned *outs[FN_MAX_PARAMS];
+  uint8_t has_view[FN_MAX_PARAMS];
+  int nseen = 0, nalloc = 0, ifirst = -1;
+  const dlb_handler *h = NULL;
+  DLTensor proto;
+  int64_t shape[DLB_MAX_NDIM];
+  void *stream = NULL;
+  dlb_error err;
+
+  if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+    if (order_keywords(fn, args, nargs, kwnames, ordered) < 0) goto cleanup;
+    args = ordered;
+  } else if (nargs != nin) {
+    PyErr_Format(PyExc_TypeError, "%U() takes %d argument%s (%zd given)",
+                 fn->name, (int)nin, nin == 1 ? "" : "s", nargs);
+    goto cleanup;
+  }
+
+  for (int i = 0; i < nin; i++) {
+    const fn_param *p = &fn->params[i];
+    PyObject *obj = args[i];
+    DLTensor *t = &views[i].t;
+    has_view[i] = 0;
+    nseen = i + 1;
+    if (p->ndim == 0 &&
+        (PyLong_Check(obj) || PyFloat_Check(obj) || PyComplex_Check(obj))) {
+      if (p->mut) {
+        PyErr_Format(PyExc_TypeError,
+                     "%U() argument '%U' is 'mut': it needs a writable 0-d "
+                     "tensor, not a Python %.50s",
+                     fn->name, pname(fn, i), Py_TYPE(obj)->tp_name);
+        goto cleanup;
+      }
+      if (scalar_from_number(fn, i, obj, p->dtype, &scalars[i]) < 0)
+        goto cleanup;
+      t->data = scalars[i].bytes;
+      t->device.device_type = kDLCPU;
+      t->device.device_id = 0;
+      t->ndim = 0;
+      t->dtype = p->dtype;
+      t->shape = NULL;
+      t->strides = NULL;
+      t->byte_offset = 0;
+      argv[i] = t;
+      continue;
+    }
+    if (dlb__view_get(st, obj, p->mut ? DLB_VIEW_WRITABLE : 0, &views[i]) <
+        0) {
+      prefix_error(fn, i);
+      goto cleanup;
+    }
+    has_view[i] = 1;
+    argv[i] = t;
+    if (p->mut && (views[i].flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
+      PyErr_Format(PyExc_BufferError,
+                   "%U() argument '%U' is 'mut' but the tensor is read-only",
+                   fn->name, pname(fn, i));
+      goto cleanup;
+    }
+    if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits ||
+        t->dtype.lanes != p->dtype.lanes || t->ndim != p->ndim) {
+      check_error(fn, i, t, p, NULL, -1);
+      goto cleanup;
+    }
+    if (ifirst < 0) {
+      ifirst = i;
+    } else if (t->device.device_type != views[ifirst].t.device.device_type ||
+               t->device.device_id != views[ifirst].t.device.device_id) {
+      check_error(fn, i, t, p, &views[ifirst].t, ifirst);
+      goto cleanup;
+    }
+    const fn_dim *d = &fn->dims[p->dim0];
+    for (int a = 0; a < p->ndim; a++, d++) {
+      int64_t got = t->shape[a];
+      if (d->kind == DIM_BIND) continue;
+      int64_t want = d->kind == DIM_LITERAL
+                         ? d->value
+                         : views[d->from_param].t.shape[d->from_axis];
+      if (got != want) {
+        dim_error(fn, i, a, got, d, views);
+        goto cleanup;
+      }
+    }
+  }
+
+  /* Where results live and which stream the kernel runs on: the first
+   * tensor argument's framework and device decide both. */
+  if (ifirst >= 0) {
+    h = views[ifirst].handler;
+    proto.device = views[ifirst].t.device;
+    if (proto.device.device_type != kDLCPU &&
+        dlb__current_stream(st, h, proto.device, &stream) < 0)
+      goto cleanup;
+  } else if (nout > 0) {
+    h = dlb__handler_for(st, st->TensorType);
+    if (h == NULL) goto cleanup;
+    proto.device.device_type = kDLCPU;
+    proto.device.device_id = 0;
+  }
+
+  for (int o = 0; o < nout; o++) {
+    const fn_param *p = &fn->params[nin + o];
+    const fn_dim *d = &fn->dims[p->dim0];
+    for (int a = 0; a < p->ndim; a++, d++)
+      shape[a] = d->kind == DIM_LITERAL
+                     ? d->value
+                     : views[d->from_param].t.shape[d->from_axis];
+    proto.data = NULL;
+    proto.ndim = p->ndim;
+    proto.dtype = p->dtype;
+    proto.shape = shape;
+    proto.strides = NULL;
+    proto.byte_offset = 0;
+    if (dlb__alloc_like(st, h, &proto, &outs[o]) < 0) goto cleanup;
+    nalloc = o + 1;
+    if (outs[o]->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+      PyErr_Format(PyExc_BufferError,
+                   "%U(): the framework allocated a read-only result", fn->name);
+      goto cleanup;
+    }
+    argv[nin + o] = &outs[o]->dl_tensor;
+  }
+
+  err.code = DLB_OK;
+  err.message[0] = '\0';
+  int rc = fn->kernel(argv, nin + nout, stream, &err);
+  if (rc != 0) {
+    kernel_error(fn, rc, &err);
+    goto cleanup;
+  }
+
+  /* The inputs are done with: let go of them before any Python code runs
+   * in the conversions below. */
+  for (int i = 0; i < nseen; i++)
+    if (has_view[i]) dlb__view_release(&views[i]);
+  nseen = 0;
+
+  if (nout == 0) {
+    result = Py_NewRef(Py_None);
+  } else if (nout == 1) {
+    DLManagedTensorVersioned *m = outs[0];
+    nalloc = 0; /* stolen whatever happens */
+    if (dlb__to_framework(st, h, m, &result) < 0) result = NULL;
+  } else {
+    PyObject *tuple = PyTuple_New(nout);
+    if (tuple == NULL) goto cleanup;
+    for (int o = 0; o < nout; o++) {
+      PyObject *obj;
+      DLManagedTensorVersioned *m = outs[o];
+      outs[o] = NULL; /* stolen whatever happens */
+      if (dlb__to_framework(st, h, m, &obj) < 0) {
+        Py_DECREF(tuple);
+        goto cleanup;
+      }
+      PyTuple_SET_ITEM(tuple, o, obj);
+    }
+    nalloc = 0;
+    result = tuple;
+  }
+
+cleanup:
+  for (int i = 0; i < nseen; i++)
+    if (has_view[i]) dlb__view_release(&views[i]);
+  for (int o = 0; o < nalloc; o++)
+    if (outs[o] != NULL) dlb_managed_delete(outs[o]);
+  return result;
+}
+
+/* ---- attributes --------------------------------------------------------------------- */
+
+static PyObject *function_repr(PyObject *self) {
+  fn_object *fn = (fn_object *)self;
+  return PyUnicode_FromFormat("<dlbridge.Function %U>", fn->signature);
+}
+
+static PyObject *get_nin(PyObject *self, void *c) {
+  (void)c;
+  return PyLong_FromLong(((fn_object *)self)->nin);
+}
+
+static PyObject *get_nout(PyObject *self, void *c) {
+  (void)c;
+  return PyLong_FromLong(((fn_object *)self)->nout);
+}
+
+static PyObject *get_address(PyObject *self, void *c) {
+  (void)c;
+  void *ptr;
+  dlb_kernel k = ((fn_object *)self)->kernel;
+  memcpy(&ptr, &k, sizeof ptr);
+  return PyLong_FromVoidPtr(ptr);
+}
+
+static PyGetSetDef function_getset[] = {
+    {"nin", get_nin, NULL, "Number of arguments the call takes.", NULL},
+    {"nout", get_nout, NULL, "Number of results the call returns.", NULL},
+    {"address", get_address, NULL, "Address of the kernel (int).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef function_members[] = {
+    {"signature", FN_T_OBJECT, offsetof(fn_object, signature), FN_READONLY,
+     "The signature string, as given."},
+    {"name", FN_T_OBJECT, offsetof(fn_object, name), FN_READONLY,
+     "The function name from the signature."},
+    {"__name__", FN_T_OBJECT, offsetof(fn_object, name), FN_READONLY, NULL},
+    {"__qualname__", FN_T_OBJECT, offsetof(fn_object, name), FN_READONLY,
+     NULL},
+    {"__vectorcalloffset__", FN_T_PYSSIZET, offsetof(fn_object, vectorcall),
+     FN_READONLY, NULL},
+    {"__weaklistoffset__", FN_T_PYSSIZET, offsetof(fn_object, weakreflist),
+     FN_READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot function_slots[] = {
+    {Py_tp_new, function_new},
+    {Py_tp_dealloc, function_dealloc},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_repr, function_repr},
+    {Py_tp_members, function_members},
+    {Py_tp_getset, function_getset},
+    {Py_tp_doc,
+     "Function(kernel, signature)\n--\n\n"
+     "A C kernel (dlb_kernel ABI) callable with any framework's tensors.  "
+     "kernel is an int address or a PyCapsule named 'dlb_kernel'; signature "
+     "is e.g. 'saxpy(a: float32, x: float32[n], y: mut float32[n])' or "
+     "'matmul(a: float32[m, k], b: float32[k, n]) -> float32[m, n]'."},
+    {0, NULL},
+};
+
+static PyType_Spec function_spec = {
+    .name = "dlbridge.Function",
+    .basicsize = sizeof(fn_object),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = function_slots,
+};
+
+static PyMethodDef function_module_methods[] = {
+    {"load", (PyCFunction)(void (*)(void))py_load,
+     METH_FASTCALL | METH_KEYWORDS,
+     "load(path, symbol, signature) -> Function\n\nLoad a kernel from a "
+     "shared library (dlopen with RTLD_NOW | RTLD_LOCAL).  The library stays "
+     "loaded while the Function lives."},
+    {NULL, NULL, 0, NULL},
+};
+
+int dlb__function_init(PyObject *module, dlb_module_state *st) {
+  st->FunctionType =
+      (PyTypeObject *)PyType_FromModuleAndSpec(module, &function_spec, NULL);
+  if (st->FunctionType == NULL) return -1;
+  if (PyModule_AddType(module, st->FunctionType) < 0) return -1;
+  if (PyModule_AddFunctions(module, function_module_methods) < 0) return -1;
+  return 0;
+}

@@ -1,0 +1,621 @@
+"""The fast path: dlb.Tensor's DLPack C exchange table (producer), the
+per-type handler cache and borrowed views (consumer), from_dlpack through
+them.  Entries are called from C by the test producer (consume_exchange),
+and a counting table proves which entries dlbridge calls and how often.
+
+Private hooks of dlbridge._core used here (exchange.c):
+  _exchange_handler(obj) -> (kind, framework, table address or None)
+  _exchange_view(obj, options, kind) -> dict; kind 0 = the handler's own
+  _exchange_view_loop(obj, options, kind, n)
+  _exchange_alloc_like(obj, shape, dtype, device)
+  _exchange_to_framework(like, tensor)
+  _exchange_current_stream(obj, device)
+  _exchange_cache_size() -> (entries, capacity)
+"""
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import tracemalloc
+import weakref
+
+import pytest
+
+import dlbridge as dlb
+
+np = pytest.importorskip("numpy")
+core = dlb._core
+
+NONE, TENSOR, EXCHANGE, NUMPY, DLPACK, BUFFER, AI, CAI = range(8)
+WRITABLE = 1
+
+
+# ---- reading the capsule with private ctypes prototypes ----------------------
+# Never assign ctypes.pythonapi.X.argtypes: that would change them for every
+# other user in the process.
+
+_capsule_get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(
+    ("PyCapsule_GetName", ctypes.pythonapi))
+_capsule_get_pointer = ctypes.PYFUNCTYPE(
+    ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+class Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class Header(ctypes.Structure):
+    _fields_ = [("version", Version), ("prev_api", ctypes.c_void_p)]
+
+
+class ExchangeAPI(ctypes.Structure):
+    _fields_ = [("header", Header),
+                ("managed_tensor_allocator", ctypes.c_void_p),
+                ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
+                ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
+                ("dltensor_from_py_object_no_sync", ctypes.c_void_p),
+                ("current_work_stream", ctypes.c_void_p)]
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice),
+                ("ndim", ctypes.c_int32), ("dtype", DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class Managed(ctypes.Structure):
+    pass
+
+
+DELETER = ctypes.PYFUNCTYPE(None, ctypes.POINTER(Managed))
+Managed._fields_ = [("version", Version), ("manager_ctx", ctypes.c_void_p),
+                    ("deleter", DELETER), ("flags", ctypes.c_uint64),
+                    ("dl_tensor", DLTensor)]
+
+
+def table_of(tp_obj):
+    cap = type(tp_obj).__dlpack_c_exchange_api__ if not isinstance(tp_obj, type) \
+        else tp_obj.__dlpack_c_exchange_api__
+    assert _capsule_get_name(cap) == b"dlpack_exchange_api"
+    addr = _capsule_get_pointer(cap, b"dlpack_exchange_api")
+    return addr, ExchangeAPI.from_address(addr)
+
+
+# ---- the producer --------------------------------------------------------------
+
+def test_capsule_on_tensor_type():
+    assert "__dlpack_c_exchange_api__" in dlb.Tensor.__dict__
+    cap = dlb.Tensor.__dlpack_c_exchange_api__
+    assert type(cap).__name__ == "PyCapsule"
+    assert dlb.zeros(3).__dlpack_c_exchange_api__ is cap  # one per type
+    addr, api = table_of(dlb.Tensor)
+    assert (api.header.version.major, api.header.version.minor) == (1, 3)
+    assert api.header.prev_api is None
+    for name, _ in ExchangeAPI._fields_[1:]:
+        assert getattr(api, name), name
+    # the consumer side agrees on the address
+    assert core._exchange_handler(dlb.zeros(1))[2] == addr
+
+
+def test_tensor_type_stays_immutable():
+    with pytest.raises(TypeError):
+        dlb.Tensor.__dlpack_c_exchange_api__ = None
+
+
+def test_entries_called_from_c(tp):
+    src = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::-2]
+    t = dlb.from_dlpack(src)
+    r = tp.consume_exchange(t)
+    assert r["version"] == (1, 3) and r["entries"] == 5 and r["prev_api_null"]
+    d = r["dltensor"]
+    assert d["shape"] == t.shape and d["strides"] == t.strides
+    assert d["dtype"] == (2, 32, 1) and d["device"] == (1, 0)
+    assert d["data"] + d["byte_offset"] == t.data_ptr
+    m = r["managed"]
+    assert m["version"] == (1, 3) and m["flags"] == 0
+    assert m["shape"] == t.shape and m["data"] == t.data_ptr
+    back = r["roundtrip"]
+    assert isinstance(back, dlb.Tensor) and back.data_ptr == t.data_ptr
+    assert back.tolist() == t.tolist()
+    assert r["stream"] is None
+    assert r["alloc_shape"] == (2, 3)
+    alloc = r["allocated"]
+    assert isinstance(alloc, dlb.Tensor) and alloc.shape == (2, 3)
+    assert alloc.dtype == "float32" and not alloc.readonly
+    calls, kind, msg = r["cuda_alloc_error"][1:]
+    assert calls == 1 and kind == "BufferError" and "CPU" in msg
+    assert r["cuda_alloc_error"][0] == -1
+    assert r["exception_left"] is False
+
+
+def test_entries_keep_read_only(tp):
+    src = np.arange(4.0)
+    src.flags.writeable = False
+    t = dlb.from_dlpack(src)
+    assert t.readonly
+    r = tp.consume_exchange(t)
+    assert r["managed"]["flags"] & tp.FLAG_READ_ONLY
+    assert r["roundtrip"].readonly
+
+
+def test_entries_reject_foreign_objects(tp):
+    class Fake:
+        __dlpack_c_exchange_api__ = dlb.Tensor.__dlpack_c_exchange_api__
+    r = tp.consume_exchange(Fake())
+    assert r["dltensor_error"].startswith("TypeError")
+    assert r["managed_error"].startswith("TypeError")
+    assert "dlbridge.Tensor" in r["managed_error"]
+
+
+def test_to_py_steals_on_failure():
+    """dlb's managed_tensor_to_py_object_no_sync runs the deleter when it
+    fails (known-bugs 3.8), here for a major it does not speak."""
+    addr, api = table_of(dlb.Tensor)
+    to_py = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.POINTER(Managed),
+                              ctypes.POINTER(ctypes.c_void_p))(
+        api.managed_tensor_to_py_object_no_sync)
+    calls = []
+    deleter = DELETER(lambda m: calls.append(1))
+    m = Managed()
+    m.version = Version(2, 0)
+    m.deleter = deleter
+    out = ctypes.c_void_p()
+    with pytest.raises(BufferError):
+        to_py(ctypes.byref(m), ctypes.byref(out))
+    assert calls == [1]
+    # and success consumes it into a Tensor whose death runs it once
+    buf = (ctypes.c_float * 3)(1, 2, 3)
+    shape = (ctypes.c_int64 * 1)(3)
+    strides = (ctypes.c_int64 * 1)(1)
+    m2 = Managed()
+    m2.version = Version(1, 3)
+    m2.deleter = deleter
+    m2.dl_tensor = DLTensor(ctypes.cast(buf, ctypes.c_void_p), DLDevice(1, 0), 1,
+                            DLDataType(2, 32, 1), shape, strides, 0)
+    assert to_py(ctypes.byref(m2), ctypes.byref(out)) == 0
+    # out holds a new reference: take it over
+    obj = ctypes.cast(out, ctypes.py_object).value
+    _decref = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(("Py_DecRef", ctypes.pythonapi))
+    _decref(out)
+    assert obj.tolist() == [1.0, 2.0, 3.0]
+    del obj
+    gc.collect()
+    assert calls == [1, 1]
+
+
+# ---- classification and the cache ----------------------------------------------
+
+def test_classification_builtin_kinds():
+    assert core._exchange_handler(dlb.zeros(1))[:2] == (TENSOR, "dlbridge")
+    assert core._exchange_handler(np.zeros(1))[:2] == (NUMPY, "numpy")
+    assert core._exchange_handler(bytearray(4))[:2] == (BUFFER, "builtins")
+    assert core._exchange_handler(3)[0] == NONE
+
+    class Sub(np.ndarray):
+        pass
+    assert core._exchange_handler(np.zeros(2).view(Sub))[0] == DLPACK
+
+    class AIface:
+        def __init__(self, a):
+            self.a = a
+            self.__array_interface__ = a.__array_interface__
+    # an instance attribute is not on the type: not tensor-like by type
+    assert core._exchange_handler(AIface(np.zeros(2)))[0] == NONE
+
+    class AIprop:
+        def __init__(self, a):
+            self.a = a
+
+        @property
+        def __array_interface__(self):
+            return self.a.__array_interface__
+    o = AIprop(np.arange(3.0))
+    assert core._exchange_handler(o)[0] == AI
+    v = core._exchange_view(o, 0, 0)
+    assert v["owned"] and v["shape"] == (3,)
+
+
+def test_counting_table_fast_path(tp):
+    tp.counting_reset()
+    c = tp.CountingTable(5)
+    kind, fw, addr = core._exchange_handler(c)
+    assert kind == EXCHANGE and fw == "_dlb_testproducer"
+    assert addr == tp.exchange_address("counting")
+    t = dlb.from_dlpack(c)
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    n = tp.counting_counts()
+    assert n["from_py"] == 1 and n["dunder"] == 0 and n["dltensor"] == 0
+    del t
+    gc.collect()
+    assert tp.counting_counts()["deleter"] == 1
+    core._exchange_view_loop(c, 0, 0, 10)
+    n = tp.counting_counts()
+    assert n["dltensor"] == 10 and n["from_py"] == 1
+    # CPU: the stream is not asked for; another device: it is
+    assert core._exchange_current_stream(c, "cpu") is None
+    assert tp.counting_counts()["stream"] == 0
+    assert core._exchange_current_stream(c, "cuda:0") == 0x1234
+    assert tp.counting_counts()["stream"] == 1
+    out = core._exchange_alloc_like(c, (2, 3), "float32", "cpu")
+    assert type(out) is tp.CountingTable and out.info["shape"] == (2, 3)
+    n = tp.counting_counts()
+    assert n["alloc"] == 1 and n["to_py"] == 1
+    del out
+    assert tp.counting_counts()["deleter"] == 2
+
+
+def test_managed_only_table_view_owns_and_releases(tp):
+    class M(tp.CountingTable):
+        __dlpack_c_exchange_api__ = tp.exchange_capsule("managed_only")
+    tp.counting_reset()
+    c = M(3, readonly=True)
+    assert core._exchange_handler(c)[2] == tp.exchange_address("managed_only")
+    v = core._exchange_view(c, 0, 0)
+    assert v["owned"] and v["flags"] == 1 and v["shape"] == (3,)
+    with pytest.raises(BufferError, match="read-only"):
+        core._exchange_view(c, WRITABLE, 0)
+    n = tp.counting_counts()
+    assert n["from_py"] == 2 and n["deleter"] == 2 and n["dltensor"] == 0
+    rc = sys.getrefcount(c)
+    core._exchange_view_loop(c, 0, 0, 1000)
+    n = tp.counting_counts()
+    assert n["from_py"] == n["deleter"] == 1002
+    assert sys.getrefcount(c) == rc
+
+
+def test_prev_api_walk(tp):
+    class Two(tp.CountingTable):
+        __dlpack_c_exchange_api__ = tp.exchange_capsule("major2_prev1")
+    assert core._exchange_handler(Two())[:3:2] == (
+        EXCHANGE, tp.exchange_address("counting"))
+
+    class TwoOnly(tp.CountingTable):
+        __dlpack_c_exchange_api__ = tp.exchange_capsule("major2_only")
+    tp.counting_reset()
+    o = TwoOnly(4)
+    assert core._exchange_handler(o)[0] == DLPACK
+    assert dlb.from_dlpack(o).tolist() == [0.0, 1.0, 2.0, 3.0]
+    n = tp.counting_counts()
+    assert n["dunder"] == 1 and n["from_py"] == 0
+
+
+def test_legacy_int_attribute(tp):
+    class Legacy(tp.CountingTable):
+        __dlpack_c_exchange_api__ = None
+        __c_dlpack_exchange_api__ = tp.exchange_address("counting")
+    assert core._exchange_handler(Legacy())[:3:2] == (
+        EXCHANGE, tp.exchange_address("counting"))
+
+    class LegacyCap(tp.CountingTable):
+        __dlpack_c_exchange_api__ = None
+        __c_dlpack_exchange_api__ = tp.exchange_capsule("managed_only")
+    assert core._exchange_handler(LegacyCap())[2] == tp.exchange_address(
+        "managed_only")
+
+
+@pytest.mark.parametrize("bad", ["wrong_name", "not a capsule", 12])
+def test_invalid_attribute_falls_back(tp, bad):
+    val = tp.exchange_capsule("wrong_name") if bad == "wrong_name" else bad
+
+    class Bad(tp.CountingTable):
+        __dlpack_c_exchange_api__ = val
+    tp.counting_reset()
+    o = Bad(2)
+    assert core._exchange_handler(o)[0] == DLPACK
+    assert dlb.from_dlpack(o).tolist() == [0.0, 1.0]
+    assert tp.counting_counts()["dunder"] == 1
+
+
+def test_parameter_inherits_torch_table():
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(2)
+    p = torch.nn.Parameter(torch.zeros(2))
+    ht, hp = core._exchange_handler(t), core._exchange_handler(p)
+    assert ht[0] == hp[0] == EXCHANGE and ht[2] == hp[2] and hp[1] == "torch"
+
+
+def test_cache_drops_dead_types_and_stays_flat(tp):
+    cap = tp.exchange_capsule("counting")
+
+    def churn(n, use):
+        for i in range(n):
+            T = type("T%d" % i, (tp.CountingTable,),
+                     {"__dlpack_c_exchange_api__": cap})
+            t = T(1)
+            P = type("P%d" % i, (), {"__dlpack__": lambda self: None})
+            p = P()
+            if use:
+                assert core._exchange_handler(t)[0] == EXCHANGE
+                assert core._exchange_handler(p)[0] == DLPACK
+            del T, P, t, p
+            if i % 100 == 99:
+                # Bound the types alive at once the same way in both runs:
+                # Python's own per-base subclass dicts grow with that peak
+                # and never shrink, which is not ours to measure.
+                gc.collect()
+        gc.collect()
+
+    def growth(use):
+        churn(50, use)
+        tracemalloc.start()
+        snap1 = tracemalloc.take_snapshot()
+        churn(1000, use)
+        snap2 = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        # Blocks of 64 KiB and more are CPython's dict tables being
+        # compacted (object.__subclasses__ is one dict for every type made):
+        # a leak of ours would be many small blocks (an entry, a weakref).
+        return sum(s.size_diff for s in snap2.compare_to(snap1, "traceback")
+                   if s.count == 0 or s.size // s.count < 64 * 1024)
+
+    churn(50, True)
+    before = core._exchange_cache_size()[0]
+    capsule_refs = sys.getrefcount(cap)
+    # Python itself keeps some memory per type made (caches, free lists):
+    # compare with the same loop that never shows the types to dlbridge.
+    without = growth(False)
+    with_dlb = growth(True)
+    entries, capacity = core._exchange_cache_size()
+    assert entries == before
+    # the slot array grew while the dead types awaited collection, and
+    # shrank back when they went
+    assert capacity <= max(16, 8 * entries)
+    assert sys.getrefcount(cap) == capsule_refs
+    assert with_dlb - without < 16 * 1024, (with_dlb, without)
+    # the cache holds no strong reference: a type dies with its last user
+    T = type("Gone", (tp.CountingTable,), {"__dlpack_c_exchange_api__": cap})
+    core._exchange_handler(T(1))
+    w = weakref.ref(T)
+    del T
+    gc.collect()
+    assert w() is None
+
+
+def test_no_stale_handler_after_type_death(tp):
+    cap = tp.exchange_capsule("counting")
+    for i in range(300):
+        if i % 2:
+            T = type("X", (tp.CountingTable,), {"__dlpack_c_exchange_api__": cap})
+            want = EXCHANGE
+        else:
+            T = type("X", (), {"__dlpack__": lambda self: None})
+            want = DLPACK
+        assert core._exchange_handler(T.__new__(T))[0] == want
+        del T
+        gc.collect()
+
+
+def test_skip_env_var():
+    code = ("import dlbridge, _dlb_testproducer as tp;"
+            "print(dlbridge._core._exchange_handler(tp.CountingTable())[0])")
+    env = dict(os.environ, DLBRIDGE_SKIP_EXCHANGE_API="1")
+    pytest.importorskip("_dlb_testproducer")
+    out = subprocess.run([sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, check=True)
+    assert int(out.stdout) == DLPACK
+
+
+# ---- allocation, streams, conversion back -------------------------------------
+
+def test_allocator_errors_through_seterror(tp):
+    with pytest.raises(BufferError, match="only be allocated on the CPU"):
+        core._exchange_alloc_like(dlb.zeros(1), (2,), "float32", "cuda")
+    c = tp.CountingTable()
+    for kind, exc in [("MemoryError", MemoryError), ("ValueError", ValueError),
+                      ("BufferError", BufferError),
+                      ("NoSuchError", RuntimeError), ("len", RuntimeError)]:
+        tp.counting_reset()
+        tp.counting_fail(kind, False)
+        with pytest.raises(exc, match="told to fail") as ei:
+            core._exchange_alloc_like(c, (2,), "float32", "cpu")
+        if exc is RuntimeError:
+            assert kind in str(ei.value)
+        assert tp.counting_counts()["alloc"] == 1
+    tp.counting_reset()
+
+
+def test_alloc_like_dlbridge_and_numpy():
+    t = core._exchange_alloc_like(dlb.zeros(1), (2, 3), "int16", "cpu")
+    assert isinstance(t, dlb.Tensor) and t.shape == (2, 3) and t.dtype == "int16"
+    a = core._exchange_alloc_like(np.zeros(1), (4,), "float64", "cpu")
+    assert type(a) is np.ndarray and a.shape == (4,) and a.dtype == np.float64
+    a[:] = 1  # writable
+    with pytest.raises(BufferError):
+        core._exchange_alloc_like(np.zeros(1), (4,), "float64", "cuda")
+    b = core._exchange_alloc_like(bytearray(1), (2,), "uint8", "cpu")
+    assert isinstance(b, dlb.Tensor)  # no framework to convert to
+
+
+def test_to_framework_steals_on_failure(tp):
+    t = dlb.zeros(3)
+    c = tp.CountingTable()
+    rc = sys.getrefcount(t)
+    tp.counting_reset()
+    tp.counting_fail(None, True)
+    with pytest.raises(RuntimeError, match="told to fail"):
+        core._exchange_to_framework(c, t)
+    tp.counting_reset()
+    # the export held a reference to t; the failed import deleted it once
+    assert sys.getrefcount(t) == rc
+    ok = core._exchange_to_framework(c, t)
+    assert type(ok) is tp.CountingTable and ok.info["imported"]
+    assert sys.getrefcount(t) == rc + 1
+    del ok
+    assert sys.getrefcount(t) == rc
+
+
+# ---- torch 2.13's real table, both ways -------------------------------------------
+
+def test_torch_both_directions(tp):
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this torch publishes no exchange table")
+    tt = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
+    kind, fw, addr = core._exchange_handler(tt)
+    assert kind == EXCHANGE and fw == "torch"
+    assert addr == table_of(torch.Tensor)[0]
+    v = core._exchange_view(tt, 0, 0)
+    assert v["shape"] == (3, 2) and v["strides"] == (1, 3) and not v["owned"]
+    assert v["data"] == tt.data_ptr()
+    t = dlb.from_dlpack(tt)
+    assert t.data_ptr == tt.data_ptr() and t.tolist() == tt.tolist()
+    tt[0, 0] = 42.0
+    assert t.tolist()[0][0] == 42.0
+    # copy= and device= are honoured on the exchange path too
+    c = dlb.from_dlpack(tt, copy=True)
+    assert c.data_ptr != tt.data_ptr() and c.tolist() == tt.tolist()
+    with pytest.raises(BufferError):
+        dlb.from_dlpack(tt, device="cuda:0")
+    # torch consumes dlb through dlb's table or __dlpack__
+    d = dlb.tensor([[1.0, 2.0], [3.0, 4.0]])
+    back = torch.from_dlpack(d)
+    assert back.data_ptr() == d.data_ptr and back.tolist() == d.tolist()
+    # a third-party consumer of torch's table
+    r = tp.consume_exchange(tt)
+    assert r["entries"] == 5 and r["dltensor"]["shape"] == (3, 2)
+    assert isinstance(r["roundtrip"], torch.Tensor)
+    # dlb allocates and converts in torch
+    out = core._exchange_alloc_like(tt, (2, 2), "float32", "cpu")
+    assert type(out) is torch.Tensor and tuple(out.shape) == (2, 2)
+    x = core._exchange_to_framework(tt, d)
+    assert type(x) is torch.Tensor and x.data_ptr() == d.data_ptr
+    assert core._exchange_current_stream(tt, "cpu") is None
+
+
+def test_paddle_skipped():
+    pytest.importorskip("paddle")
+
+
+# ---- views -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+    lambda: np.arange(24, dtype=np.int64).reshape(4, 6)[::-1, ::2],
+    lambda: np.array(3.5),
+    lambda: np.zeros((0, 3), np.int8),
+    lambda: np.array([True, False]),
+    lambda: np.arange(4, dtype=np.complex64),
+    lambda: np.arange(4, dtype=np.float16),
+    lambda: np.arange(6, dtype=np.uint16).reshape(2, 3).T,
+])
+def test_numpy_direct_matches_buffer(make):
+    a = make()
+    direct = core._exchange_view(a, 0, 0)
+    viabuf = core._exchange_view(a, 0, BUFFER)
+    assert direct["kind"] == NUMPY and not direct["owned"] and not direct["buffer"]
+    assert viabuf["buffer"]
+    for k in ("shape", "dtype", "data", "flags", "device"):
+        assert direct[k] == viabuf[k], k
+    assert direct["shape"] == a.shape
+    if a.size:  # strides of an array with no elements mean nothing
+        assert direct["strides"] == viabuf["strides"]
+        assert direct["strides"] == tuple(s // a.itemsize for s in a.strides)
+
+
+def test_numpy_direct_errors():
+    a = np.arange(4.0)
+    a.flags.writeable = False
+    assert core._exchange_view(a, 0, 0)["flags"] == 1
+    with pytest.raises(BufferError, match="read-only"):
+        core._exchange_view(a, WRITABLE, 0)
+    with pytest.raises(BufferError, match="byte order"):
+        core._exchange_view(np.arange(3, dtype=">f4"), 0, 0)
+    for dt in (object, "U3", "S3", "V4", "datetime64[s]", [("a", "i4")]):
+        with pytest.raises(BufferError):
+            core._exchange_view(np.zeros(2, dtype=dt), 0, 0)
+    odd = np.lib.stride_tricks.as_strided(
+        np.zeros(32, np.uint8).view(np.float32), shape=(3,), strides=(6,))
+    with pytest.raises(BufferError, match="multiple of the itemsize"):
+        core._exchange_view(odd, 0, 0)
+    with pytest.raises(TypeError, match="not tensor-like"):
+        core._exchange_view(object(), 0, 0)
+
+
+def test_buffer_views():
+    v = core._exchange_view(bytearray(b"abcd"), 0, 0)
+    assert v["shape"] == (4,) and v["strides"] == (1,) and v["flags"] == 0
+    v = core._exchange_view(b"abcd", 0, 0)
+    assert v["flags"] == 1
+    with pytest.raises(BufferError):
+        core._exchange_view(b"abcd", WRITABLE, 0)
+    m = memoryview(bytearray(24)).cast("d", (3,))
+    assert core._exchange_view(m, WRITABLE, 0)["dtype"] == (2, 64, 1)
+
+
+def test_tensor_view_zero_copy():
+    t = dlb.from_dlpack(np.arange(6.0).reshape(2, 3)[:, 1:])
+    v = core._exchange_view(t, 0, 0)
+    assert v["kind"] == TENSOR and not v["owned"]
+    assert v["shape"] == t.shape and v["strides"] == t.strides
+    assert v["data"] + v["byte_offset"] == t.data_ptr
+
+
+def test_no_leak_over_many_views(tp):
+    torch = pytest.importorskip("torch")
+    objs = [dlb.zeros((2, 3)), np.zeros((2, 3)), bytearray(8), torch.zeros(3),
+            tp.CountingTable(3)]
+    for o in objs:
+        core._exchange_view_loop(o, 0, 0, 1000)
+    core._exchange_view_loop(objs[1], 0, BUFFER, 1000)
+    gc.collect()
+    rcs = [sys.getrefcount(o) for o in objs]
+    tracemalloc.start()
+    s1 = tracemalloc.take_snapshot()
+    for o in objs:
+        core._exchange_view_loop(o, 0, 0, 100000)
+    core._exchange_view_loop(objs[1], 0, BUFFER, 100000)
+    core._exchange_view_loop(objs[3], 0, DLPACK, 2000)
+    s2 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    assert [sys.getrefcount(o) for o in objs] == rcs
+    grown = sum(s.size_diff for s in s2.compare_to(s1, "filename"))
+    assert grown < 32 * 1024, grown
+
+
+# ---- from_dlpack through the handler ----------------------------------------------
+
+def test_from_dlpack_numpy_keeps_array_alive():
+    a = np.arange(10.0)[::2]
+    rc = sys.getrefcount(a)
+    t = dlb.from_dlpack(a)
+    assert sys.getrefcount(a) == rc + 1
+    assert t.strides == (2,) and t.data_ptr == a.ctypes.data
+    w = a.ctypes.data
+    del a
+    gc.collect()
+    assert t.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0] and t.data_ptr == w
+    ro = np.arange(3)
+    ro.flags.writeable = False
+    assert dlb.from_dlpack(ro).readonly
+    c = dlb.from_dlpack(ro, copy=True)
+    assert not c.readonly and c.tolist() == [0, 1, 2]
+    b = np.arange(3.0)
+    rc = sys.getrefcount(b)
+    for _ in range(1000):
+        dlb.from_dlpack(b)
+    assert sys.getrefcount(b) == rc
+
+
+def test_from_dlpack_exchange_errors(tp):
+    class Two(tp.CountingTable):
+        __dlpack_c_exchange_api__ = tp.exchange_capsule("counting")
+    tp.counting_reset()
+    o = Two(2)
+    with pytest.raises(BufferError):
+        dlb.from_dlpack(o, device="cuda:0")
+    gc.collect()
+    n = tp.counting_counts()
+    assert n["from_py"] == n["deleter"] == 1  # the failed import freed it once
