@@ -151,9 +151,12 @@ PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
 /* ---- Per-type handlers and borrowed views (exchange.c) ----------------------
  *
  * The fast path.  The first time an object of some type is seen, its type is
- * classified once and the result cached in module state, holding a strong
- * reference to the type so a freed type can never alias a new one at the
- * same address; from then on, finding the handler is a pointer compare.
+ * classified once and the result cached in module state; from then on,
+ * finding the handler is a hash and a pointer compare.  An entry lives
+ * exactly as long as its type: it holds a weak reference whose callback
+ * removes the entry before the type's memory can be reused, so a freed type
+ * can never alias a new one at the same address, and a program that makes
+ * and drops types does not grow the cache.
  * Every consumer of tensors -- from_dlpack, Function, the C API -- reads
  * objects through a handler, so each framework is supported in one place. */
 
@@ -169,7 +172,7 @@ typedef enum {
 } dlb_kind;
 
 typedef struct dlb_handler {
-  PyTypeObject *type;            /* strong reference */
+  PyTypeObject *type;            /* borrowed; the entry dies with it */
   dlb_kind kind;
   /* The type's exchange table (major 1, after walking prev_api), or NULL.
    * dlb.Tensor's own table is set here too, so producers and consumers

@@ -619,3 +619,17 @@ def test_from_dlpack_exchange_errors(tp):
     gc.collect()
     n = tp.counting_counts()
     assert n["from_py"] == n["deleter"] == 1  # the failed import freed it once
+
+
+def test_to_framework_jax_and_tensorflow():
+    jnp = pytest.importorskip("jax.numpy")
+    x = jnp.arange(4.0)
+    assert core._exchange_handler(x)[:2] == (DLPACK, "jax")
+    y = core._exchange_alloc_like(x, (2, 3), "float32", "cpu")
+    assert type(y) is type(x) and y.shape == (2, 3)
+    tf = pytest.importorskip("tensorflow")
+    t = tf.constant([1.0, 2.0])
+    assert core._exchange_handler(t)[1] == "tensorflow"
+    z = core._exchange_to_framework(t, dlb.tensor([1.0, 2.0, 3.0],
+                                                  dtype="float32"))
+    assert isinstance(z, tf.Tensor) and z.numpy().tolist() == [1.0, 2.0, 3.0]
