@@ -495,8 +495,31 @@ def test_torch_both_directions(tp):
     assert core._exchange_current_stream(tt, "cpu") is None
 
 
-def test_paddle_skipped():
-    pytest.importorskip("paddle")
+def test_paddle_both_directions(tp):
+    # PaddlePaddle 3.3 publishes the table too: the same consumer code must
+    # work against a second, independent producer.
+    paddle = pytest.importorskip("paddle")
+    if not hasattr(paddle.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this paddle publishes no exchange table")
+    pt = paddle.arange(6, dtype="float32").reshape([2, 3])
+    kind, fw, addr = core._exchange_handler(pt)
+    assert kind == EXCHANGE and fw == "paddle"
+    assert addr == table_of(paddle.Tensor)[0]
+    v = core._exchange_view(pt, 0, 0)
+    assert v["shape"] == (2, 3) and v["data"] == pt.data_ptr()
+    t = dlb.from_dlpack(pt)
+    assert t.data_ptr == pt.data_ptr() and t.tolist() == pt.tolist()
+    # paddle consumes dlb's export without a copy
+    d = dlb.tensor([[1.0, 2.0], [3.0, 4.0]], dtype="float32")
+    back = paddle.from_dlpack(d)
+    assert back.data_ptr() == d.data_ptr and back.tolist() == d.tolist()
+    # a third-party consumer of paddle's table, and dlb allocating in paddle
+    r = tp.consume_exchange(pt)
+    assert r["entries"] >= 4 and r["dltensor"]["shape"] == (2, 3)
+    out = core._exchange_alloc_like(pt, (2, 2), "float32", "cpu")
+    assert isinstance(out, paddle.Tensor) and tuple(out.shape) == (2, 2)
+    x = core._exchange_to_framework(pt, d)
+    assert isinstance(x, paddle.Tensor) and x.data_ptr() == d.data_ptr
 
 
 # ---- views -------------------------------------------------------------------------
