@@ -268,8 +268,11 @@ static dlb_module_state *tensor_state(PyObject *self) {
 }
 
 static int64_t tensor_numel(const DLTensor *t) {
-  int64_t n = 1;
-  for (int32_t i = 0; i < t->ndim; i++) n *= t->shape[i]; /* validated */
+  /* Validation guarantees the count fits, but not that a running product
+   * does: [2**40, 2**40, 0] holds no elements and overflows before it
+   * reaches the zero.  The core's count looks for a zero extent first. */
+  int64_t n = 0;
+  (void)dlb_shape_numel(t->ndim, t->shape, &n, NULL);
   return n;
 }
 

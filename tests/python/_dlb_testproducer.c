@@ -279,6 +279,36 @@ static uint64_t element_bytes(DLDataType t) {
   return ((uint64_t)t.bits * t.lanes + 7) / 8;
 }
 
+/* Checked arithmetic in plain C11 (no compiler builtins): each returns 1
+ * when the exact result does not fit, leaving *out untouched. */
+static int mul_i64(int64_t a, int64_t b, int64_t *out) {
+  int ovf;
+  if (a > 0)
+    ovf = b > 0 ? a > INT64_MAX / b : b < INT64_MIN / a;
+  else
+    ovf = b > 0 ? a < INT64_MIN / b : (a != 0 && b < INT64_MAX / a);
+  if (!ovf) *out = a * b;
+  return ovf;
+}
+
+static int add_i64(int64_t a, int64_t b, int64_t *out) {
+  int ovf = (b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b);
+  if (!ovf) *out = a + b;
+  return ovf;
+}
+
+static int mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  int ovf = a != 0 && b > UINT64_MAX / a;
+  if (!ovf) *out = a * b;
+  return ovf;
+}
+
+static int add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  int ovf = b > UINT64_MAX - a;
+  if (!ovf) *out = a + b;
+  return ovf;
+}
+
 /* Works out the range of element offsets [lo, hi] the layout touches, in
  * elements relative to element 0.  Returns 0 when the tensor has no
  * elements (any extent <= 0), 1 when it has, -1 when the arithmetic would
@@ -295,14 +325,14 @@ static int layout_extent(const ProducerObject *p, int64_t *lo, int64_t *hi) {
       /* Row-major: product of the later extents. */
       stride = 1;
       for (Py_ssize_t j = i + 1; j < p->nshape; j++)
-        if (__builtin_mul_overflow(stride, p->shape[j], &stride)) return -1;
+        if (mul_i64(stride, p->shape[j], &stride)) return -1;
     }
     int64_t step;
-    if (__builtin_mul_overflow(p->shape[i] - 1, stride, &step)) return -1;
+    if (mul_i64(p->shape[i] - 1, stride, &step)) return -1;
     if (step < 0) {
-      if (__builtin_add_overflow(l, step, &l)) return -1;
+      if (add_i64(l, step, &l)) return -1;
     } else {
-      if (__builtin_add_overflow(h, step, &h)) return -1;
+      if (add_i64(h, step, &h)) return -1;
     }
   }
   *lo = l;
@@ -315,7 +345,7 @@ static int64_t producer_numel(const ProducerObject *p, int *overflow) {
   *overflow = 0;
   for (Py_ssize_t i = 0; i < p->nshape; i++) {
     if (p->shape[i] <= 0) return 0;
-    if (__builtin_mul_overflow(n, p->shape[i], &n)) {
+    if (mul_i64(n, p->shape[i], &n)) {
       *overflow = 1;
       return 0;
     }
@@ -464,12 +494,12 @@ static int producer_allocate(ProducerObject *p, int want_fill) {
   uint64_t below = 0, above = 0, total = 0;
   int fits = has >= 0;
   if (fits && has == 1) {
-    fits = !__builtin_mul_overflow((uint64_t)(-lo), esz, &below) &&
-           !__builtin_mul_overflow((uint64_t)hi + 1, esz, &above);
+    fits = !mul_u64(0u - (uint64_t)lo, esz, &below) &&
+           !mul_u64((uint64_t)hi + 1, esz, &above);
   }
   if (fits) {
-    fits = !__builtin_add_overflow(below, p->byte_offset, &total) &&
-           !__builtin_add_overflow(total, above, &total) &&
+    fits = !add_u64(below, p->byte_offset, &total) &&
+           !add_u64(total, above, &total) &&
            total <= TP_MAX_ALLOC;
   }
   if (!fits) {
