@@ -245,6 +245,10 @@ int dlb__function_init(PyObject *module, dlb_module_state *st);
 /* Adds the dlbridge._C_API capsule (include/dlbridge/python.h). */
 int dlb__capi_init(PyObject *module, dlb_module_state *st);
 
+/* Adds private hooks for the tests (testing.c): allocation-failure
+ * injection through the core allocator, live-block counts. */
+int dlb__testing_init(PyObject *module, dlb_module_state *st);
+
 /* dlb.Tensor's own exchange table (process lifetime). */
 extern const DLPackExchangeAPI dlb__tensor_exchange_api;
 

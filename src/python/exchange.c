@@ -406,8 +406,13 @@ static PyObject *framework_of(struct dlb_handler_cache *c, PyTypeObject *type) {
   const char *s = NULL;
   if (mod != NULL && PyUnicode_Check(mod)) s = PyUnicode_AsUTF8(mod);
   if (s == NULL) {
-    PyErr_Clear();
     Py_XDECREF(mod);
+    /* Out of memory must propagate: the answer is cached for the type's
+     * life, and "builtins" would be a wrong one (results would come back in
+     * the wrong framework).  A type with no usable __module__ is treated as
+     * a builtin. */
+    if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+    PyErr_Clear();
     return PyUnicode_InternFromString("builtins");
   }
   size_t n = strcspn(s, ".");

@@ -814,6 +814,17 @@ static PyObject *import_buffer(dlb_module_state *st, PyObject *obj,
 
 /* ---- g./h. array interfaces -------------------------------------------------------- */
 
+/* ai[key], borrowed, in *v (NULL when absent): 0, or -1 with an exception.
+ * Not PyDict_GetItemString: it swallows a failure to make the key (a
+ * MemoryError), which would then be reported as the key missing. */
+static int ai_item(PyObject *ai, const char *key, PyObject **v) {
+  PyObject *k = PyUnicode_FromString(key);
+  if (k == NULL) return -1;
+  *v = PyDict_GetItemWithError(ai, k); /* the dict keeps the value alive */
+  Py_DECREF(k);
+  return (*v == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
 /* dtype from a typestr such as '<f4', '|b1', '=i8'. */
 static int typestr_dtype(PyObject *ts, DLDataType *out) {
   const char *s = PyUnicode_Check(ts) ? PyUnicode_AsUTF8(ts) : NULL;
@@ -917,7 +928,7 @@ static int array_interface_managed(PyObject *obj, PyObject *ai, int cuda,
   if (k == NULL) goto error;
   k->owner = Py_NewRef(obj); /* the memory lives as long as its owner */
 
-  v = PyDict_GetItemString(ai, "version");
+  if (ai_item(ai, "version", &v) < 0) goto error;
   if (v != NULL) {
     long ver = PyLong_AsLong(v);
     if (ver == -1 && PyErr_Occurred()) goto error;
@@ -928,7 +939,7 @@ static int array_interface_managed(PyObject *obj, PyObject *ai, int cuda,
       goto error;
     }
   }
-  v = PyDict_GetItemString(ai, "mask");
+  if (ai_item(ai, "mask", &v) < 0) goto error;
   if (v != NULL && v != Py_None) {
     PyErr_Format(PyExc_BufferError,
                  "from_dlpack: masked arrays (%s with a 'mask') cannot be "
@@ -936,14 +947,14 @@ static int array_interface_managed(PyObject *obj, PyObject *ai, int cuda,
                  which);
     goto error;
   }
-  v = PyDict_GetItemString(ai, "typestr");
+  if (ai_item(ai, "typestr", &v) < 0) goto error;
   if (v == NULL) {
     PyErr_Format(PyExc_TypeError, "from_dlpack: %s has no 'typestr'", which);
     goto error;
   }
   if (typestr_dtype(v, &t.dtype) < 0) goto error;
   int64_t itemsize = dlb_dtype_itemsize(t.dtype);
-  v = PyDict_GetItemString(ai, "shape");
+  if (ai_item(ai, "shape", &v) < 0) goto error;
   if (v == NULL) {
     PyErr_Format(PyExc_TypeError, "from_dlpack: %s has no 'shape'", which);
     goto error;
@@ -952,7 +963,7 @@ static int array_interface_managed(PyObject *obj, PyObject *ai, int cuda,
   if (nd < 0) goto error;
   t.ndim = nd;
   t.shape = nd > 0 ? shape : NULL;
-  v = PyDict_GetItemString(ai, "strides");
+  if (ai_item(ai, "strides", &v) < 0) goto error;
   if (v != NULL && v != Py_None) {
     int64_t bstrides[DLB_MAX_NDIM];
     int ns = int_tuple(v, bstrides, "strides");
@@ -976,7 +987,7 @@ static int array_interface_managed(PyObject *obj, PyObject *ai, int cuda,
     }
     t.strides = nd > 0 ? strides : NULL;
   }
-  v = PyDict_GetItemString(ai, "data");
+  if (ai_item(ai, "data", &v) < 0) goto error;
   if (v != NULL && PyTuple_Check(v)) {
     if (PyTuple_GET_SIZE(v) != 2) {
       PyErr_Format(PyExc_TypeError,
@@ -997,7 +1008,8 @@ static int array_interface_managed(PyObject *obj, PyObject *ai, int cuda,
     k->has_view = 1;
     t.data = k->view.buf;
     if (k->view.readonly) flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
-    PyObject *off = PyDict_GetItemString(ai, "offset");
+    PyObject *off;
+    if (ai_item(ai, "offset", &off) < 0) goto error;
     if (off != NULL && off != Py_None) {
       long long o = PyLong_AsLongLong(off);
       if (o == -1 && PyErr_Occurred()) goto error;
