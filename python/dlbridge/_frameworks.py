@@ -47,6 +47,14 @@ __all__ = ["convert", "framework_of", "FRAMEWORKS"]
 #: The names ``convert`` accepts as ``to``.
 FRAMEWORKS = ("numpy", "torch", "cupy", "jax", "tensorflow", "dlbridge")
 
+# Per-call cost matters here: convert is a few hundred ns of Python around
+# importers that cost 0.2-1 us, so everything that can be worked out once is
+# (the framework of a type, the target's bound importer), and each check
+# reads the fewest Tensor attributes it can.
+_from_dlpack = _core.from_dlpack
+_Tensor = _core.Tensor
+_NAMES = {name: name for name in FRAMEWORKS}
+
 # Root module name of a type -> the framework it belongs to.
 _ROOTS = {
     "numpy": "numpy",
@@ -84,12 +92,29 @@ _NO_NEGATIVE_STRIDES = frozenset({"torch"})
 # array from DLPack" otherwise).
 _COMPACT_ONLY = frozenset({"tensorflow"})
 
+# type -> framework name or None.  type.__module__ of a C type is a new
+# string built from tp_name on every read (~150 ns with the split), so it is
+# read once per type.  Bounded, so a program that makes classes on the fly
+# does not keep them all alive through this cache.
+_TYPE_FW = {}
+_TYPE_FW_MAX = 1024
+_UNSEEN = object()
 
-def _root_framework(tp):
+
+def _root_framework_uncached(tp):
     module = getattr(tp, "__module__", None)
     if not isinstance(module, str):
         return None
     return _ROOTS.get(module.partition(".")[0])
+
+
+def _root_framework(tp):
+    fw = _TYPE_FW.get(tp, _UNSEEN)
+    if fw is _UNSEEN:
+        fw = _root_framework_uncached(tp)
+        if len(_TYPE_FW) < _TYPE_FW_MAX:
+            _TYPE_FW[tp] = fw
+    return fw
 
 
 def framework_of(obj):
@@ -135,45 +160,154 @@ def _import(name):
         ) from exc
 
 
-def _to_numpy(t):
-    return _import("numpy").from_dlpack(t)
+# Each loader imports its framework once and returns the function that turns
+# a dlbridge.Tensor into one of its tensors; convert keeps that function in
+# _BOUND, so later calls touch no import machinery at all.
+
+def _load_numpy():
+    global _numpy_from_dlpack
+    # np.from_dlpack is C; it wants the object with __dlpack__ (no capsules).
+    _numpy_from_dlpack = _import("numpy").from_dlpack
+    return _numpy_from_dlpack
 
 
-def _to_torch(t):
-    return _import("torch").from_dlpack(t)
+def _load_torch():
+    torch = _import("torch")
+    slow = torch.from_dlpack
+    fast = getattr(getattr(torch, "_C", None), "_from_dlpack", None)
+    if fast is None:
+        return slow
+
+    def to_torch(t):
+        # What torch.from_dlpack(t) does for a producer off CUDA/ROCm (no
+        # stream to pass), minus its Python-level kwargs handling, which is
+        # half its cost: __dlpack__(max_version=(1, 0)), then the C
+        # importer.  On CUDA/ROCm (2, 10) it picks the consumer stream, so
+        # those go through torch.from_dlpack itself; so does any producer
+        # that refuses max_version (torch then retries without it).
+        if t.__dlpack_device__()[0] in (2, 10):
+            return slow(t)
+        try:
+            capsule = t.__dlpack__(max_version=(1, 0))
+        except TypeError:
+            return slow(t)
+        return fast(capsule)
+
+    return to_torch
 
 
-def _to_cupy(t):
-    return _import("cupy").from_dlpack(t)
+def _load_cupy():
+    return _import("cupy").from_dlpack
 
 
-def _to_jax(t):
+def _load_jax():
     _import("jax")
-    dlpack = importlib.import_module("jax.dlpack")
-    return dlpack.from_dlpack(t)
+    return importlib.import_module("jax.dlpack").from_dlpack
 
 
-def _to_tensorflow(t):
+def _load_tensorflow():
     tf = _import("tensorflow")
-    tfdlpack = importlib.import_module("tensorflow.experimental.dlpack")
-    # TensorFlow only reads legacy capsules: __dlpack__() without
-    # max_version makes one (and refuses read-only data, see above).
-    capsule = t.__dlpack__()
-    try:
-        return tfdlpack.from_dlpack(capsule)
-    except tf.errors.OpError as exc:
-        # TF's errors derive from Exception alone; report them as the
-        # BufferError convert promises.
-        raise BufferError(str(exc).strip()) from exc
+    tf_from_dlpack = importlib.import_module(
+        "tensorflow.experimental.dlpack").from_dlpack
+    op_error = tf.errors.OpError
+
+    def to_tensorflow(t):
+        # TensorFlow only reads legacy capsules: __dlpack__() without
+        # max_version makes one (and refuses read-only data, see above).
+        capsule = t.__dlpack__()
+        try:
+            return tf_from_dlpack(capsule)
+        except op_error as exc:
+            # TF's errors derive from Exception alone; report them as the
+            # BufferError convert promises.
+            raise BufferError(str(exc).strip()) from exc
+
+    return to_tensorflow
 
 
-_IMPORTERS = {
-    "numpy": _to_numpy,
-    "torch": _to_torch,
-    "cupy": _to_cupy,
-    "jax": _to_jax,
-    "tensorflow": _to_tensorflow,
+_LOADERS = {
+    "numpy": _load_numpy,
+    "torch": _load_torch,
+    "cupy": _load_cupy,
+    "jax": _load_jax,
+    "tensorflow": _load_tensorflow,
 }
+_BOUND = {}
+# numpy's importer once bound: convert's fast path for the commonest target.
+_numpy_from_dlpack = None
+
+_IMPORT_ERRORS = (BufferError, TypeError, ValueError, RuntimeError)
+_NUMPY = "numpy"  # the interned constant convert's fast path compares with
+
+
+def _numpy_dtype_refused(t, exc):
+    """After np.from_dlpack(t) raised ``exc``: True when t's dtype is one
+    NumPy cannot hold (the caller raises that error, outside its except
+    block so it has no context, as the check before the import has none);
+    raises convert's BufferError for an importer error; False when ``exc``
+    is to pass through as it is."""
+    dtype = t.dtype.name
+    if dtype not in _NUMPY_DTYPES:
+        return True
+    if isinstance(exc, _IMPORT_ERRORS):
+        raise BufferError(
+            f"convert: numpy could not import the {dtype} tensor "
+            f"(shape {t.shape}, device {t.device}): {exc}"
+        ) from exc
+    return False
+
+
+def _dtype_error(target, dtype, supported):
+    return BufferError(
+        f"convert: {target} cannot hold dtype {dtype}; supported dtypes "
+        f"are {', '.join(sorted(supported))}"
+    )
+
+
+def _has_negative_stride(t):
+    # A compact non-empty tensor has only positive strides on extents > 1;
+    # only other layouts need the strides looked at.
+    if t.is_contiguous and t.size:
+        return False
+    return any(st < 0 for st, n in zip(t.strides, t.shape) if n > 1)
+
+
+def _import_checked(t, target):
+    """The checks for ``target``, then its importer (bound on first use)."""
+    supported = _SUPPORTED_DTYPES.get(target)
+    if supported is not None:
+        dtype = t.dtype.name
+        if dtype not in supported:
+            raise _dtype_error(target, dtype, supported)
+    if t.readonly and target in _NO_READONLY:
+        raise BufferError(
+            f"convert: the data is read-only and {target} tensors cannot be "
+            f"read-only ({target}'s from_dlpack would make it silently "
+            "writable); copy it first: "
+            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
+        )
+    if target in _NO_NEGATIVE_STRIDES and _has_negative_stride(t):
+        raise BufferError(
+            f"convert: {target} tensors cannot have negative strides "
+            f"(strides {t.strides}); copy it first: "
+            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
+        )
+    if target in _COMPACT_ONLY and not t.is_contiguous:
+        raise BufferError(
+            f"convert: {target} imports only compact row-major data (strides "
+            f"{t.strides} for shape {t.shape}); copy it first: "
+            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
+        )
+    try:
+        importer = _BOUND.get(target)
+        if importer is None:
+            importer = _BOUND[target] = _LOADERS[target]()
+        return importer(t)
+    except _IMPORT_ERRORS as exc:
+        raise BufferError(
+            f"convert: {target} could not import the {t.dtype.name} tensor "
+            f"(shape {t.shape}, device {t.device}): {exc}"
+        ) from exc
 
 
 def convert(obj, to):
@@ -187,51 +321,51 @@ def convert(obj, to):
     hold the data (dtype, device, read-only data for targets without
     read-only tensors).
     """
-    target = _resolve_target(to)
+    if to is _NUMPY and _numpy_from_dlpack is not None:
+        # The commonest call, convert(x, "numpy") once NumPy is bound, in
+        # the fewest steps: a literal "numpy" is the interned string, so
+        # identity suffices (anything else takes the general path below).
+        tp = type(obj)
+        if tp is _Tensor:
+            t = obj  # what from_dlpack(obj) returns for a Tensor
+        else:
+            try:
+                fw = _TYPE_FW[tp]
+            except KeyError:
+                fw = _root_framework(tp)
+            if fw == _NUMPY and hasattr(obj, "__dlpack__"):
+                return obj
+            t = _from_dlpack(obj)
+        # NumPy refuses exactly the dtypes outside _NUMPY_DTYPES (its
+        # importer takes bool, int/uint 8-64, float 16-64, complex 64/128,
+        # one lane) and nothing else is checked for it, so the dtype (~130
+        # ns to read) is only looked at once NumPy has refused: the outcome
+        # is the one checking first gives.
+        try:
+            return _numpy_from_dlpack(t)
+        except Exception as exc:
+            if not _numpy_dtype_refused(t, exc):
+                raise
+        raise _dtype_error("numpy", t.dtype.name, _NUMPY_DTYPES)
+    # Subscripts and `in` rather than dict.get: no method call, and this
+    # function's own cost is what is being kept small.
+    if type(to) is str and to in _NAMES:
+        target = to
+    else:
+        target = _resolve_target(to)
     # Already the target's tensor (numpy scalars, which have no __dlpack__,
     # are not arrays and go through the import).
+    try:
+        fw = _TYPE_FW[type(obj)]
+    except KeyError:
+        fw = _root_framework(type(obj))
     if (
-        target != "dlbridge"
-        and framework_of(obj) == target
+        fw == target
+        and target != "dlbridge"
         and (hasattr(obj, "__dlpack__") or target == "tensorflow")
     ):
         return obj
-    t = _core.from_dlpack(obj)
+    t = _from_dlpack(obj)
     if target == "dlbridge":
         return t
-
-    dtype = t.dtype.name
-    supported = _SUPPORTED_DTYPES.get(target)
-    if supported is not None and dtype not in supported:
-        raise BufferError(
-            f"convert: {target} cannot hold dtype {dtype}; supported dtypes "
-            f"are {', '.join(sorted(supported))}"
-        )
-    if t.readonly and target in _NO_READONLY:
-        raise BufferError(
-            f"convert: the data is read-only and {target} tensors cannot be "
-            f"read-only ({target}'s from_dlpack would make it silently "
-            "writable); copy it first: "
-            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
-        )
-    if target in _NO_NEGATIVE_STRIDES and any(
-        st < 0 for st, n in zip(t.strides, t.shape) if n > 1
-    ):
-        raise BufferError(
-            f"convert: {target} tensors cannot have negative strides "
-            f"(strides {t.strides}); copy it first: "
-            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
-        )
-    if target in _COMPACT_ONLY and not t.is_contiguous:
-        raise BufferError(
-            f"convert: {target} imports only compact row-major data (strides "
-            f"{t.strides} for shape {t.shape}); copy it first: "
-            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
-        )
-    try:
-        return _IMPORTERS[target](t)
-    except (BufferError, TypeError, ValueError, RuntimeError) as exc:
-        raise BufferError(
-            f"convert: {target} could not import the {dtype} tensor "
-            f"(shape {t.shape}, device {t.device}): {exc}"
-        ) from exc
+    return _import_checked(t, target)

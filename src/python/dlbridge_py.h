@@ -47,6 +47,11 @@ typedef struct {
   struct dlb_handler_cache *handlers;
   /* function.c */
   PyTypeObject *FunctionType;
+  /* types.c: DType objects already made, direct-mapped by a hash of
+   * (code, bits, lanes).  Reading t.dtype is common and a DType is
+   * immutable, so handing out the same object saves an allocation and a
+   * name lookup each time. */
+  PyObject *dtype_cache[64];
 } dlb_module_state;
 
 extern PyModuleDef dlb__module_def;

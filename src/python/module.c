@@ -61,6 +61,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->DeviceType);
   Py_VISIT(st->max_version_tuple);
   Py_VISIT(st->FunctionType);
+  for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)
+    Py_VISIT(st->dtype_cache[i]);
   return 0;
 }
 
@@ -79,6 +81,8 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_cuda_array_interface);
   Py_CLEAR(st->max_version_tuple);
   Py_CLEAR(st->FunctionType);
+  for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)
+    Py_CLEAR(st->dtype_cache[i]);
   dlb__exchange_clear(st);
   return 0;
 }

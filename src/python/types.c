@@ -51,7 +51,18 @@ static void dtype_dealloc(PyObject *self) {
   Py_DECREF(tp); /* instances of heap types own a reference to the type */
 }
 
+static size_t dtype_cache_slot(dlb_module_state *st, DLDataType dtype) {
+  size_t h = (size_t)dtype.code * 131u + (size_t)dtype.bits * 7u +
+             (size_t)dtype.lanes;
+  return h % (sizeof st->dtype_cache / sizeof *st->dtype_cache);
+}
+
 PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
+  size_t slot = dtype_cache_slot(st, dtype);
+  dlb_DTypeObject *cached = (dlb_DTypeObject *)st->dtype_cache[slot];
+  if (cached != NULL && cached->dtype.code == dtype.code &&
+      cached->dtype.bits == dtype.bits && cached->dtype.lanes == dtype.lanes)
+    return Py_NewRef((PyObject *)cached);
   char buf[48];
   dlb_error err;
   if (dlb_dtype_name(dtype, buf, sizeof buf, &err) != DLB_OK)
@@ -65,6 +76,9 @@ PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
     Py_DECREF(self);
     return NULL;
   }
+  /* A collision just replaces the older entry: the cache is a shortcut,
+   * never the only reference anyone holds. */
+  Py_XSETREF(st->dtype_cache[slot], Py_NewRef((PyObject *)self));
   return (PyObject *)self;
 }
 

@@ -588,3 +588,22 @@ def test_cuda_array_interface_absent_on_cpu():
     t = dlb.zeros(3)
     assert not hasattr(t, "__cuda_array_interface__")
     assert hasattr(t, "__array_interface__")
+
+
+def test_dtype_cache_returns_the_right_dtype_under_collisions():
+    # DType objects are cached in a small direct-mapped table; whatever
+    # collides, each lookup must give the dtype asked for.
+    names = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+             "uint32", "uint64", "float16", "float32", "float64", "bfloat16",
+             "complex32", "complex64", "complex128", "float8_e4m3fn",
+             "float8_e5m2", "float6_e2m3fn", "float4_e2m1fn", "int4"]
+    names += [n + "x%d" % lanes for n in ("float32", "int8", "float16")
+              for lanes in (2, 3, 4, 8, 16)]
+    for _ in range(3):
+        for n in names:
+            d = dlb.dtype(n)
+            assert d.name == n and d == n
+            t = dlb.zeros((1,), dtype=n) if "x" not in n and n not in (
+                "int4", "float6_e2m3fn", "float4_e2m1fn") else None
+            if t is not None:
+                assert t.dtype == n and t.dtype is t.dtype
