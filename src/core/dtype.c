@@ -68,7 +68,9 @@ static const dtype_entry *find_entry(uint8_t code, uint8_t bits) {
   return NULL;
 }
 
-int dlb_dtype_check(DLDataType dtype, dlb_error *err) {
+/* Builds the message for a dtype dlb_dtype_check refuses; kept out of line
+ * so the check itself stays a table lookup. */
+static int dtype_check_slow(DLDataType dtype, dlb_error *err) {
   unsigned code = dtype.code, bits = dtype.bits, lanes = dtype.lanes;
   if (code == kDLOpaqueHandle)
     return dlb_error_set(err, DLB_EUNSUPPORTED,
@@ -104,6 +106,14 @@ int dlb_dtype_check(DLDataType dtype, dlb_error *err) {
                          ">= 1",
                          code, bits, lanes);
   return DLB_OK;
+}
+
+int dlb_dtype_check(DLDataType dtype, dlb_error *err) {
+  /* Every validated tensor comes through here: answer the common case
+   * with one table lookup and leave messages to the slow path. */
+  if (dlb__dtype_known(dtype.code, dtype.bits) && dtype.lanes != 0)
+    return DLB_OK;
+  return dtype_check_slow(dtype, err);
 }
 
 int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen,
@@ -203,6 +213,16 @@ int64_t dlb_dtype_itemsize(DLDataType dtype) {
 int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count, bool padded,
                             int64_t *out, dlb_error *err) {
   int64_t elem_bits = (int64_t)dtype.bits * dtype.lanes;
+  /* Whole-byte elements (the usual case): packed and padded agree, and the
+   * exact byte count is one checked product.  Anything else, including
+   * every error, takes the general code below. */
+  if (count >= 0 && elem_bits != 0 && elem_bits % 8 == 0 && out != NULL) {
+    int64_t total;
+    if (!dlb__mul_ovf(count, elem_bits / 8, &total)) {
+      *out = total;
+      return DLB_OK;
+    }
+  }
   if (count < 0)
     return dlb_error_set(err, DLB_EINVAL,
                          "element count %lld is negative", (long long)count);

@@ -33,8 +33,10 @@ static bool add_i64(int64_t a, int64_t b, int64_t *out) {
   return true;
 }
 
-int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
-                    dlb_error *err) {
+/* The checks of dlb_shape_numel in their original order, for inputs the
+ * fast path below did not accept: produces every error and its message. */
+static int shape_numel_slow(int32_t ndim, const int64_t *shape,
+                                      int64_t *out, dlb_error *err) {
   if (ndim < 0)
     return dlb_error_set(err, DLB_EINVAL, "ndim %ld is negative", (long)ndim);
   if (ndim > 0 && shape == NULL)
@@ -66,6 +68,79 @@ int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
   }
   *out = n;
   return DLB_OK;
+}
+
+int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
+                    dlb_error *err) {
+  /* One pass: a negative extent or (with no zero extent) an overflowing
+   * product sends the call to the slow path, which reports it. */
+  if (ndim >= 0 && (ndim == 0 || shape != NULL) && out != NULL) {
+    int64_t n = 1, signs = 0;
+    bool zero = false, ovf = false;
+    for (int32_t i = 0; i < ndim; i++) {
+      signs |= shape[i];
+      zero |= shape[i] == 0;
+      ovf |= dlb__mul_ovf(n, shape[i], &n);
+    }
+    if (signs >= 0 && (zero || !ovf)) {
+      *out = zero ? 0 : n;
+      return DLB_OK;
+    }
+  }
+  return shape_numel_slow(ndim, shape, out, err);
+}
+
+bool dlb__geometry_checked(int32_t ndim, const int64_t *shape,
+                           const int64_t *strides, int64_t *numel,
+                           int64_t *lo_e, int64_t *hi_e) {
+  int64_t n = 1, lo = 0, hi = 0, signs = 0;
+  bool zero = false, ovf = false;
+  if (strides != NULL) {
+    for (int32_t i = 0; i < ndim; i++) {
+      int64_t e = shape[i], reach;
+      signs |= e;
+      zero |= e == 0;
+      ovf |= dlb__mul_ovf(n, e, &n);
+      /* e <= 0 makes the span irrelevant (rejected or empty); clamping
+       * keeps e - 1 from overflowing for INT64_MIN. */
+      ovf |= dlb__mul_ovf(e > 0 ? e - 1 : 0, strides[i], &reach);
+      ovf |= dlb__add_ovf(lo, reach < 0 ? reach : 0, &lo);
+      ovf |= dlb__add_ovf(hi, reach > 0 ? reach : 0, &hi);
+    }
+    if (signs < 0) return false;
+    if (zero) {
+      *numel = *lo_e = *hi_e = 0;
+      return true;
+    }
+    if (ovf) return false;
+    *numel = n;
+    *lo_e = lo;
+    *hi_e = hi;
+    return true;
+  }
+  for (int32_t i = 0; i < ndim; i++) {
+    int64_t e = shape[i];
+    signs |= e;
+    zero |= e == 0;
+    ovf |= dlb__mul_ovf(n, e, &n);
+  }
+  if (signs < 0) return false;
+  if (zero) {
+    /* Row-major strides step over a zero extent as if it were 1; their
+     * largest is the product of the extents after dim 0. */
+    int64_t step = 1;
+    ovf = false;
+    for (int32_t i = 1; i < ndim; i++)
+      ovf |= dlb__mul_ovf(step, shape[i] == 0 ? 1 : shape[i], &step);
+    if (ovf) return false;
+    *numel = *lo_e = *hi_e = 0;
+    return true;
+  }
+  if (ovf) return false;
+  *numel = n;
+  *lo_e = 0;
+  *hi_e = n - 1;
+  return true;
 }
 
 int dlb_strides_row_major(int32_t ndim, const int64_t *shape, int64_t *strides,
@@ -169,8 +244,10 @@ bool dlb_tensor_is_contiguous_f(const DLTensor *t) {
   return is_compact(t, -1);
 }
 
-int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
-                         dlb_error *err) {
+/* The original dlb_tensor_byte_span, for every input the fast path below
+ * does not take: produces every error and its message. */
+static int byte_span_slow(const DLTensor *t, int64_t *lo,
+                                    int64_t *hi, dlb_error *err) {
   if (t == NULL) return dlb_error_set(err, DLB_EINVAL, "tensor is NULL");
   if (lo == NULL || hi == NULL)
     return dlb_error_set(err, DLB_EINVAL, "byte span output is NULL");
@@ -239,4 +316,48 @@ int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
   *lo = lo_b;
   *hi = hi_b;
   return DLB_OK;
+}
+
+/* Whole-byte elements, sane ndim and shape: the span from one pass over
+ * the dims and two checked products.  careful selects the fully checked
+ * pass.  False for sub-byte dtypes, zero-size elements and anything out of
+ * range; the caller then falls back. */
+static inline bool byte_span_ok(const DLTensor *t, int64_t *lo, int64_t *hi,
+                                bool careful) {
+  if (t == NULL || lo == NULL || hi == NULL || t->ndim < 0 ||
+      t->ndim > DLB_MAX_NDIM || (t->ndim > 0 && t->shape == NULL))
+    return false;
+  int64_t n, lo_e, hi_e;
+  if (!(careful ? dlb__geometry_checked(t->ndim, t->shape, t->strides, &n,
+                                        &lo_e, &hi_e)
+                : dlb__geometry(t->ndim, t->shape, t->strides, &n, &lo_e,
+                                &hi_e)))
+    return false;
+  if (n == 0) {
+    *lo = 0;
+    *hi = 0;
+    return true;
+  }
+  int64_t elem_bits = (int64_t)t->dtype.bits * t->dtype.lanes;
+  int64_t lo_b, hi_b;
+  if (elem_bits == 0 || elem_bits % 8 != 0 ||
+      (dlb__add_ovf(hi_e, 1, &hi_e) |
+       dlb__mul_ovf(lo_e, elem_bits / 8, &lo_b) |
+       dlb__mul_ovf(hi_e, elem_bits / 8, &hi_b)))
+    return false;
+  *lo = lo_b;
+  *hi = hi_b;
+  return true;
+}
+
+static int byte_span_careful(const DLTensor *t, int64_t *lo,
+                                       int64_t *hi, dlb_error *err) {
+  if (byte_span_ok(t, lo, hi, true)) return DLB_OK;
+  return byte_span_slow(t, lo, hi, err);
+}
+
+int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
+                         dlb_error *err) {
+  if (byte_span_ok(t, lo, hi, false)) return DLB_OK;
+  return byte_span_careful(t, lo, hi, err);
 }
