@@ -99,6 +99,9 @@ demo: build
 	@echo
 	@echo "== one C kernel, every framework: dlb.load + dlb.Function (examples/function_demo.py) =="
 	@$(PY) examples/function_demo.py $(BUILD)/libdlb_example_kernels.so
+	@echo
+	@echo "== a C extension using dlbridge's C API (examples/extension_demo.py) =="
+	@PYTHONPATH=$(BUILD)/examples/extension $(PY) examples/extension_demo.py
 
 # Benchmarks, never part of `make test`: the peers (nanobind, tvm-ffi; pinned
 # in requirements/bench.txt, installed on first use and whenever that file
