@@ -302,13 +302,71 @@ cleanup:
   return rc;
 }
 
+/* dlb_managed_wrap is on the import path of every zero-copy import (NumPy
+ * arrays, buffers, array interfaces), so it is built with straight-line
+ * code rather than through alloc_versioned: every field is written
+ * exactly once (no memset of the header), shape and strides are copied by
+ * a plain loop (ndim is small; no memcpy call), and row-major strides are
+ * synthesised only when the view has none.  The layout is the same as
+ * every other versioned block, so versioned_deleter frees it.  Inputs that
+ * fail the ndim/shape checks take the shared, slower path for its error
+ * messages. */
 int dlb_managed_wrap(const DLTensor *view, uint64_t flags,
                      dlb_release_fn release, void *ctx,
                      DLManagedTensorVersioned **out, dlb_error *err) {
   if (view == NULL) {
     return dlb_error_set(err, DLB_EINVAL, "dlb_managed_wrap: view is NULL");
   }
-  return wrap_view("dlb_managed_wrap", view, flags, release, ctx, out, err);
+  int32_t ndim = view->ndim;
+  if (out == NULL || ndim < 0 || ndim > DLB_MAX_NDIM ||
+      (ndim > 0 && view->shape == NULL)) {
+    return wrap_view("dlb_managed_wrap", view, flags, release, ctx, out, err);
+  }
+
+  size_t total = versioned_meta_bytes(ndim);
+  const dlb_allocator *allocator = dlb_get_allocator();
+  versioned_block *b = allocator->alloc(total, allocator->ctx);
+  if (b == NULL) {
+    return dlb_error_set(err, DLB_ENOMEM,
+                         "dlb_managed_wrap: out of memory allocating %zu "
+                         "bytes",
+                         total);
+  }
+  DLTensor *t = &b->managed.dl_tensor;
+  t->shape = NULL;
+  t->strides = NULL;
+  if (ndim > 0) {
+    int64_t *shape = block_shape(b), *strides = shape + ndim;
+    for (int32_t i = 0; i < ndim; i++) shape[i] = view->shape[i];
+    if (view->strides != NULL) {
+      for (int32_t i = 0; i < ndim; i++) strides[i] = view->strides[i];
+    } else {
+      /* Legacy and pre-1.2 producers send NULL for compact row-major; the
+       * versioned result always carries strides (the 1.2 rule). */
+      int rc = dlb_strides_row_major(ndim, shape, strides, err);
+      if (rc != DLB_OK) {
+        allocator->release(b, allocator->ctx);
+        return rc;
+      }
+    }
+    t->shape = shape;
+    t->strides = strides;
+  }
+  t->data = view->data;
+  t->device = view->device;
+  t->ndim = ndim;
+  t->dtype = view->dtype;
+  t->byte_offset = view->byte_offset;
+  b->allocator = *allocator;
+  b->release = release;
+  b->release_ctx = ctx;
+  b->managed.version.major = DLPACK_MAJOR_VERSION;
+  b->managed.version.minor = DLPACK_MINOR_VERSION;
+  b->managed.manager_ctx = b;
+  b->managed.flags = flags;
+  b->managed.deleter = versioned_deleter;
+  *out = &b->managed;
+  return DLB_OK;
 }
 
 /* release function of from_legacy: ctx is the legacy tensor it owns. */

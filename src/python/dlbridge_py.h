@@ -60,6 +60,76 @@ extern PyModuleDef dlb__module_def;
  * a subclass of one).  Never NULL for our own types. */
 dlb_module_state *dlb__state_from_type(PyTypeObject *type);
 
+/* ---- The error indicator and the GIL, for code that runs deleters ----------
+ *
+ * Deleters and release functions may run on any thread, with or without the
+ * GIL, from non-Python code, and during or after interpreter shutdown; a
+ * destructor may run while an exception propagates.  These helpers are the
+ * one place those rules are written down. */
+
+/* The pending exception, put aside while code that may run Python (a
+ * destructor, a deleter) runs.  PyErr_Fetch is deprecated from 3.12. */
+typedef struct {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject *exc;
+#else
+  PyObject *type, *value, *tb;
+#endif
+} dlb__saved_error;
+
+static inline void dlb__error_save(dlb__saved_error *s) {
+#if PY_VERSION_HEX >= 0x030C0000
+  s->exc = PyErr_GetRaisedException();
+#else
+  PyErr_Fetch(&s->type, &s->value, &s->tb);
+#endif
+}
+
+static inline void dlb__error_restore(dlb__saved_error *s) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(s->exc);
+#else
+  PyErr_Restore(s->type, s->value, s->tb);
+#endif
+}
+
+/* Whether the calling thread holds the GIL (of the interpreter it is
+ * attached to).  Not PyGILState_Check(): on 3.11 that answers 1 for every
+ * thread once any subinterpreter has been created, which would let a
+ * deleter on a foreign thread DECREF without the GIL.  The thread state says
+ * it exactly: on 3.12+ the current thread state is thread-local and non-NULL
+ * only while this thread is attached; on 3.11 it is the process-wide GIL
+ * holder, compared with this thread's own state (a thread-local read). */
+static inline int dlb__gil_held(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyThreadState_GetUnchecked() != NULL;
+#elif PY_VERSION_HEX >= 0x030C0000
+  return _PyThreadState_UncheckedGet() != NULL;
+#else
+  PyThreadState *ts = _PyThreadState_UncheckedGet();
+  return ts != NULL && ts == PyGILState_GetThisThreadState();
+#endif
+}
+
+/* True when a deleter must not touch Python and should leak instead: the
+ * interpreter is gone, or it is finalizing and this thread does not hold the
+ * GIL (asking for it then would hang or be terminated).  The finalizing
+ * thread itself, which holds the GIL, may still release references. */
+static inline int dlb__python_gone(void) {
+  if (!Py_IsInitialized()) return 1;
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() && !dlb__gil_held();
+#else
+  return _Py_IsFinalizing() && !dlb__gil_held();
+#endif
+}
+
+/* Drop a reference from a deleter: safe on any thread, with or without the
+ * GIL, at any point of shutdown (leaks when dlb__python_gone), leaving an
+ * in-flight exception as it was.  have_gil: the caller knows it holds the
+ * GIL, which skips asking.  (module.c) */
+void dlb__release_ref(PyObject *obj, int have_gil);
+
 /* ---- DType / Device (types.c) --------------------------------------------- */
 
 typedef struct {

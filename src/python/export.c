@@ -3,15 +3,16 @@
  * creation, keyword negotiation and the managed tensor that keeps a Tensor
  * alive while a consumer holds its memory.
  *
- * Ownership: every export is ONE allocation (dlb_managed_wrap: struct, shape
- * and strides together) holding a strong reference to the Tensor, dropped by
- * release_tensor() when the consumer calls the deleter.  A copy (copy=True,
+ * Ownership: every zero-copy export, versioned or legacy, is ONE allocation
+ * (export_view: struct, shape and strides together) holding a strong
+ * reference to the Tensor, dropped by dlb__release_ref() when the consumer
+ * calls the deleter.  A copy (copy=True,
  * or a different dl_device) is an owning tensor of its own (dlb_managed_empty)
  * and holds no Python reference at all.
  *
  * Decisions recorded here (known-bugs.md section 3, DESIGN.md):
  *
- *  - Version.  A versioned capsule reports {1, 3} (what dlb_managed_wrap and
+ *  - Version.  A versioned capsule reports {1, 3} (what export_view and
  *    dlb_managed_empty write): strides are always filled for ndim > 0 (the
  *    1.2 rule), flags are exact (READ_ONLY, IS_COPIED, IS_SUBBYTE_TYPE_PADDED)
  *    and no 1.3 rule concerns a tensor beyond those.  Any max_version with
@@ -46,62 +47,7 @@ static const char kLegacyName[] = "dltensor";
 
 #define AS_TENSOR(o) ((dlb_TensorObject *)(o))
 
-/* ---- error-indicator preservation --------------------------------------------- */
-
-typedef struct {
-#if PY_VERSION_HEX >= 0x030C0000
-  PyObject *exc;
-#else
-  PyObject *type, *value, *tb;
-#endif
-} saved_error;
-
-static void save_error(saved_error *s) {
-#if PY_VERSION_HEX >= 0x030C0000
-  s->exc = PyErr_GetRaisedException();
-#else
-  PyErr_Fetch(&s->type, &s->value, &s->tb);
-#endif
-}
-
-static void restore_error(saved_error *s) {
-#if PY_VERSION_HEX >= 0x030C0000
-  PyErr_SetRaisedException(s->exc);
-#else
-  PyErr_Restore(s->type, s->value, s->tb);
-#endif
-}
-
-static int interpreter_finalizing(void) {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
-
 /* ---- the exported managed tensor ------------------------------------------------ */
-
-/* release of every zero-copy export: drop the reference to the Tensor.  The
- * deleter may run on any thread, with or without the GIL, from non-Python
- * code, and after the interpreter is gone: leak rather than touch a dead
- * or dying interpreter; otherwise take the GIL ourselves and leave any
- * in-flight exception as we found it. */
-static void release_tensor(void *ctx) {
-  if (ctx == NULL) return;
-  if (!Py_IsInitialized() || interpreter_finalizing()) return;
-  PyGILState_STATE g = PyGILState_Ensure();
-  if (PyErr_Occurred()) {
-    /* e.g. a consumer dropping our tensor while an error propagates */
-    saved_error s;
-    save_error(&s);
-    Py_DECREF((PyObject *)ctx);
-    restore_error(&s);
-  } else {
-    Py_DECREF((PyObject *)ctx);
-  }
-  PyGILState_Release(g);
-}
 
 /* Memory kinds whose data pointer is a plain address, so that data +
  * byte_offset is meaningful to compute on the host. */
@@ -119,20 +65,131 @@ static int address_device(DLDeviceType t) {
   }
 }
 
+/* Every zero-copy export -- versioned or legacy, capsule or exchange API --
+ * is ONE block from the core allocator: this header, the managed struct of
+ * the kind asked for, then shape and strides.  The block is made here
+ * rather than by dlb_managed_wrap because a legacy export would otherwise
+ * cost two blocks (dlb_managed_to_legacy wraps the versioned one), and
+ * because the export's layout is simple enough to build with straight-line
+ * code on the hottest path of the library.
+ *
+ * Shape and strides are COPIED from the Tensor, not pointed at, although
+ * the Tensor outlives the export (the block holds a reference to it):
+ * DLPack consumers must not write to them, but one that did would
+ * otherwise corrupt the Tensor's own view for every later user
+ * (known-bugs B11); the copy is 2 * ndim stores into memory we allocate
+ * anyway.  The allocator is copied too, so the block is freed through the
+ * allocator that made it even after dlb_set_allocator changed it. */
+typedef struct export_block {
+  dlb_allocator allocator;
+  PyObject *owner; /* strong reference to the exported Tensor */
+  union {
+    DLManagedTensorVersioned versioned;
+    DLManagedTensor legacy;
+  } m;
+  int64_t dims[]; /* shape[ndim], then strides[ndim] */
+} export_block;
+
+/* Free the block, then drop its Tensor (after: freeing touches no Python,
+ * and the DECREF may run arbitrary code). */
+static void export_block_free(export_block *b, int have_gil) {
+  dlb_allocator allocator = b->allocator;
+  PyObject *owner = b->owner;
+  allocator.release(b, allocator.ctx);
+  dlb__release_ref(owner, have_gil);
+}
+
+static void versioned_export_deleter(DLManagedTensorVersioned *self) {
+  if (self != NULL) export_block_free((export_block *)self->manager_ctx, 0);
+}
+
+static void legacy_export_deleter(DLManagedTensor *self) {
+  if (self != NULL) export_block_free((export_block *)self->manager_ctx, 0);
+}
+
+/* A zero-copy export of self, versioned (*out is a DLManagedTensorVersioned)
+ * or legacy (a DLManagedTensor), that keeps self alive until its deleter
+ * runs.  Nothing is owned on failure.  The caller has checked that a legacy
+ * export can describe self (not read-only, not padded sub-byte). */
+static int export_view(dlb_TensorObject *self, int versioned, void **out,
+                       dlb_error *err) {
+  const DLTensor *src = &self->t;
+  int32_t ndim = src->ndim;
+  /* A Tensor's view was validated when it was made: ndim is in
+   * [0, DLB_MAX_NDIM] and shape is non-NULL when ndim > 0, so the size
+   * cannot overflow. */
+  size_t bytes = sizeof(export_block) + 2u * (size_t)ndim * sizeof(int64_t);
+  const dlb_allocator *allocator = dlb_get_allocator();
+  export_block *b = allocator->alloc(bytes, allocator->ctx);
+  if (b == NULL) {
+    return dlb_error_set(err, DLB_ENOMEM,
+                         "cannot export the tensor: out of memory allocating "
+                         "%zu bytes",
+                         bytes);
+  }
+
+  DLTensor t;
+  t.data = src->data;
+  t.device = src->device;
+  t.ndim = ndim;
+  t.dtype = src->dtype;
+  t.byte_offset = src->byte_offset;
+  if (address_device(t.device.device_type) && t.data != NULL) {
+    t.data = (char *)t.data + t.byte_offset;
+    t.byte_offset = 0;
+  }
+  /* ndim == 0: NULL shape and strides, as every tensor the core makes. */
+  t.shape = NULL;
+  t.strides = NULL;
+  if (ndim > 0) {
+    int64_t *shape = b->dims, *strides = b->dims + ndim;
+    for (int32_t i = 0; i < ndim; i++) shape[i] = src->shape[i];
+    if (src->strides != NULL) {
+      for (int32_t i = 0; i < ndim; i++) strides[i] = src->strides[i];
+    } else {
+      /* Compact row-major, never NULL: the 1.2 rule for versioned
+       * tensors, and harmless for legacy ones.  Cannot fail on a shape
+       * that was validated; free the block if it somehow does. */
+      int rc = dlb_strides_row_major(ndim, shape, strides, err);
+      if (rc != DLB_OK) {
+        allocator->release(b, allocator->ctx);
+        return rc;
+      }
+    }
+    t.shape = shape;
+    t.strides = strides;
+  }
+
+  b->allocator = *allocator;
+  b->owner = (PyObject *)self;
+  Py_INCREF(self); /* last: nothing above can fail after it */
+  if (versioned) {
+    DLManagedTensorVersioned *m = &b->m.versioned;
+    m->version.major = DLPACK_MAJOR_VERSION;
+    m->version.minor = DLPACK_MINOR_VERSION;
+    m->manager_ctx = b;
+    m->deleter = versioned_export_deleter;
+    /* IS_COPIED describes the export, not the tensor: sharing our memory
+     * is never a copy made for this consumer. */
+    m->flags = self->flags & ~(uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED;
+    m->dl_tensor = t;
+    *out = m;
+  } else {
+    DLManagedTensor *m = &b->m.legacy;
+    m->manager_ctx = b;
+    m->deleter = legacy_export_deleter;
+    m->dl_tensor = t;
+    *out = m;
+  }
+  return DLB_OK;
+}
+
 int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err) {
-  DLTensor view = self->t;
-  if (address_device(view.device.device_type) && view.data != NULL) {
-    view.data = (char *)view.data + view.byte_offset;
-    view.byte_offset = 0;
-  }
-  /* IS_COPIED describes the export, not the tensor: sharing our memory is
-   * never a copy made for this consumer. */
-  uint64_t flags = self->flags & ~(uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED;
-  Py_INCREF(self);
-  int rc = dlb_managed_wrap(&view, flags, release_tensor, self, out, err);
-  if (rc != DLB_OK) Py_DECREF(self); /* release is not called on failure */
+  void *m = NULL;
+  int rc = export_view(self, 1, &m, err);
+  if (rc == DLB_OK) *out = (DLManagedTensorVersioned *)m;
   return rc;
 }
 
@@ -157,61 +214,126 @@ static int export_copy(dlb_TensorObject *self, DLManagedTensorVersioned **out,
 
 /* ---- capsules ------------------------------------------------------------------------ */
 
-/* Capsule destructors act only on a capsule nobody consumed (a consumer
- * renames it to "used_..." when it takes ownership).  PyCapsule_IsValid
- * never sets an error, and the error indicator is saved around the deleter
- * because a capsule is often dropped while an exception is propagating. */
+/* The managed tensor of a capsule nobody consumed, or NULL (a consumer
+ * renames the capsule to "used_..." when it takes ownership).  Never sets
+ * an error.
+ *
+ * The name is compared by POINTER first: a capsule we made and nobody
+ * renamed still carries our own static name, so the case with work to do
+ * costs no strcmp; any other name pointer (a consumer's "used_...", NULL)
+ * falls back to comparing text.  For the same reason the managed pointer
+ * is also stored as the capsule's context, which is read without the
+ * strcmp PyCapsule_GetPointer does; DLPack consumers never touch a
+ * capsule's context. */
+static void *unconsumed(PyObject *capsule, const char *ours) {
+  const char *name = PyCapsule_GetName(capsule);
+  if (name == ours) {
+    void *ctx = PyCapsule_GetContext(capsule);
+    if (ctx != NULL) return ctx;
+  } else if (name == NULL || strcmp(name, ours) != 0) {
+    if (PyErr_Occurred()) PyErr_Clear(); /* cannot happen for a capsule */
+    return NULL;
+  }
+  /* Our name restored by someone else, or no context: the slow road. */
+  void *p = PyCapsule_GetPointer(capsule, name);
+  if (p == NULL) PyErr_Clear();
+  return p;
+}
+
+/* A capsule is often dropped while an exception propagates.  The deleters
+ * called here leave the error indicator alone (dlb__release_ref saves it
+ * around its DECREF; the other deleters touch no Python), but the slow
+ * road of unconsumed() may set and clear an error, so an in-flight one is
+ * saved first; with none in flight (the usual case) there is nothing to
+ * save. */
 static void versioned_capsule_destructor(PyObject *capsule) {
-  if (!PyCapsule_IsValid(capsule, kVersionedName)) return;
-  saved_error s;
-  save_error(&s);
-  DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, kVersionedName);
-  if (m == NULL)
-    PyErr_WriteUnraisable(capsule);
+  if (PyErr_Occurred()) {
+    dlb__saved_error s;
+    dlb__error_save(&s);
+    DLManagedTensorVersioned *m = unconsumed(capsule, kVersionedName);
+    if (m != NULL) dlb_managed_delete(m);
+    dlb__error_restore(&s);
+    return;
+  }
+  DLManagedTensorVersioned *m = unconsumed(capsule, kVersionedName);
+  if (m == NULL) return;
+  /* A capsule destructor runs with the GIL: our own exports skip the
+   * deleter's question about it. */
+  if (m->deleter == versioned_export_deleter)
+    export_block_free((export_block *)m->manager_ctx, 1);
   else
     dlb_managed_delete(m);
-  restore_error(&s);
 }
 
 static void legacy_capsule_destructor(PyObject *capsule) {
-  if (!PyCapsule_IsValid(capsule, kLegacyName)) return;
-  saved_error s;
-  save_error(&s);
-  DLManagedTensor *m = PyCapsule_GetPointer(capsule, kLegacyName);
-  if (m == NULL)
-    PyErr_WriteUnraisable(capsule);
+  if (PyErr_Occurred()) {
+    dlb__saved_error s;
+    dlb__error_save(&s);
+    DLManagedTensor *m = unconsumed(capsule, kLegacyName);
+    if (m != NULL) dlb_managed_delete_legacy(m);
+    dlb__error_restore(&s);
+    return;
+  }
+  DLManagedTensor *m = unconsumed(capsule, kLegacyName);
+  if (m == NULL) return;
+  if (m->deleter == legacy_export_deleter)
+    export_block_free((export_block *)m->manager_ctx, 1);
   else
     dlb_managed_delete_legacy(m);
-  restore_error(&s);
 }
 
-/* Wrap m in a capsule of the right kind; m is consumed on every path. */
-static PyObject *make_capsule(DLManagedTensorVersioned *m, int versioned) {
-  PyObject *cap = NULL;
-  if (versioned) {
-    cap = PyCapsule_New(m, kVersionedName, versioned_capsule_destructor);
-    if (cap == NULL) {
-      saved_error s;
-      save_error(&s);
-      dlb_managed_delete(m);
-      restore_error(&s);
-    }
-    return cap;
+/* A capsule of the right kind around m (a DLManagedTensorVersioned when
+ * versioned, else a DLManagedTensor); m is consumed on every path: on
+ * failure its deleter runs, with the MemoryError kept (the deleters touch
+ * no Python or preserve the error indicator). */
+static PyObject *capsule_of(void *m, int versioned) {
+  PyObject *cap =
+      versioned
+          ? PyCapsule_New(m, kVersionedName, versioned_capsule_destructor)
+          : PyCapsule_New(m, kLegacyName, legacy_capsule_destructor);
+  if (cap == NULL) {
+    if (versioned)
+      dlb_managed_delete((DLManagedTensorVersioned *)m);
+    else
+      dlb_managed_delete_legacy((DLManagedTensor *)m);
+    return NULL;
   }
+  /* Cannot fail on the valid capsule just made. */
+  (void)PyCapsule_SetContext(cap, m);
+  return cap;
+}
+
+/* Wrap an owning copy m (made by export_copy) in a capsule of the right
+ * kind; m is consumed on every path. */
+static PyObject *copy_capsule(DLManagedTensorVersioned *m, int versioned) {
+  if (versioned) return capsule_of(m, 1);
   DLManagedTensor *legacy = NULL;
   dlb_error err;
   if (dlb_managed_to_legacy(m, &legacy, &err) != DLB_OK) {
     dlb_managed_delete(m); /* still ours on failure */
     return dlb__raise(&err);
   }
-  cap = PyCapsule_New(legacy, kLegacyName, legacy_capsule_destructor);
-  if (cap == NULL) {
-    saved_error s;
-    save_error(&s);
-    dlb_managed_delete_legacy(legacy); /* runs m's deleter too */
-    restore_error(&s);
+  return capsule_of(legacy, 0); /* legacy's deleter runs m's too */
+}
+
+/* A zero-copy export of self in a capsule. */
+static PyObject *view_capsule(dlb_TensorObject *self, int versioned) {
+  dlb_error err;
+  void *m = NULL;
+  if (!versioned &&
+      (self->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) &&
+      dlb_dtype_is_subbyte(self->t.dtype)) {
+    /* Checked before anything is allocated. */
+    dlb_error_set(&err, DLB_EUNSUPPORTED,
+                  "cannot export padded sub-byte data "
+                  "(IS_SUBBYTE_TYPE_PADDED) as a legacy DLPack capsule, "
+                  "which assumes packed elements; pass max_version=(1, 0) "
+                  "or higher");
+    return dlb__raise(&err);
   }
-  return cap;
+  if (export_view(self, versioned, &m, &err) != DLB_OK)
+    return dlb__raise(&err);
+  return capsule_of(m, versioned);
 }
 
 /* ---- __dlpack__ ------------------------------------------------------------------------ */
@@ -442,10 +564,9 @@ PyObject *dlb__tensor_dlpack(PyObject *op, PyObject *const *args,
     return NULL;
   }
 
-  int rc = do_copy ? export_copy(self, &m, &err)
-                   : dlb__tensor_export_managed(self, &m, &err);
-  if (rc != DLB_OK) return dlb__raise(&err);
-  return make_capsule(m, versioned);
+  if (!do_copy) return view_capsule(self, versioned);
+  if (export_copy(self, &m, &err) != DLB_OK) return dlb__raise(&err);
+  return copy_capsule(m, versioned);
 }
 
 PyObject *dlb__tensor_dlpack_device(PyObject *op, PyObject *unused) {

@@ -82,33 +82,7 @@ static int get_optional_attr_str(PyObject *obj, const char *name,
   return rc;
 }
 
-/* The pending exception, put aside while code that may run Python (a
- * destructor, a deleter) runs.  PyErr_Fetch is deprecated from 3.12. */
-typedef struct {
-#if PY_VERSION_HEX >= 0x030C0000
-  PyObject *exc;
-#else
-  PyObject *type, *value, *tb;
-#endif
-} saved_error;
-
-static void save_error(saved_error *s) {
-#if PY_VERSION_HEX >= 0x030C0000
-  s->exc = PyErr_GetRaisedException();
-#else
-  PyErr_Fetch(&s->type, &s->value, &s->tb);
-#endif
-}
-
-static void restore_error(saved_error *s) {
-#if PY_VERSION_HEX >= 0x030C0000
-  PyErr_SetRaisedException(s->exc);
-#else
-  PyErr_Restore(s->type, s->value, s->tb);
-#endif
-}
-
-static void discard_error(saved_error *s) {
+static void discard_error(dlb__saved_error *s) {
 #if PY_VERSION_HEX >= 0x030C0000
   Py_XDECREF(s->exc);
 #else
@@ -120,9 +94,9 @@ static void discard_error(saved_error *s) {
 
 /* Make the saved exception prev the __context__ of the pending one, as
  * `except: raise ...` does in Python.  Consumes prev. */
-static void chain_context(saved_error *prev) {
+static void chain_context(dlb__saved_error *prev) {
   if (!PyErr_Occurred()) {
-    restore_error(prev);
+    dlb__error_restore(prev);
     return;
   }
 #if PY_VERSION_HEX >= 0x030C0000
@@ -154,20 +128,20 @@ static void chain_context(saved_error *prev) {
  * the pending exception (B16). */
 static void clear_keep_error(PyObject **slot) {
   if (*slot == NULL) return;
-  saved_error e;
-  save_error(&e);
+  dlb__saved_error e;
+  dlb__error_save(&e);
   Py_CLEAR(*slot);
-  restore_error(&e);
+  dlb__error_restore(&e);
 }
 
 /* Run a managed tensor's deleter (which may run Python code through a
  * producer's release) with the pending exception saved. */
 static void delete_keep_error(DLManagedTensorVersioned *m) {
   if (m == NULL) return;
-  saved_error e;
-  save_error(&e);
+  dlb__saved_error e;
+  dlb__error_save(&e);
   dlb_managed_delete(m);
-  restore_error(&e);
+  dlb__error_restore(&e);
 }
 
 /* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
@@ -204,33 +178,20 @@ typedef struct py_keeper {
   Py_buffer view;
 } py_keeper;
 
-static int interpreter_gone(void) {
-  if (!Py_IsInitialized()) return 1;
-#if PY_VERSION_HEX >= 0x030D0000
-  /* During finalisation only the finalising thread (which holds the GIL)
-   * may still run Python; another thread asking for the GIL would hang or
-   * be terminated, so it leaks instead. */
-  if (Py_IsFinalizing() && !PyGILState_Check()) return 1;
-#else
-  if (_Py_IsFinalizing() && !PyGILState_Check()) return 1;
-#endif
-  return 0;
-}
-
 /* dlb_release_fn: may run on any thread, with or without the GIL, even
  * during interpreter shutdown (B15).  Once the interpreter is gone it leaks
  * rather than touch Python. */
 static void release_py_keeper(void *ctx) {
   py_keeper *k = (py_keeper *)ctx;
   if (k == NULL) return;
-  if (interpreter_gone()) return;
+  if (dlb__python_gone()) return;
   PyGILState_STATE g = PyGILState_Ensure();
-  saved_error e;
-  save_error(&e);
+  dlb__saved_error e;
+  dlb__error_save(&e);
   if (k->has_view) PyBuffer_Release(&k->view);
   Py_XDECREF(k->owner);
   PyMem_RawFree(k);
-  restore_error(&e);
+  dlb__error_restore(&e);
   PyGILState_Release(g);
 }
 
@@ -243,12 +204,12 @@ static py_keeper *keeper_new(void) {
 /* Free a keeper that never got attached to a managed tensor.  GIL held. */
 static void keeper_free(py_keeper *k) {
   if (k == NULL) return;
-  saved_error e;
-  save_error(&e);
+  dlb__saved_error e;
+  dlb__error_save(&e);
   if (k->has_view) PyBuffer_Release(&k->view);
   Py_XDECREF(k->owner);
   PyMem_RawFree(k);
-  restore_error(&e);
+  dlb__error_restore(&e);
 }
 
 /* Wrap view (CPU or CUDA memory a Python object owns) into a managed tensor
@@ -579,8 +540,8 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
      * when nothing the caller asked for would be dropped (B57, B58). */
     if (!PyErr_ExceptionMatches(PyExc_TypeError) || asked_device || copy >= 0)
       goto cleanup;
-    saved_error first;
-    save_error(&first);
+    dlb__saved_error first;
+    dlb__error_save(&first);
     if (stream != NULL) {
       /* stream was in the old signature too. */
       PyObject *kw = PyTuple_Pack(1, st->str_stream);
@@ -1089,23 +1050,7 @@ int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
 /* dlb_release_fn for a NumPy import: drops the array the Tensor views.  Any
  * thread, with or without the GIL, even at shutdown (then it leaks). */
 static void release_pyobject(void *ctx) {
-  if (ctx == NULL || interpreter_gone()) return;
-  if (PyGILState_Check() && !PyErr_Occurred()) {
-    /* The usual case (a Tensor dropped by Python code): no GIL dance and
-     * no error to protect. */
-    Py_DECREF((PyObject *)ctx);
-    return;
-  }
-  PyGILState_STATE g = PyGILState_Ensure();
-  if (PyErr_Occurred()) {
-    saved_error e;
-    save_error(&e);
-    Py_DECREF((PyObject *)ctx);
-    restore_error(&e);
-  } else {
-    Py_DECREF((PyObject *)ctx); /* the common case: nothing to protect */
-  }
-  PyGILState_Release(g);
+  if (ctx != NULL) dlb__release_ref((PyObject *)ctx, 0);
 }
 
 /* Objects whose type the handler cache (exchange.c) reads directly: types

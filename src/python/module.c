@@ -17,6 +17,34 @@ dlb_module_state *dlb__state_from_type(PyTypeObject *type) {
   return (dlb_module_state *)PyModule_GetState(module);
 }
 
+/* DECREF obj with the GIL held, leaving any in-flight exception as it was
+ * (a consumer may drop our tensor while an error propagates). */
+static void decref_keep_error(PyObject *obj) {
+  if (PyErr_Occurred()) {
+    dlb__saved_error s;
+    dlb__error_save(&s);
+    Py_DECREF(obj);
+    dlb__error_restore(&s);
+  } else {
+    Py_DECREF(obj); /* the common case: nothing to protect */
+  }
+}
+
+/* The usual caller already holds the GIL (Python code dropping a tensor)
+ * and DECREFs directly; any other thread takes the GIL first.  When Python
+ * can no longer be touched safely the reference is leaked -- a few bytes at
+ * exit -- rather than risk a dead interpreter or a GIL never handed back. */
+void dlb__release_ref(PyObject *obj, int have_gil) {
+  if (dlb__python_gone()) return;
+  if (have_gil || dlb__gil_held()) {
+    decref_keep_error(obj);
+    return;
+  }
+  PyGILState_STATE g = PyGILState_Ensure();
+  decref_keep_error(obj);
+  PyGILState_Release(g);
+}
+
 static int intern_name(PyObject **slot, const char *name) {
   *slot = PyUnicode_InternFromString(name);
   return *slot == NULL ? -1 : 0;

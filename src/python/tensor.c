@@ -336,8 +336,17 @@ static int require_host(const dlb_TensorObject *self, const char *what) {
 /* ---- construction / destruction ---------------------------------------------------- */
 
 /* Run m's deleter without disturbing the error indicator: deleters of
- * imported tensors may run Python code (DECREF of a producer's object). */
+ * imported tensors may run Python code (DECREF of a producer's object).
+ * With no error in flight -- every dealloc from ordinary code -- there is
+ * nothing to save: one check instead of a fetch and a restore.  A deleter
+ * must not leave an error behind; one that does is discarded, exactly as
+ * the restore of "no error" did. */
 static void delete_preserving_error(DLManagedTensorVersioned *m) {
+  if (!PyErr_Occurred()) {
+    dlb_managed_delete(m);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return;
+  }
 #if PY_VERSION_HEX >= 0x030C0000
   PyObject *exc = PyErr_GetRaisedException();
   dlb_managed_delete(m);
@@ -352,12 +361,21 @@ static void delete_preserving_error(DLManagedTensorVersioned *m) {
 
 PyObject *dlb__tensor_from_managed(dlb_module_state *st,
                                    DLManagedTensorVersioned *m) {
-  PyTypeObject *tp = st->TensorType;
-  dlb_TensorObject *self = (dlb_TensorObject *)tp->tp_alloc(tp, 0);
+  /* PyObject_New, not tp_alloc (PyType_GenericAlloc): the type is not GC
+   * tracked, has no items and cannot be subclassed (no Py_TPFLAGS_BASETYPE),
+   * so the zero-fill and GC bookkeeping of the generic path buy nothing; every
+   * field is set below.  tp_free of a non-GC heap type is PyObject_Free, the
+   * matching release; PyObject_New takes the reference to the heap type
+   * that tensor_dealloc drops. */
+  dlb_TensorObject *self = PyObject_New(dlb_TensorObject, st->TensorType);
   if (self == NULL) {
     delete_preserving_error(m); /* stolen even on failure */
     return NULL;
   }
+  /* Zero the body first so a field added later starts as tp_alloc would
+   * have left it (a constant-size fill the compiler inlines). */
+  memset((char *)self + sizeof(PyObject), 0,
+         sizeof(dlb_TensorObject) - sizeof(PyObject));
   self->t = m->dl_tensor;
   self->managed = m;
   self->flags = m->flags;

@@ -429,6 +429,41 @@ static void test_wrap(void) {
   failing_allocator_remove();
 }
 
+/* The widest view wrap accepts: every extent and stride (negative and
+ * zero ones too) copied into the one block, none aliased. */
+static void test_wrap_max_ndim(void) {
+  float buf[1];
+  int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
+  for (int i = 0; i < DLB_MAX_NDIM; i++) {
+    shape[i] = 1 + (i % 3);
+    strides[i] = (i % 4) - 2; /* -2, -1, 0, 1, ... */
+  }
+  DLTensor view = {buf, CPU, DLB_MAX_NDIM, F32, shape, strides, 0};
+  counter rel = {0};
+  DLManagedTensorVersioned *m = NULL;
+  failing_allocator_install(-1);
+  long base = failing_allocator_live();
+  CHECK_EQ(dlb_managed_wrap(&view, 0, count_release, &rel, &m, NULL), DLB_OK);
+  CHECK_EQ(failing_allocator_total(), 1);
+  if (m != NULL) {
+    const DLTensor *t = &m->dl_tensor;
+    CHECK_EQ(t->ndim, DLB_MAX_NDIM);
+    CHECK(t->strides == t->shape + DLB_MAX_NDIM);
+    int same = 1;
+    for (int i = 0; i < DLB_MAX_NDIM; i++)
+      same &= t->shape[i] == shape[i] && t->strides[i] == strides[i];
+    CHECK(same);
+    shape[DLB_MAX_NDIM - 1] = 99;
+    strides[0] = 99;
+    CHECK_EQ(t->shape[DLB_MAX_NDIM - 1], 1 + ((DLB_MAX_NDIM - 1) % 3));
+    CHECK_EQ(t->strides[0], -2);
+    dlb_managed_delete(m);
+  }
+  CHECK_EQ(rel.calls, 1);
+  CHECK_EQ(failing_allocator_live(), base);
+  failing_allocator_remove();
+}
+
 static void test_wrap_errors(void) {
   float buf[4];
   int64_t shape[2] = {2, 2};
@@ -792,6 +827,7 @@ int main(void) {
   test_empty_errors();
   test_allocator_swap();
   test_wrap();
+  test_wrap_max_ndim();
   test_wrap_errors();
   test_from_legacy();
   test_from_legacy_errors();
