@@ -108,12 +108,14 @@ static int dtype_check_slow(DLDataType dtype, dlb_error *err) {
   return DLB_OK;
 }
 
+DLB__OUT_OF_LINE(int, dtype_check_slow, (DLDataType, dlb_error *));
+
 int dlb_dtype_check(DLDataType dtype, dlb_error *err) {
   /* Every validated tensor comes through here: answer the common case
    * with one table lookup and leave messages to the slow path. */
   if (dlb__dtype_known(dtype.code, dtype.bits) && dtype.lanes != 0)
     return DLB_OK;
-  return dtype_check_slow(dtype, err);
+  return dtype_check_slow_out_of_line(dtype, err);
 }
 
 int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen,

@@ -70,6 +70,9 @@ static int shape_numel_slow(int32_t ndim, const int64_t *shape,
   return DLB_OK;
 }
 
+DLB__OUT_OF_LINE(int, shape_numel_slow,
+                 (int32_t, const int64_t *, int64_t *, dlb_error *));
+
 int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
                     dlb_error *err) {
   /* One pass: a negative extent or (with no zero extent) an overflowing
@@ -87,7 +90,7 @@ int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
       return DLB_OK;
     }
   }
-  return shape_numel_slow(ndim, shape, out, err);
+  return shape_numel_slow_out_of_line(ndim, shape, out, err);
 }
 
 bool dlb__geometry_checked(int32_t ndim, const int64_t *shape,
@@ -356,8 +359,11 @@ static int byte_span_careful(const DLTensor *t, int64_t *lo,
   return byte_span_slow(t, lo, hi, err);
 }
 
+DLB__OUT_OF_LINE(int, byte_span_careful,
+                 (const DLTensor *, int64_t *, int64_t *, dlb_error *));
+
 int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
                          dlb_error *err) {
   if (byte_span_ok(t, lo, hi, false)) return DLB_OK;
-  return byte_span_careful(t, lo, hi, err);
+  return byte_span_careful_out_of_line(t, lo, hi, err);
 }

@@ -148,10 +148,18 @@ static inline bool validate_ok(const DLTensor *t, unsigned options,
     /* Storage is numel * itemsize; the span ends at (hi_e + 1) * itemsize
      * and starts at lo_e * itemsize; all three must fit. */
     int64_t itemsize = elem_bits / 8, nbytes, lo_b;
-    if (dlb__mul_ovf(numel, itemsize, &nbytes) |
-        dlb__add_ovf(hi_e, 1, &hi_e) | dlb__mul_ovf(lo_e, itemsize, &lo_b) |
-        dlb__mul_ovf(hi_e, itemsize, &hi_b))
+    /* Operands below 2^40 times an itemsize below 2^22 stay below 2^62:
+     * the usual case needs no checked (dividing) multiply. */
+    const int64_t small = (int64_t)1 << 40;
+    if (numel < small && lo_e > -small && hi_e < small &&
+        itemsize < ((int64_t)1 << 22)) {
+      hi_b = (hi_e + 1) * itemsize;
+    } else if (dlb__mul_ovf(numel, itemsize, &nbytes) |
+               dlb__add_ovf(hi_e, 1, &hi_e) |
+               dlb__mul_ovf(lo_e, itemsize, &lo_b) |
+               dlb__mul_ovf(hi_e, itemsize, &hi_b)) {
       return false;
+    }
   } else {
     /* Sub-byte: contiguous only, and the span is the packed storage. */
     if (!careful || !dlb_tensor_is_contiguous(t) ||
@@ -168,9 +176,12 @@ static int validate_careful(const DLTensor *t, unsigned options,
   return validate_slow(t, options, err);
 }
 
+DLB__OUT_OF_LINE(int, validate_careful,
+                 (const DLTensor *, unsigned, dlb_error *));
+
 int dlb_tensor_validate(const DLTensor *t, unsigned options, dlb_error *err) {
   if (validate_ok(t, options, false)) return DLB_OK;
-  return validate_careful(t, options, err);
+  return validate_careful_out_of_line(t, options, err);
 }
 
 int dlb_managed_check_version(const DLManagedTensorVersioned *m,
