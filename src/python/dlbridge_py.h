@@ -158,6 +158,10 @@ int dlb__dtype_converter(dlb_module_state *st, PyObject *obj, DLDataType *out);
  * 0 on success, -1 with an exception. */
 int dlb__device_converter(dlb_module_state *st, PyObject *obj, DLDevice *out);
 
+/* A device as text: "cpu" for CPU 0, else "cuda:1", "device_type_5:0" for
+ * types we do not know.  What str(Device) gives; messages use it too. */
+PyObject *dlb__device_text(DLDevice device);
+
 /* Module-level functions dtype() and device(). */
 PyObject *dlb__py_dtype(PyObject *module, PyObject *arg);
 PyObject *dlb__py_device(PyObject *module, PyObject *arg);

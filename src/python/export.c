@@ -354,16 +354,6 @@ static PyObject **kw_slot(dlb_module_state *st, PyObject *key,
   return NULL;
 }
 
-static PyObject *device_text(DLDevice d) {
-  const char *name = dlb_device_type_name((int32_t)d.device_type);
-  if (d.device_type == kDLCPU && d.device_id == 0)
-    return PyUnicode_FromString("cpu");
-  if (name == NULL)
-    return PyUnicode_FromFormat("device_type_%d:%d", (int)d.device_type,
-                                (int)d.device_id);
-  return PyUnicode_FromFormat("%s:%d", name, (int)d.device_id);
-}
-
 /* Read a (device_type, device_id) tuple.  TypeError for the wrong shape of
  * argument; the values themselves are judged by the caller. */
 static int parse_dl_device(PyObject *o, DLDevice *out) {
@@ -430,7 +420,7 @@ static int check_stream(PyObject *stream, DLDevice d) {
       }
       return 0;
     default: {
-      PyObject *dev = device_text(d);
+      PyObject *dev = dlb__device_text(d);
       if (dev == NULL) return -1;
       PyErr_Format(PyExc_ValueError,
                    "stream must be None (or -1) when exporting from %U, which "
@@ -523,7 +513,7 @@ PyObject *dlb__tensor_dlpack(PyObject *op, PyObject *const *args,
       int reachable = target.device_type == kDLCPU && target.device_id == 0 &&
                       dlb_device_is_host_accessible(self->t.device);
       if (!reachable) {
-        PyObject *to = device_text(target), *from = device_text(self->t.device);
+        PyObject *to = dlb__device_text(target), *from = dlb__device_text(self->t.device);
         if (to != NULL && from != NULL)
           PyErr_Format(PyExc_BufferError,
                        "cannot export a tensor on %U to device %U "
@@ -545,7 +535,7 @@ PyObject *dlb__tensor_dlpack(PyObject *op, PyObject *const *args,
 
   int do_copy = want_copy == 1 || cross_device;
   if (do_copy && !dlb_device_is_host_accessible(self->t.device)) {
-    PyObject *from = device_text(self->t.device);
+    PyObject *from = dlb__device_text(self->t.device);
     if (from != NULL)
       PyErr_Format(PyExc_BufferError,
                    "copy=True on %U is not supported yet: dlbridge copies "

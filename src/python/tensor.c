@@ -276,16 +276,6 @@ static int64_t tensor_numel(const DLTensor *t) {
   return n;
 }
 
-static PyObject *device_text(DLDevice d) {
-  const char *name = dlb_device_type_name((int32_t)d.device_type);
-  if (d.device_type == kDLCPU && d.device_id == 0)
-    return PyUnicode_FromString("cpu");
-  if (name == NULL)
-    return PyUnicode_FromFormat("device_type_%d:%d", (int)d.device_type,
-                                (int)d.device_id);
-  return PyUnicode_FromFormat("%s:%d", name, (int)d.device_id);
-}
-
 /* Byte strides of t into out (ndim values).  Extent-1 (and empty-tensor)
  * dims get their row-major value: their stride is meaningless in DLPack and
  * may be anything, so it must not leak into a consumer's contiguity checks
@@ -323,7 +313,7 @@ static int host_accessible(const dlb_TensorObject *self) {
 
 static int require_host(const dlb_TensorObject *self, const char *what) {
   if (host_accessible(self)) return 0;
-  PyObject *d = device_text(self->t.device);
+  PyObject *d = dlb__device_text(self->t.device);
   if (d == NULL) return -1;
   PyErr_Format(PyExc_BufferError,
                "%s needs memory the CPU can read, but the tensor is on %U; "
@@ -558,7 +548,7 @@ static PyObject *tensor_get_array_interface(PyObject *op, void *c) {
   (void)c;
   dlb_TensorObject *self = AS_TENSOR(op);
   if (!host_accessible(self)) {
-    PyObject *d = device_text(self->t.device);
+    PyObject *d = dlb__device_text(self->t.device);
     if (d == NULL) return NULL;
     PyErr_Format(PyExc_AttributeError,
                  "__array_interface__ is only defined for tensors in host "
@@ -713,7 +703,7 @@ static int parse_args(const char *fname, PyObject *const *args,
 /* Only CPU memory can be allocated so far. */
 static int require_cpu_target(const char *fname, DLDevice d) {
   if (d.device_type == kDLCPU) return 0;
-  PyObject *s = device_text(d);
+  PyObject *s = dlb__device_text(d);
   if (s == NULL) return -1;
   PyErr_Format(PyExc_BufferError,
                "%s(): cannot allocate on device '%U': dlbridge can only "
@@ -777,7 +767,7 @@ static PyObject *tensor_repr(PyObject *op) {
   if (values == NULL) goto cleanup;
   shape = tensor_get_shape(op, NULL);
   if (shape == NULL) goto cleanup;
-  dev = device_text(t->device);
+  dev = dlb__device_text(t->device);
   if (dev == NULL) goto cleanup;
   res = PyUnicode_FromFormat(
       "dlbridge.Tensor(%U, shape=%R, dtype=%s, device=%U%s)", values, shape,

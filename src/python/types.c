@@ -399,8 +399,7 @@ static PyGetSetDef device_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyObject *device_str(PyObject *self) {
-  DLDevice d = ((dlb_DeviceObject *)self)->device;
+PyObject *dlb__device_text(DLDevice d) {
   PyObject *name = device_type_name_obj(d);
   if (name == NULL) return NULL;
   PyObject *res;
@@ -412,6 +411,10 @@ static PyObject *device_str(PyObject *self) {
     res = PyUnicode_FromFormat("%U:%d", name, (int)d.device_id);
   Py_DECREF(name);
   return res;
+}
+
+static PyObject *device_str(PyObject *self) {
+  return dlb__device_text(((dlb_DeviceObject *)self)->device);
 }
 
 static PyObject *device_repr(PyObject *self) {

@@ -8,6 +8,10 @@ itself must always be importable: it is not skipped.
 """
 
 import gc
+import os
+import pathlib
+import shutil
+import subprocess
 
 import pytest
 
@@ -49,3 +53,29 @@ def dlb():
     import dlbridge
     return dlbridge
 
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def lib(tmp_path_factory):
+    """Path of the example kernels library (examples/kernels/*.c): the Meson
+    build's, else one compiled here so the Function tests run without it."""
+    env = os.environ.get("DLB_EXAMPLE_KERNELS")
+    if env:
+        return env
+    for build in ("build", "build-sanitize"):
+        p = ROOT / build / "libdlb_example_kernels.so"
+        if p.exists():
+            return str(p)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no built libdlb_example_kernels.so and no C compiler")
+    out = tmp_path_factory.mktemp("kernels") / "libdlb_example_kernels.so"
+    srcs = sorted(str(p) for p in (ROOT / "examples" / "kernels").glob("*.c"))
+    srcs += sorted(str(p) for p in (ROOT / "src" / "core").glob("*.c"))
+    subprocess.run([cc, "-shared", "-fPIC", "-std=c11", "-O1",
+                    "-I" + str(ROOT / "include"), *srcs, "-o", str(out)],
+                   check=True)
+    return str(out)

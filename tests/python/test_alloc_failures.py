@@ -19,10 +19,7 @@ least once, so a sweep that silently tests nothing fails instead.
 """
 
 import gc
-import os
 import pathlib
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -215,29 +212,6 @@ def _allocator_restored():
 
 def f32(*a):
     return np.array(a, dtype=np.float32)
-
-
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    # As tests/python/test_function.py: the Meson build's kernels library,
-    # else one compiled here.
-    env = os.environ.get("DLB_EXAMPLE_KERNELS")
-    if env:
-        return env
-    for build in ("build", "build-sanitize"):
-        p = ROOT / build / "libdlb_example_kernels.so"
-        if p.exists():
-            return str(p)
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no built libdlb_example_kernels.so and no C compiler")
-    out = tmp_path_factory.mktemp("kernels") / "libdlb_example_kernels.so"
-    srcs = sorted(str(p) for p in (ROOT / "examples" / "kernels").glob("*.c"))
-    srcs += sorted(str(p) for p in (ROOT / "src" / "core").glob("*.c"))
-    subprocess.run([cc, "-shared", "-fPIC", "-std=c11", "-O1",
-                    "-I" + str(ROOT / "include"), *srcs, "-o", str(out)],
-                   check=True)
-    return str(out)
 
 
 @pytest.fixture(scope="module")

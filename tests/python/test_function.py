@@ -10,8 +10,6 @@ import ctypes
 import gc
 import os
 import pathlib
-import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -29,27 +27,6 @@ SAXPY = "saxpy(a: float32, x: float32[n], y: mut float32[n])"
 SAXPY_OUT = "saxpy(a: float32, x: float32[n], y: float32[n]) -> float32[n]"
 ADD3 = "add3(x: float32[n], y: float32[n], z: mut float32[n])"
 MATMUL = "matmul(a: float32[m, k], b: float32[k, n]) -> float32[m, n]"
-
-
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    env = os.environ.get("DLB_EXAMPLE_KERNELS")
-    if env:
-        return env
-    for build in ("build", "build-sanitize"):
-        p = ROOT / build / "libdlb_example_kernels.so"
-        if p.exists():
-            return str(p)
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no built libdlb_example_kernels.so and no C compiler")
-    out = tmp_path_factory.mktemp("kernels") / "libdlb_example_kernels.so"
-    srcs = sorted(str(p) for p in (ROOT / "examples" / "kernels").glob("*.c"))
-    srcs += sorted(str(p) for p in (ROOT / "src" / "core").glob("*.c"))
-    subprocess.run([cc, "-shared", "-fPIC", "-std=c11", "-O1",
-                    "-I" + str(ROOT / "include"), *srcs, "-o", str(out)],
-                   check=True)
-    return str(out)
 
 
 @pytest.fixture(scope="module")
