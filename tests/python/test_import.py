@@ -229,21 +229,9 @@ def test_wrong_capsule_name_is_typeerror():
 # ---- hostile capsules built with ctypes ------------------------------------------------
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice),
-                ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
-                ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)),
-                ("byte_offset", ctypes.c_uint64)]
+from dlpack_ctypes import DLDataType as _DLDataType  # noqa: E402
+from dlpack_ctypes import DLDevice as _DLDevice  # noqa: E402,F401
+from dlpack_ctypes import DLTensor as _DLTensor  # noqa: E402
 
 
 class _DLPackVersion(ctypes.Structure):
