@@ -294,6 +294,189 @@ typedef int (*dlb_kernel)(DLTensor *const *args, int32_t nargs, void *stream,
  * first. */
 int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err);
 
+/* ---- CUDA (driver loaded at run time) ---------------------------------------
+ *
+ * Nothing CUDA is needed to build or link dlbridge.  On first use the driver
+ * is opened with dlopen: the file named by the environment variable
+ * DLB_CUDA_DRIVER when set (tests point it at a recording fake), otherwise
+ * "libcuda.so.1".  Only cuGetProcAddress_v2 (or cuGetProcAddress on drivers
+ * older than 12.0) is taken with dlsym; every other entry point is requested
+ * through it at a pinned ABI version, so a newer driver can never hand out a
+ * different signature.  The load runs once per process (thread-safe); its
+ * outcome, success or the error, is kept and reported to every later call.
+ *
+ * Contexts: dlbridge works in each device's PRIMARY context (the one the CUDA
+ * runtime, PyTorch and CuPy use), retained on first use and kept.  Every call
+ * below that takes a device makes that context current and puts the caller's
+ * current context back before returning, on every path.
+ *
+ * Streams are passed as void * (a CUstream).  NULL and DLB_CUDA_STREAM_LEGACY
+ * (1) mean the legacy default stream, DLB_CUDA_STREAM_PER_THREAD (2) the
+ * per-thread default stream; anything else is a stream handle.  A stream must
+ * belong to the device (context) the call names.
+ *
+ * Graph capture: nothing here synchronises with the host, and nothing
+ * touches the legacy stream while a stream involved in the call is capturing.
+ * Allocation is stream-ordered (cuMemAllocAsync), so it is legal inside a
+ * capture.  All calls are safe from several threads. */
+
+#define DLB_CUDA_STREAM_LEGACY ((void *)(uintptr_t)1)
+#define DLB_CUDA_STREAM_PER_THREAD ((void *)(uintptr_t)2)
+
+/* Load the driver now (or get the outcome of the one earlier attempt).
+ * DLB_EDEVICE with a message naming the library tried and dlerror(), the
+ * missing entry point, or the failing call and its CUDA error name.  A driver
+ * that loads but finds no GPU (cuInit: CUDA_ERROR_NO_DEVICE) loads fine and
+ * reports 0 devices. */
+int dlb_cuda_load(dlb_error *err);
+
+/* True when the driver loads and at least one device is present.  Never
+ * fails; loads the driver if that was not tried yet. */
+bool dlb_cuda_available(void);
+
+/* Number of CUDA devices (0 when the driver reports none). */
+int dlb_cuda_device_count(int *count, dlb_error *err);
+
+/* What a pointer is, as cuPointerGetAttributes sees it. */
+typedef enum {
+  DLB_CUDA_MEMORY_UNREGISTERED = 0, /* host memory CUDA does not know */
+  DLB_CUDA_MEMORY_HOST = 1,         /* pinned / registered host memory */
+  DLB_CUDA_MEMORY_DEVICE = 2,       /* device memory */
+  DLB_CUDA_MEMORY_MANAGED = 3       /* managed (unified) memory */
+} dlb_cuda_memory_type;
+
+typedef struct dlb_cuda_pointer_info {
+  dlb_cuda_memory_type memory_type;
+  int device_ordinal; /* -1 for unregistered memory */
+  bool is_managed;
+} dlb_cuda_pointer_info;
+
+/* Classify ptr.  Unregistered host memory is not an error. */
+int dlb_cuda_pointer_info_get(const void *ptr, dlb_cuda_pointer_info *info,
+                              dlb_error *err);
+
+/* Check that ptr really is memory of the claimed device, before anyone reads
+ * it: kDLCUDA needs device (or managed) memory of that ordinal, kDLCUDAHost
+ * pinned host memory, kDLCUDAManaged managed memory, kDLCPU anything the CPU
+ * may read (unregistered, pinned or managed, never plain device memory).
+ * DLB_EINVAL with a message naming the claim and what the pointer is;
+ * other device types are DLB_EUNSUPPORTED.  NULL ptr passes (empty
+ * tensors). */
+int dlb_cuda_check_pointer(DLDevice claimed, const void *ptr, dlb_error *err);
+
+/* The device a CUDA pointer lives on, as a DLDevice: kDLCUDA with the
+ * pointer's own ordinal, kDLCUDAManaged, or kDLCUDAHost.  For importers that
+ * are given only an address (__cuda_array_interface__).  Unregistered host
+ * memory is DLB_EINVAL. */
+int dlb_cuda_device_of_pointer(const void *ptr, DLDevice *out,
+                               dlb_error *err);
+
+/* Stream-ordered device memory: cuMemAllocAsync on stream, in device_id's
+ * primary context, from the device's default memory pool; 256-byte aligned.
+ * Legal inside graph capture (the graph then owns the allocation).  nbytes
+ * == 0 gives *out == NULL.  DLB_ENOMEM when the device is out of memory. */
+int dlb_cuda_alloc(int device_id, size_t nbytes, void *stream, void **out,
+                   dlb_error *err);
+
+/* Free memory from dlb_cuda_alloc with cuMemFreeAsync on stream (NULL ptr is
+ * a no-op).  The memory may be reused by work ordered after stream's pending
+ * work, so pass the stream the memory was last used on. */
+int dlb_cuda_free(int device_id, void *ptr, void *stream, dlb_error *err);
+
+/* Pinned (page-locked) host memory for kDLCUDAHost: cuMemHostAlloc with
+ * CU_MEMHOSTALLOC_PORTABLE (usable from every context).  Freeing it
+ * (cuMemFreeHost) is synchronous: not for use during graph capture. */
+int dlb_cuda_host_alloc(size_t nbytes, void **out, dlb_error *err);
+int dlb_cuda_host_free(void *ptr, dlb_error *err);
+
+/* A new owning tensor in CUDA memory, like dlb_managed_empty/zeros: compact
+ * row-major strides, version {1, 3}, flags 0 (IS_SUBBYTE_TYPE_PADDED when
+ * padded).  device.device_type:
+ *   kDLCUDA      data from dlb_cuda_alloc on stream; zeros clears it with
+ *                cuMemsetD8Async on the same stream.  The deleter frees it
+ *                exactly once with cuMemFreeAsync on that same stream, in the
+ *                device's primary context, restoring the caller's context:
+ *                the stream must outlive the tensor (the legacy and
+ *                per-thread streams always do).
+ *   kDLCUDAHost  data from dlb_cuda_host_alloc (stream unused; zeros clears
+ *                it on the host); the deleter calls cuMemFreeHost.
+ * On failure nothing is left allocated. */
+int dlb_cuda_managed_empty(int32_t ndim, const int64_t *shape,
+                           DLDataType dtype, DLDevice device, bool padded,
+                           void *stream, DLManagedTensorVersioned **out,
+                           dlb_error *err);
+int dlb_cuda_managed_zeros(int32_t ndim, const int64_t *shape,
+                           DLDataType dtype, DLDevice device, bool padded,
+                           void *stream, DLManagedTensorVersioned **out,
+                           dlb_error *err);
+
+/* Decode a DLPack __dlpack__(stream=...) value for a CUDA producer, in one
+ * place so no caller re-implements the table.  value NULL stands for Python's
+ * None.
+ *   None -> the legacy stream (1), *order = true
+ *   -1   -> *stream = NULL, *order = false (the consumer asked for no sync)
+ *   0    -> DLB_EINVAL (disallowed on CUDA by the array API)
+ *   1, 2 -> the legacy / per-thread default stream, *order = true
+ *   > 2  -> that stream handle, *order = true
+ *   < -1 -> DLB_EINVAL */
+int dlb_cuda_stream_from_dlpack(const int64_t *value, void **stream,
+                                bool *order, dlb_error *err);
+
+/* The same for the "stream" field of __cuda_array_interface__ v3: missing or
+ * None (value NULL) means no synchronisation is required (*order = false);
+ * 0 is disallowed; 1, 2 and handles as above.  -1 is not a CAI value and is
+ * DLB_EINVAL. */
+int dlb_cuda_stream_from_cai(const int64_t *value, void **stream, bool *order,
+                             dlb_error *err);
+
+/* Whether stream is being captured into a graph (cuStreamIsCapturing).  The
+ * legacy stream cannot itself be captured, and querying it while another
+ * stream captures is an error, so NULL and 1 answer false without asking
+ * the driver.  An invalidated capture counts as capturing. */
+int dlb_cuda_stream_is_capturing(int device_id, void *stream, bool *out,
+                                 dlb_error *err);
+
+/* Order everything already queued on producer before anything later queued
+ * on consumer, without blocking the host: when the two streams differ, an
+ * event (created with CU_EVENT_DISABLE_TIMING, recorded on producer) is
+ * waited on by consumer (cuStreamWaitEvent) and destroyed (the driver keeps
+ * it alive until the wait is resolved).  Equal streams: nothing happens, no
+ * driver call.  Graph capture: the non-legacy streams are asked whether they
+ * capture; if one does and the other is the legacy stream, the ordering
+ * cannot be expressed without touching the legacy stream inside a capture,
+ * so this fails with DLB_EUNSUPPORTED (pass the capturing stream, or -1, as
+ * the consumer stream).  Between two non-legacy streams the record + wait
+ * is done; note that a non-capturing consumer waiting on a capturing
+ * producer joins the capture, and must be joined back before the capture
+ * ends (CUDA's rule). */
+int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
+                          dlb_error *err);
+
+/* Copy src's elements into dst, asynchronously on stream: same dtype and
+ * shape, any layouts (strides, negative strides, byte_offset), either side
+ * kDLCPU/kDLCUDAHost (host) or kDLCUDA/kDLCUDAManaged (device).  Nothing
+ * passes through host code:
+ *   - both contiguous: one cuMemcpyAsync;
+ *   - layouts that are rows of contiguous bytes with one pitch on each side:
+ *     one cuMemcpy2DAsync;
+ *   - device <-> device otherwise: a strided-copy kernel compiled once per
+ *     device with NVRTC (libnvrtc loaded with dlopen: DLB_CUDA_NVRTC, else
+ *     libnvrtc.so.13, .12, .11.2, libnvrtc.so) and launched on stream;
+ *   - host -> device otherwise: the bytes src's elements span are copied to
+ *     a stream-ordered device buffer, then the kernel scatters them;
+ *   - device -> host otherwise: the kernel gathers into a device buffer laid
+ *     out like dst, whose span is then copied to dst.  This needs dst's
+ *     elements to fill their byte span (transposed, reversed and offset
+ *     layouts do); a host layout with gaps is DLB_EUNSUPPORTED (copy to a
+ *     contiguous host tensor, then dlb_copy).
+ * Both host: dlb_copy (synchronous, stream unused).  Device to device across
+ * two GPUs: contiguous only.  dst and src must not overlap.  The work runs in
+ * the device's primary context; the staging buffers are freed on stream
+ * (stream-ordered), so this is legal inside graph capture as long as
+ * stream is not the legacy stream. */
+int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src, void *stream,
+                  dlb_error *err);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -191,4 +191,155 @@ static inline bool dlb__geometry(int32_t ndim, const int64_t *shape,
   return true;
 }
 
+
+/* ---- CUDA driver, loaded at run time (cuda_driver.c) ----------------------
+ * Our own transcription of the few driver types and constants we use, so
+ * nothing CUDA is needed to build.  Every entry point is resolved through
+ * cuGetProcAddress at the ABI version written next to it in cuda_driver.c;
+ * the typedefs below are the signatures of exactly those versions. */
+typedef int dlb__CUresult;
+typedef int dlb__CUdevice;
+typedef uint64_t dlb__CUdeviceptr;
+typedef void *dlb__CUcontext;
+typedef void *dlb__CUstream;
+typedef void *dlb__CUevent;
+typedef void *dlb__CUmodule;
+typedef void *dlb__CUfunction;
+
+#define DLB__CUDA_SUCCESS 0
+#define DLB__CUDA_ERROR_NO_DEVICE 100
+#define DLB__CU_STREAM_LEGACY ((dlb__CUstream)(uintptr_t)1)
+#define DLB__CU_STREAM_PER_THREAD ((dlb__CUstream)(uintptr_t)2)
+#define DLB__CU_EVENT_DISABLE_TIMING 0x2u
+#define DLB__CU_MEMHOSTALLOC_PORTABLE 0x1u
+/* CUmemorytype */
+#define DLB__CU_MEMORYTYPE_HOST 1u
+#define DLB__CU_MEMORYTYPE_DEVICE 2u
+#define DLB__CU_MEMORYTYPE_UNIFIED 4u
+/* CUpointer_attribute */
+#define DLB__CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define DLB__CU_POINTER_ATTRIBUTE_IS_MANAGED 8
+#define DLB__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+/* CUdevice_attribute */
+#define DLB__CU_DEVICE_ATTRIBUTE_CC_MAJOR 75
+#define DLB__CU_DEVICE_ATTRIBUTE_CC_MINOR 76
+/* CUstreamCaptureStatus */
+#define DLB__CU_STREAM_CAPTURE_STATUS_NONE 0
+
+/* CUDA_MEMCPY2D (the _v2 layout, CUDA >= 3.2). */
+typedef struct dlb__CUDA_MEMCPY2D {
+  size_t srcXInBytes, srcY;
+  unsigned srcMemoryType;
+  const void *srcHost;
+  dlb__CUdeviceptr srcDevice;
+  void *srcArray;
+  size_t srcPitch;
+  size_t dstXInBytes, dstY;
+  unsigned dstMemoryType;
+  void *dstHost;
+  dlb__CUdeviceptr dstDevice;
+  void *dstArray;
+  size_t dstPitch;
+  size_t WidthInBytes;
+  size_t Height;
+} dlb__CUDA_MEMCPY2D;
+
+/* The entry table.  Each member is named after the driver's base name. */
+typedef struct dlb__cuda_api {
+  dlb__CUresult (*cuInit)(unsigned flags);
+  dlb__CUresult (*cuDriverGetVersion)(int *version);
+  dlb__CUresult (*cuGetErrorName)(dlb__CUresult error, const char **name);
+  dlb__CUresult (*cuDeviceGetCount)(int *count);
+  dlb__CUresult (*cuDeviceGet)(dlb__CUdevice *device, int ordinal);
+  dlb__CUresult (*cuDeviceGetAttribute)(int *value, int attribute,
+                                        dlb__CUdevice device);
+  dlb__CUresult (*cuDevicePrimaryCtxRetain)(dlb__CUcontext *ctx,
+                                            dlb__CUdevice device);
+  dlb__CUresult (*cuCtxGetCurrent)(dlb__CUcontext *ctx);
+  dlb__CUresult (*cuCtxSetCurrent)(dlb__CUcontext ctx);
+  dlb__CUresult (*cuPointerGetAttributes)(unsigned count, int *attributes,
+                                          void **data, dlb__CUdeviceptr ptr);
+  dlb__CUresult (*cuMemAllocAsync)(dlb__CUdeviceptr *ptr, size_t bytes,
+                                   dlb__CUstream stream);
+  dlb__CUresult (*cuMemFreeAsync)(dlb__CUdeviceptr ptr, dlb__CUstream stream);
+  dlb__CUresult (*cuMemHostAlloc)(void **ptr, size_t bytes, unsigned flags);
+  dlb__CUresult (*cuMemFreeHost)(void *ptr);
+  dlb__CUresult (*cuMemsetD8Async)(dlb__CUdeviceptr ptr, unsigned char value,
+                                   size_t count, dlb__CUstream stream);
+  dlb__CUresult (*cuMemcpyAsync)(dlb__CUdeviceptr dst, dlb__CUdeviceptr src,
+                                 size_t bytes, dlb__CUstream stream);
+  dlb__CUresult (*cuMemcpy2DAsync)(const dlb__CUDA_MEMCPY2D *copy,
+                                   dlb__CUstream stream);
+  dlb__CUresult (*cuStreamIsCapturing)(dlb__CUstream stream, int *status);
+  dlb__CUresult (*cuEventCreate)(dlb__CUevent *event, unsigned flags);
+  dlb__CUresult (*cuEventRecord)(dlb__CUevent event, dlb__CUstream stream);
+  dlb__CUresult (*cuEventDestroy)(dlb__CUevent event);
+  dlb__CUresult (*cuStreamWaitEvent)(dlb__CUstream stream, dlb__CUevent event,
+                                     unsigned flags);
+  dlb__CUresult (*cuModuleLoadData)(dlb__CUmodule *module, const void *image);
+  dlb__CUresult (*cuModuleGetFunction)(dlb__CUfunction *fn,
+                                       dlb__CUmodule module, const char *name);
+  dlb__CUresult (*cuLaunchKernel)(dlb__CUfunction fn, unsigned gx,
+                                  unsigned gy, unsigned gz, unsigned bx,
+                                  unsigned by, unsigned bz, unsigned shared,
+                                  dlb__CUstream stream, void **params,
+                                  void **extra);
+} dlb__cuda_api;
+
+/* Most devices dlbridge addresses (primary contexts and copy modules are
+ * kept in fixed tables of this size). */
+#define DLB__CUDA_MAX_DEVICES 64
+
+/* The loaded table, loading it on first use (thread-safe).  On failure the
+ * error recorded by the one load attempt is copied into err. */
+int dlb__cuda_api_get(const dlb__cuda_api **api, dlb_error *err);
+
+/* Fill err with "<what>: <call> failed: CUDA_ERROR_X (<code>)" and return
+ * DLB_EDEVICE (DLB_ENOMEM for CUDA_ERROR_OUT_OF_MEMORY). */
+int dlb__cuda_fail(dlb_error *err, const char *what, const char *call,
+                   dlb__CUresult rc);
+
+/* Make device's primary context current for the length of an operation.
+ * enter retains the primary context the first time a device is used (and
+ * keeps it), checks device_id against the device count, and switches only
+ * when another context is current; leave puts the caller's back. */
+typedef struct dlb__cuda_scope {
+  const dlb__cuda_api *api;
+  dlb__CUcontext previous;
+  bool switched;
+} dlb__cuda_scope;
+
+int dlb__cuda_enter(const char *what, int device_id, dlb__cuda_scope *scope,
+                    dlb_error *err);
+void dlb__cuda_leave(dlb__cuda_scope *scope);
+
+/* True for the streams that must never be touched while something may be
+ * capturing: NULL and CU_STREAM_LEGACY. */
+static inline bool dlb__cuda_stream_is_legacy(const void *stream) {
+  return stream == NULL || stream == (const void *)DLB__CU_STREAM_LEGACY;
+}
+
+/* The argument block of the strided-copy kernel (cuda_copy.c compiles the
+ * kernel at run time; tests/cuda/fake_driver.c runs the same loop on the
+ * host).  Strides and offsets are in bytes; dims are logical row-major. */
+typedef struct dlb__cuda_copy_params {
+  uint64_t dst;      /* address of dst element 0 */
+  uint64_t src;      /* address of src element 0 */
+  int64_t numel;
+  int32_t ndim;
+  int32_t itemsize;
+  int64_t shape[DLB_MAX_NDIM];
+  int64_t dst_stride[DLB_MAX_NDIM];
+  int64_t src_stride[DLB_MAX_NDIM];
+} dlb__cuda_copy_params;
+
+/* Name of the kernel inside the module. */
+#define DLB__CUDA_COPY_KERNEL "dlb_strided_copy"
+
+/* Test-only: forget the loaded driver, contexts and modules so the next call
+ * loads again (tests change DLB_CUDA_DRIVER between scenarios).  Not
+ * thread-safe; never called by the library. */
+void dlb__cuda_reset_for_tests(void); /* cuda_copy.c: all of the below */
+void dlb__cuda_driver_reset(void);    /* cuda_driver.c: table, contexts */
+
 #endif /* DLB_CORE_INTERNAL_H_ */
