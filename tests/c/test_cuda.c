@@ -541,8 +541,6 @@ static int copy_case(side dst, side src, DLDataType dtype, void *stream,
                        dst.kind, (long long)dst.strides[0], (long long)dst.strides[1],
                        src.kind, (long long)src.strides[0], (long long)src.strides[1],
                        log_text());
-    if (!same) for (size_t q = 0; q < dst.buffer_bytes; q++)
-      fprintf(stderr, "%02x/%02x%s", ((unsigned char *)d)[q], ref_d[q], q % 4 == 3 ? "\n" : " ");
     if (expect_call != NULL) CHECK(logged(expect_call));
     CHECK(!logged("Synchronize"));
   }
