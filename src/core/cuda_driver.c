@@ -104,9 +104,9 @@ int dlb__cuda_fail(dlb_error *err, const char *what, const char *call,
                    dlb__CUresult rc) {
   /* Called only after a successful load, so the table is there. */
   const char *name = error_name(&driver.api, rc);
-  return dlb_error_set(err, rc == 2 /* CUDA_ERROR_OUT_OF_MEMORY */
-                                ? DLB_ENOMEM
-                                : DLB_EDEVICE,
+  return dlb_error_set(err,
+                       rc == DLB__CUDA_ERROR_OUT_OF_MEMORY ? DLB_ENOMEM
+                                                           : DLB_EDEVICE,
                        "%s: %s failed: %s (%d)", what, call, name, (int)rc);
 }
 

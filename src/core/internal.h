@@ -207,6 +207,7 @@ typedef void *dlb__CUmodule;
 typedef void *dlb__CUfunction;
 
 #define DLB__CUDA_SUCCESS 0
+#define DLB__CUDA_ERROR_OUT_OF_MEMORY 2
 #define DLB__CUDA_ERROR_NO_DEVICE 100
 #define DLB__CU_STREAM_LEGACY ((dlb__CUstream)(uintptr_t)1)
 #define DLB__CU_STREAM_PER_THREAD ((dlb__CUstream)(uintptr_t)2)

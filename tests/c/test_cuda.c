@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 
 #include "check.h"
 
@@ -149,6 +150,62 @@ static void test_no_device(void) {
   CHECK_MSG(err, "CUDA device 2 does not exist (2 CUDA devices found)");
 }
 
+/* The fake's own environment configuration. */
+static void test_fake_env(void) {
+  dlb_error err;
+  int count = 0;
+  fresh();
+  setenv("DLB_FAKE_CUDA_FAIL", "cuDeviceGetCount:3,cuInit:999", 1);
+  dlb_fake_cuda_reset();
+  CHECK_EQ(dlb_cuda_load(&err), DLB_EDEVICE);
+  CHECK_MSG(err, "cuInit failed: CUDA_ERROR_UNKNOWN");
+  unsetenv("DLB_FAKE_CUDA_FAIL");
+  setenv("DLB_FAKE_CUDA_DEVICES", "3", 1);
+  fresh();
+  CHECK_EQ(dlb_cuda_device_count(&count, &err), DLB_OK);
+  CHECK_EQ(count, 3);
+  unsetenv("DLB_FAKE_CUDA_DEVICES");
+  fresh();
+}
+
+/* Several threads loading and using the driver at once: one load, one
+ * primary-context retain, every thread's own context restored. */
+enum { THREADS = 4, ROUNDS = 50 };
+static int worker(void *arg) {
+  void *s = arg;
+  int bad = 0;
+  dlb_fake_cuda_set_foreign_context(1); /* per thread, as in CUDA */
+  for (int i = 0; i < ROUNDS; i++) {
+    void *p = NULL;
+    bad += dlb_cuda_alloc(0, 16, s, &p, NULL) != DLB_OK;
+    bad += dlb_cuda_stream_order(0, s, DLB_CUDA_STREAM_LEGACY, NULL) != DLB_OK;
+    bad += dlb_cuda_free(0, p, s, NULL) != DLB_OK;
+  }
+  bad += strcmp(dlb_fake_cuda_current_context(), "foreign") != 0;
+  return bad;
+}
+
+static void test_threads(void) {
+  thrd_t t[THREADS];
+  void *streams[THREADS];
+  fresh();
+  for (int i = 0; i < THREADS; i++) {
+    streams[i] = dlb_fake_cuda_stream_new(0);
+    CHECK_EQ(thrd_create(&t[i], worker, streams[i]), thrd_success);
+  }
+  for (int i = 0; i < THREADS; i++) {
+    int bad = -1;
+    CHECK_EQ(thrd_join(t[i], &bad), thrd_success);
+    CHECK_EQ(bad, 0);
+    dlb_fake_cuda_stream_free(streams[i]);
+  }
+  CHECK_EQ(count_lines("cuInit flags"), 1);
+  CHECK_EQ(count_lines("cuDevicePrimaryCtxRetain device"), 1);
+  CHECK_EQ(count_lines("cuEventRecord event"), THREADS * ROUNDS);
+  CHECK_EQ(dlb_fake_cuda_live_allocations(), 0);
+  CHECK_EQ(dlb_fake_cuda_violations(), 0);
+}
+
 /* ---- contexts and memory ------------------------------------------------------ */
 
 static void test_context_restored(void) {
@@ -187,7 +244,7 @@ static void test_context_restored(void) {
   CHECK_EQ(dlb_cuda_free(1, p, NULL, &err), DLB_OK);
   CHECK_EQ(dlb_cuda_alloc(1, 8, NULL, &p, &err), DLB_OK);
   CHECK_EQ(dlb_cuda_free(1, p, NULL, &err), DLB_OK);
-  CHECK_EQ(count_lines("cuDevicePrimaryCtxRetain"), 1);
+  CHECK_EQ(count_lines("cuDevicePrimaryCtxRetain device"), 1);
   CHECK_STREQ(dlb_fake_cuda_current_context(), "foreign");
   /* A caller already in the primary context sees no switch at all. */
   dlb_fake_cuda_set_foreign_context(0);
@@ -294,6 +351,17 @@ static void test_managed_tensors(void) {
   dlb_managed_delete(m);
   CHECK_EQ(count_lines("cuMemFreeHost"), 1);
   CHECK_EQ(dlb_fake_cuda_live_allocations(), 0);
+
+  /* Zero elements: no device allocation, nothing to free. */
+  int64_t empty_shape[2] = {3, 0};
+  dlb_fake_cuda_log_clear();
+  CHECK_EQ(dlb_cuda_managed_zeros(2, empty_shape, F32, (DLDevice){kDLCUDA, 0},
+                                  false, s, &m, &err),
+           DLB_OK);
+  CHECK(m->dl_tensor.data == NULL);
+  dlb_managed_delete(m);
+  CHECK(!logged("cuMemAllocAsync"));
+  CHECK(!logged("cuMemFreeAsync"));
 
   /* Bad requests. */
   CHECK_EQ(dlb_cuda_managed_empty(2, shape, F32, (DLDevice){kDLCPU, 0}, false,
@@ -757,6 +825,8 @@ int main(void) {
   test_driver_too_old();
   test_cuinit_fails();
   test_no_device();
+  test_fake_env();
+  test_threads();
   test_context_restored();
   test_pointer_info();
   test_managed_tensors();

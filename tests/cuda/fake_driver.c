@@ -620,6 +620,7 @@ EXPORT void dlb_fake_cuda_reset(void) {
   st.initialised = false;
   st.violations = 0;
   if (st.nallocs == 0) st.alloc_ids = 0;
+  st.event_ids = 0;
   st.log_len = 0;
   if (st.log != NULL) st.log[0] = '\0';
   current = NULL;
