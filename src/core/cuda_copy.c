@@ -252,8 +252,22 @@ static int copy_kernel(const dlb__cuda_api *api, int device_id,
   int rc = DLB_OK;
   call_once(&copier_once, copier_mutex_create);
   mtx_lock(&copier_mutex);
-  if (copier.kernel[device_id] == NULL)
-    rc = build_kernel(api, device_id, &copier.kernel[device_id], err);
+  if (copier.kernel[device_id] == NULL) {
+    /* The first strided copy may come inside a graph capture (a Function
+     * call under torch.cuda.graph).  Loading a module is not a stream
+     * operation, but in the default "global" capture mode CUDA refuses
+     * such potentially synchronising calls from any thread while a capture
+     * runs; this thread's mode is relaxed for the build and put back. */
+    int mode = DLB__CU_STREAM_CAPTURE_MODE_RELAXED;
+    dlb__CUresult cu = api->cuThreadExchangeStreamCaptureMode(&mode);
+    if (cu != DLB__CUDA_SUCCESS) {
+      rc = dlb__cuda_fail(err, "dlb_cuda_copy",
+                          "cuThreadExchangeStreamCaptureMode", cu);
+    } else {
+      rc = build_kernel(api, device_id, &copier.kernel[device_id], err);
+      (void)api->cuThreadExchangeStreamCaptureMode(&mode);
+    }
+  }
   if (rc == DLB_OK) *out = copier.kernel[device_id];
   mtx_unlock(&copier_mutex);
   return rc;

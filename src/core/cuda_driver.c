@@ -61,6 +61,7 @@ static const entry_spec entries[] = {
     ENTRY(cuMemcpyAsync, 4000),
     ENTRY(cuMemcpy2DAsync, 3020),
     ENTRY(cuStreamIsCapturing, 10000),
+    ENTRY(cuThreadExchangeStreamCaptureMode, 10010),
     ENTRY(cuEventCreate, 2000),
     ENTRY(cuEventRecord, 2000),
     ENTRY(cuEventDestroy, 4000),

@@ -133,11 +133,20 @@ int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
     rc = dlb__cuda_fail(err, what, "cuEventRecord", cu);
     goto cleanup;
   }
-  cu = scope.api->cuStreamWaitEvent(consumer, event, 0);
+  /* A capturing consumer may not wait on an event recorded outside its
+   * capture (CUDA_ERROR_STREAM_CAPTURE_ISOLATION, seen on driver 580);
+   * CU_EVENT_WAIT_EXTERNAL makes the wait an event-wait node of the graph
+   * instead.  That node refers to the event when the graph runs, so the
+   * event is then not destroyed: one small event per such capture-time
+   * ordering stays alive for the life of the process. */
+  bool external = consumer_capturing && !producer_capturing;
+  cu = scope.api->cuStreamWaitEvent(consumer, event,
+                                    external ? DLB__CU_EVENT_WAIT_EXTERNAL : 0);
   if (cu != DLB__CUDA_SUCCESS) {
     rc = dlb__cuda_fail(err, what, "cuStreamWaitEvent", cu);
     goto cleanup;
   }
+  if (external) event = NULL;
 
 cleanup:
   if (event != NULL) (void)scope.api->cuEventDestroy(event);

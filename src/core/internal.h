@@ -212,6 +212,8 @@ typedef void *dlb__CUfunction;
 #define DLB__CU_STREAM_LEGACY ((dlb__CUstream)(uintptr_t)1)
 #define DLB__CU_STREAM_PER_THREAD ((dlb__CUstream)(uintptr_t)2)
 #define DLB__CU_EVENT_DISABLE_TIMING 0x2u
+#define DLB__CU_EVENT_WAIT_EXTERNAL 0x1u
+#define DLB__CU_STREAM_CAPTURE_MODE_RELAXED 2
 #define DLB__CU_MEMHOSTALLOC_PORTABLE 0x1u
 /* CUmemorytype */
 #define DLB__CU_MEMORYTYPE_HOST 1u
@@ -272,6 +274,7 @@ typedef struct dlb__cuda_api {
   dlb__CUresult (*cuMemcpy2DAsync)(const dlb__CUDA_MEMCPY2D *copy,
                                    dlb__CUstream stream);
   dlb__CUresult (*cuStreamIsCapturing)(dlb__CUstream stream, int *status);
+  dlb__CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
   dlb__CUresult (*cuEventCreate)(dlb__CUevent *event, unsigned flags);
   dlb__CUresult (*cuEventRecord)(dlb__CUevent event, dlb__CUstream stream);
   dlb__CUresult (*cuEventDestroy)(dlb__CUevent event);

@@ -500,9 +500,22 @@ static void test_stream_order(void) {
   CHECK_EQ(dlb_cuda_stream_is_capturing(0, DLB_CUDA_STREAM_LEGACY, &capturing, &err), DLB_OK);
   CHECK(!capturing);
   CHECK(!logged("cuStreamIsCapturing"));
+  /* A capturing consumer waits on an outside event as an external wait
+   * (a plain wait is CUDA_ERROR_STREAM_CAPTURE_ISOLATION), and the event
+   * is kept for the graph. */
   CHECK_EQ(dlb_cuda_stream_order(0, s2, s1, &err), DLB_OK);
   CHECK(logged("cuEventRecord event=e4 stream=s2"));
-  CHECK(logged("cuStreamWaitEvent stream=s1 event=e4"));
+  CHECK(logged("cuStreamWaitEvent stream=s1 event=e4 flags=1 -> 0"));
+  CHECK(!logged("cuEventDestroy event=e4"));
+  /* Both capturing (producer joined in): a plain wait, event destroyed. */
+  dlb_fake_cuda_log_clear();
+  dlb_fake_cuda_begin_capture(s2);
+  CHECK_EQ(dlb_cuda_stream_order(0, s2, s1, &err), DLB_OK);
+  CHECK(logged("cuStreamWaitEvent stream=s1 event=e5 flags=0 -> 0"));
+  CHECK(logged("cuEventDestroy event=e5"));
+  /* And the other way, both capturing. */
+  CHECK_EQ(dlb_cuda_stream_order(0, s1, s2, &err), DLB_OK);
+  dlb_fake_cuda_end_capture(s2);
   dlb_fake_cuda_log_clear();
   CHECK_EQ(dlb_cuda_stream_order(0, s1, DLB_CUDA_STREAM_LEGACY, &err), DLB_EUNSUPPORTED);
   CHECK_MSG(err, "producer stream is being captured");
@@ -813,6 +826,18 @@ static void test_copy_errors(void) {
   }
   CHECK_EQ(dlb_fake_cuda_live_allocations(), 0);
   CHECK_EQ(dlb_fake_cuda_violations(), 0);
+
+  /* The kernel's first use inside a graph capture: the module is built
+   * with this thread's capture mode relaxed, and the mode put back. */
+  fresh();
+  dlb_fake_cuda_begin_capture(s);
+  CHECK_EQ(copy_case(dev(C34), dev(T34), F32, s, "cuLaunchKernel"), DLB_OK);
+  CHECK(logged("cuThreadExchangeStreamCaptureMode mode=2"));
+  CHECK(logged("cuThreadExchangeStreamCaptureMode mode=0"));
+  CHECK(strstr(log_text(), "cuModuleLoadData") >
+        strstr(log_text(), "cuThreadExchangeStreamCaptureMode mode=2"));
+  CHECK_EQ(dlb_fake_cuda_violations(), 0);
+  dlb_fake_cuda_end_capture(s);
   dlb_fake_cuda_stream_free(s);
 }
 

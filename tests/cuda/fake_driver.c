@@ -41,7 +41,7 @@ enum {
 
 typedef struct fake_ctx { int device; const char *name; } fake_ctx;
 typedef struct fake_stream { int id; int device; bool capturing; bool live; } fake_stream;
-typedef struct fake_event { int id; } fake_event;
+typedef struct fake_event { int id; bool captured; struct fake_event *next; } fake_event;
 typedef struct alloc_rec { char *base; size_t size; int device; int kind; int id; } alloc_rec;
 enum { KIND_DEVICE = 2, KIND_HOST = 1, KIND_MANAGED = 4 };
 
@@ -59,6 +59,7 @@ static struct {
   fake_stream streams[MAX_STREAMS];
   int capturing;
   int event_ids;
+  fake_event *events; /* live ones: an event never destroyed stays reachable */
   fake_ctx primary[8];
   int retains;
 } st;
@@ -195,6 +196,7 @@ static const char *const error_names[][2] = {
     {"101", "CUDA_ERROR_INVALID_DEVICE"}, {"200", "CUDA_ERROR_INVALID_IMAGE"},
     {"201", "CUDA_ERROR_INVALID_CONTEXT"}, {"400", "CUDA_ERROR_INVALID_HANDLE"},
     {"500", "CUDA_ERROR_NOT_FOUND"}, {"900", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+    {"905", "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"},
     {"906", "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"}, {"999", "CUDA_ERROR_UNKNOWN"},
 };
 
@@ -411,6 +413,19 @@ static int f_cuStreamIsCapturing(void *stream, int *status) {
   RETURN(rc_);
 }
 
+static _Thread_local int capture_mode;
+
+static int f_cuThreadExchangeStreamCaptureMode(int *mode) {
+  ENTER("cuThreadExchangeStreamCaptureMode");
+  if (rc_ == OK) {
+    int old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+  }
+  logf_("cuThreadExchangeStreamCaptureMode mode=%d -> %d", capture_mode, rc_);
+  RETURN(rc_);
+}
+
 static int f_cuEventCreate(void **event, unsigned flags) {
   ENTER("cuEventCreate");
   fake_event *e = NULL;
@@ -418,6 +433,9 @@ static int f_cuEventCreate(void **event, unsigned flags) {
   if (rc_ == OK && (e = malloc(sizeof *e)) == NULL) rc_ = OUT_OF_MEMORY;
   if (rc_ == OK) {
     e->id = ++st.event_ids;
+    e->captured = false;
+    e->next = st.events;
+    st.events = e;
     *event = e;
   }
   logf_("cuEventCreate flags=%u -> %d (e%d)", flags, rc_, e ? e->id : 0);
@@ -428,6 +446,9 @@ static int f_cuEventRecord(void *event, void *stream) {
   ENTER("cuEventRecord");
   char b[24];
   if (rc_ == OK && legacy_violation("cuEventRecord", stream)) rc_ = CAPTURE_IMPLICIT;
+  if (rc_ == OK)
+    ((fake_event *)event)->captured =
+        (uintptr_t)stream > 2 && ((fake_stream *)stream)->capturing;
   logf_("cuEventRecord event=e%d stream=%s -> %d", ((fake_event *)event)->id,
         stream_name(stream, b), rc_);
   RETURN(rc_);
@@ -437,6 +458,13 @@ static int f_cuStreamWaitEvent(void *stream, void *event, unsigned flags) {
   ENTER("cuStreamWaitEvent");
   char b[24];
   if (rc_ == OK && legacy_violation("cuStreamWaitEvent", stream)) rc_ = CAPTURE_IMPLICIT;
+  fake_event *e = event;
+  if (rc_ == OK && (uintptr_t)stream > 2 && ((fake_stream *)stream)->capturing &&
+      !e->captured && (flags & 1u) == 0) {
+    st.violations++;
+    logf_("VIOLATION cuStreamWaitEvent of a capturing stream on an event recorded outside it");
+    rc_ = 905; /* CUDA_ERROR_STREAM_CAPTURE_ISOLATION */
+  }
   logf_("cuStreamWaitEvent stream=%s event=e%d flags=%u -> %d",
         stream_name(stream, b), ((fake_event *)event)->id, flags, rc_);
   RETURN(rc_);
@@ -445,6 +473,12 @@ static int f_cuStreamWaitEvent(void *stream, void *event, unsigned flags) {
 static int f_cuEventDestroy(void *event) {
   ENTER("cuEventDestroy");
   int id = ((fake_event *)event)->id;
+  for (fake_event **link = &st.events; *link != NULL; link = &(*link)->next) {
+    if (*link == event) {
+      *link = ((fake_event *)event)->next;
+      break;
+    }
+  }
   free(event);
   logf_("cuEventDestroy event=e%d -> %d", id, rc_);
   RETURN(rc_);
@@ -455,6 +489,11 @@ static int fake_module, fake_function;
 
 static int f_cuModuleLoadData(void **module, const void *image) {
   ENTER("cuModuleLoadData");
+  if (rc_ == OK && st.capturing > 0 && capture_mode != 2) {
+    st.violations++;
+    logf_("VIOLATION cuModuleLoadData during a global-mode capture");
+    rc_ = CAPTURE_UNSUPPORTED;
+  }
   if (rc_ == OK && strncmp(image, fake_ptx_magic, sizeof fake_ptx_magic - 1) != 0)
     rc_ = INVALID_IMAGE;
   if (rc_ == OK) *module = &fake_module;
@@ -527,7 +566,8 @@ static const proc procs[] = {
     P(cuCtxGetCurrent), P(cuCtxSetCurrent), P(cuPointerGetAttributes),
     P(cuMemAllocAsync), P(cuMemFreeAsync), P(cuMemHostAlloc), P(cuMemFreeHost),
     P(cuMemsetD8Async), P(cuMemcpyAsync), P(cuMemcpy2DAsync),
-    P(cuStreamIsCapturing), P(cuEventCreate), P(cuEventRecord),
+    P(cuStreamIsCapturing), P(cuThreadExchangeStreamCaptureMode),
+    P(cuEventCreate), P(cuEventRecord),
     P(cuEventDestroy), P(cuStreamWaitEvent), P(cuModuleLoadData),
     P(cuModuleGetFunction), P(cuLaunchKernel), P(cuCtxSynchronize),
     P(cuStreamSynchronize), P(cuEventSynchronize),
