@@ -446,9 +446,12 @@ int dlb_cuda_stream_is_capturing(int device_id, void *stream, bool *out,
  * cannot be expressed without touching the legacy stream inside a capture,
  * so this fails with DLB_EUNSUPPORTED (pass the capturing stream, or -1, as
  * the consumer stream).  Between two non-legacy streams the record + wait
- * is done; note that a non-capturing consumer waiting on a capturing
- * producer joins the capture, and must be joined back before the capture
- * ends (CUDA's rule). */
+ * is done.  A capturing consumer waits on a producer outside the capture
+ * with CU_EVENT_WAIT_EXTERNAL (a plain wait is
+ * CUDA_ERROR_STREAM_CAPTURE_ISOLATION): the graph then holds an event-wait
+ * node, so that event is kept alive (never destroyed).  A non-capturing
+ * consumer waiting on a capturing producer joins the capture and must be
+ * joined back before the capture ends (CUDA's rule). */
 int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
                           dlb_error *err);
 
@@ -473,7 +476,8 @@ int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
  * two GPUs: contiguous only.  dst and src must not overlap.  The work runs in
  * the device's primary context; the staging buffers are freed on stream
  * (stream-ordered), so this is legal inside graph capture as long as
- * stream is not the legacy stream. */
+ * stream is not the legacy stream; the kernel's one-time build runs with
+ * the thread's capture mode relaxed, so it may come inside a capture. */
 int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src, void *stream,
                   dlb_error *err);
 
