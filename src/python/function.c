@@ -657,7 +657,7 @@ static PyObject *pname(const fn_object *fn, int i) {
   return PyTuple_GET_ITEM(fn->param_names, i);
 }
 
-/* Out-of-line so the hot loop stays small. */
+/* Re-raise the pending exception (same type) with the argument named. */
 static void prefix_error(const fn_object *fn, int i) {
   dlb__error_prefix_argument(fn->name, pname(fn, i));
 }
