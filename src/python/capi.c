@@ -2,8 +2,9 @@
  * capi.c -- the dlbridge._C_API capsule: the table of include/dlbridge/python.h
  * that C extensions import (NumPy's import_array() pattern).
  *
- * Every entry is a thin shell over exchange.c's handler/view functions, so
- * extensions read each framework exactly the way dlbridge itself does.
+ * Every entry is a thin shell over the functions dlbridge itself uses
+ * (views.c, handlers.c, outputs.c, import.c, export.c), so extensions read
+ * each framework exactly the way dlbridge itself does.
  *
  * One table per module instance (sub-interpreters, re-created modules): it is
  * allocated in exec together with the module state it serves, and entries
@@ -67,7 +68,7 @@ static int capi_view_get(const dlb_capi *api, PyObject *obj, unsigned flags,
   /* Producers older than DLPack 1.2 may send NULL strides for compact
    * tensors; the C API promises strides, so extension loops need no special
    * case.  The view's own scratch holds them (unless the shape lives there,
-   * which exchange.c does only for 1-d buffers, whose strides are set). */
+   * which views.c does only for 1-d buffers, whose strides are set). */
   if (v->t.ndim > 0 && v->t.strides == NULL) {
     dlb_error err;
     uintptr_t sh = (uintptr_t)v->t.shape, lo = (uintptr_t)v->strides_storage;
@@ -216,16 +217,7 @@ done:
   if (m != NULL) {
     /* The deleter may run Python code (a DECREF reaching __del__, a ctypes
      * callback): it must not see the exception we are about to return. */
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *exc = PyErr_GetRaisedException();
-    dlb_managed_delete(m);
-    PyErr_SetRaisedException(exc);
-#else
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    dlb_managed_delete(m);
-    PyErr_Restore(et, ev, tb);
-#endif
+    dlb__delete_keep_error(m);
   }
   Py_XDECREF(type);
   Py_XDECREF(tensor);

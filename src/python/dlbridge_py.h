@@ -2,13 +2,37 @@
  * dlbridge_py.h -- what the source files of dlbridge._core share.  Not
  * installed; extension authors use include/dlbridge/python.h instead.
  *
- * Module layout (multi-phase init, heap types, per-module state):
- *   module.c   module def, exec slot, state traverse/clear, the method table
- *   types.c    DType and Device heap types, dlb.dtype(), dlb.device()
+ * Module layout (multi-phase init, heap types, per-module state), one
+ * concern per file, listed lowest first:
+ *   errors.c   the error policy: dlb_status -> exception, the pending
+ *              exception kept around deleters and DECREFs, chaining
+ *   types.c    DType and Device heap types, dlb.dtype(), dlb.device(),
+ *              devices and dtypes as text
+ *   scalars.c  Python numbers <-> elements of every dtype
+ *   formats.c  struct format / typestr / NumPy descr <-> dtype,
+ *              Py_buffer -> DLTensor
  *   tensor.c   Tensor heap type: attributes, buffer protocol,
  *              __array_interface__, tolist, copy, repr, empty/zeros/tensor
- *   export.c   Tensor.__dlpack__ / __dlpack_device__, capsule creation
- *   import.c   from_dlpack: every producer path, capsule ownership
+ *   export.c   what dlb.Tensor gives consumers: __dlpack__,
+ *              __dlpack_device__, capsules, its C exchange table
+ *   handlers.c the type -> handler cache and classification
+ *   readers.c  owning readers: capsules, __dlpack__, legacy producers,
+ *              buffers, __array_interface__ / __cuda_array_interface__
+ *   views.c    borrowed views (dlb__view_get / dlb__view_release)
+ *   outputs.c  current stream, allocate-like, hand a result to a framework
+ *   import.c   from_dlpack's policy: which reader, device= and copy=
+ *   function.c Function and load()
+ *   capi.c     the dlbridge._C_API capsule (include/dlbridge/python.h)
+ *   testing.c  every private test hook (_fail_allocations, _exchange_*)
+ *   module.c   module def, exec (initialises the others), the method table
+ *
+ * Layering: the files form a DAG in exactly the order above.  A file calls
+ * (or names) private functions and data of files listed before it, never of
+ * a file listed after it; scripts/check-layering checks this.  The only
+ * name every file reaches "up" for is dlb__module_def, through the inline
+ * dlb__state_from_type below: the module's identity, defined in module.c
+ * because it names the method table.  The declarations below are grouped
+ * by file in the same order.
  *
  * Ownership model: every Tensor owns exactly one DLManagedTensorVersioned
  * (self->managed), whatever it came from -- an allocation of ours, a
@@ -24,6 +48,8 @@
 #include <Python.h>
 
 #include "dlbridge/dlbridge.h"
+
+/* ---- Module state (module.c) ------------------------------------------------ */
 
 /* Per-module state: the heap types and interned names.  Reached from a
  * method through PyModule_GetState(module), from a Tensor method through
@@ -42,8 +68,8 @@ typedef struct {
   PyObject *str_array_interface;   /* "__array_interface__" */
   PyObject *str_cuda_array_interface; /* "__cuda_array_interface__" */
   PyObject *max_version_tuple;     /* (1, 3): what we ask producers for */
-  /* exchange.c: the per-type handler cache (owned, freed by
-   * dlb__exchange_clear). */
+  /* handlers.c: the per-type handler cache (owned, freed by
+   * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
   /* function.c */
   PyTypeObject *FunctionType;
@@ -58,9 +84,18 @@ extern PyModuleDef dlb__module_def;
 
 /* State of the module that defined type (a Tensor, DType or Device type, or
  * a subclass of one).  Never NULL for our own types. */
-dlb_module_state *dlb__state_from_type(PyTypeObject *type);
+static inline dlb_module_state *dlb__state_from_type(PyTypeObject *type) {
+  /* PyType_GetModuleByDef walks the MRO, so subclasses defined in Python
+   * find our module too. */
+  PyObject *module = PyType_GetModuleByDef(type, &dlb__module_def);
+  if (module == NULL) {
+    PyErr_Clear();
+    return NULL;
+  }
+  return (dlb_module_state *)PyModule_GetState(module);
+}
 
-/* ---- The error indicator and the GIL, for code that runs deleters ----------
+/* ---- Errors, and the GIL for code that runs deleters (errors.c) -------------
  *
  * Deleters and release functions may run on any thread, with or without the
  * GIL, from non-Python code, and during or after interpreter shutdown; a
@@ -68,7 +103,7 @@ dlb_module_state *dlb__state_from_type(PyTypeObject *type);
  * one place those rules are written down. */
 
 /* The pending exception, put aside while code that may run Python (a
- * destructor, a deleter) runs.  PyErr_Fetch is deprecated from 3.12. */
+ * destructor, a deleter) runs. */
 typedef struct {
 #if PY_VERSION_HEX >= 0x030C0000
   PyObject *exc;
@@ -77,21 +112,16 @@ typedef struct {
 #endif
 } dlb__saved_error;
 
-static inline void dlb__error_save(dlb__saved_error *s) {
-#if PY_VERSION_HEX >= 0x030C0000
-  s->exc = PyErr_GetRaisedException();
-#else
-  PyErr_Fetch(&s->type, &s->value, &s->tb);
-#endif
-}
-
-static inline void dlb__error_restore(dlb__saved_error *s) {
-#if PY_VERSION_HEX >= 0x030C0000
-  PyErr_SetRaisedException(s->exc);
-#else
-  PyErr_Restore(s->type, s->value, s->tb);
-#endif
-}
+void dlb__error_save(dlb__saved_error *s);
+void dlb__error_restore(dlb__saved_error *s);
+/* Drop a saved exception. */
+void dlb__error_discard(dlb__saved_error *s);
+/* Make the saved exception prev the __context__ of the pending one, as
+ * `except: raise ...` does in Python.  Consumes prev. */
+void dlb__error_chain_context(dlb__saved_error *prev);
+/* Re-raise the pending exception (same type) as "<fname>() argument
+ * '<argname>': <message>". */
+void dlb__error_prefix_argument(PyObject *fname, PyObject *argname);
 
 /* Whether the calling thread holds the GIL (of the interpreter it is
  * attached to).  Not PyGILState_Check(): on 3.11 that answers 1 for every
@@ -127,8 +157,30 @@ static inline int dlb__python_gone(void) {
 /* Drop a reference from a deleter: safe on any thread, with or without the
  * GIL, at any point of shutdown (leaks when dlb__python_gone), leaving an
  * in-flight exception as it was.  have_gil: the caller knows it holds the
- * GIL, which skips asking.  (module.c) */
+ * GIL, which skips asking. */
 void dlb__release_ref(PyObject *obj, int have_gil);
+
+/* Py_CLEAR(*slot) without letting the object's destructor see or clobber
+ * the pending exception (B16).  GIL held. */
+void dlb__clear_keep_error(PyObject **slot);
+
+/* Run m's deleter (which may run Python code through a producer's release)
+ * leaving the pending exception as it was; an error the deleter leaves is
+ * discarded.  NULL is a no-op.  GIL held. */
+void dlb__delete_keep_error(DLManagedTensorVersioned *m);
+
+/* Raise the Python exception matching a dlb_status: DLB_ENOMEM ->
+ * MemoryError, DLB_EINVAL -> ValueError, everything describing a tensor that
+ * cannot be exported or imported -> BufferError.  Returns NULL. */
+PyObject *dlb__raise(const dlb_error *err);
+
+/* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
+ * MemoryError stays MemoryError.  Returns NULL. */
+PyObject *dlb__raise_import(const char *what, const dlb_error *err);
+
+/* BufferError "<what> of type '<type of obj>' cannot be described: <core
+ * message>"; MemoryError stays MemoryError.  Returns -1. */
+int dlb__raise_view_error(const char *what, PyObject *obj, const dlb_error *err);
 
 /* ---- DType / Device (types.c) --------------------------------------------- */
 
@@ -162,9 +214,98 @@ int dlb__device_converter(dlb_module_state *st, PyObject *obj, DLDevice *out);
  * types we do not know.  What str(Device) gives; messages use it too. */
 PyObject *dlb__device_text(DLDevice device);
 
+/* The same into buf, as "cpu:0", "cuda:1", "device type 5:0" (messages
+ * of from_dlpack and Function; not yet one spelling, issue 7).  Returns
+ * buf. */
+const char *dlb__device_str(DLDevice device, char *buf, size_t n);
+
+/* Same device type and id. */
+int dlb__same_device(DLDevice a, DLDevice b);
+
+/* A dtype's name into buf, or "(code C, bits B, lanes L)". */
+void dlb__dtype_str(DLDataType dtype, char *buf, size_t n);
+
 /* Module-level functions dtype() and device(). */
 PyObject *dlb__py_dtype(PyObject *module, PyObject *arg);
 PyObject *dlb__py_device(PyObject *module, PyObject *arg);
+
+/* ---- Python numbers <-> elements (scalars.c) -------------------------------- */
+
+/* The dtypes that have a Python scalar equivalent. */
+typedef enum {
+  K_NONE = 0,
+  K_BOOL,
+  K_I8, K_I16, K_I32, K_I64,
+  K_U8, K_U16, K_U32, K_U64,
+  K_F16, K_F32, K_F64, K_BF16,
+  K_C32, K_C64, K_C128
+} scalar_kind;
+
+scalar_kind dlb__scalar_kind(DLDataType dt);
+
+/* The element at p as a new Python scalar.  memcpy: tensors need not be
+ * aligned. */
+PyObject *dlb__read_scalar(scalar_kind k, const char *p);
+
+/* Python number classes, ordered so the inferred dtype is the maximum. */
+enum { C_NONE = 0, C_BOOL = 1, C_INT = 2, C_FLOAT = 3, C_COMPLEX = 4 };
+
+/* The class of a leaf of dlb.tensor()'s data; -1 with TypeError when it is
+ * not a number. */
+int dlb__number_class(PyObject *o);
+
+/* Store o (of number class cls) at p as kind k (dtype named name), range
+ * checked: dlb.tensor()'s rules.  0 or -1. */
+int dlb__store_scalar(PyObject *o, int cls, scalar_kind k, const char *name,
+                      char *p);
+
+/* Storage for a Python number passed as a 0-d tensor. */
+typedef union {
+  int64_t i;
+  uint64_t u;
+  double d[2];
+  unsigned char bytes[16];
+} dlb_scalar;
+
+/* Store Python number obj as dtype dt in *out: 0-d Function parameters'
+ * rules (messages name argument argname of fname()).  0 or -1. */
+int dlb__scalar_from_number(PyObject *fname, PyObject *argname, PyObject *obj,
+                            DLDataType dt, dlb_scalar *out);
+
+/* ---- Formats (formats.c) --------------------------------------------------- */
+
+/* struct-module format of a kind (buffer protocol); NULL when none. */
+const char *dlb__buffer_format(scalar_kind k);
+
+/* __array_interface__ typestr of a kind; NULL when NumPy has no name for it
+ * (the caller then uses "|V<itemsize>"). */
+const char *dlb__array_typestr(scalar_kind k);
+
+/* dtype of a buffer-protocol format string; BufferError when it has none. */
+int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
+                             DLDataType *out);
+
+/* dtype from an array interface typestr such as '<f4', '|b1', '=i8'. */
+int dlb__typestr_dtype(PyObject *ts, DLDataType *out);
+
+/* The DLTensor (CPU) for a Py_buffer; shape and strides are filled into
+ * the caller's arrays of DLB_MAX_NDIM.  0, or -1 with BufferError. */
+int dlb__dltensor_from_buffer(const Py_buffer *b, DLTensor *t, int64_t *shape,
+                              int64_t *strides);
+
+/* NumPy descr -> DLDataType, filled once per descr through Python
+ * attributes and remembered (strong references) in a small cache. */
+#define DLB_DESCR_CACHE_SIZE 32
+typedef struct {
+  PyObject *descr; /* strong; NULL when the slot is free */
+  DLDataType dtype;
+} dlb_descr_entry;
+
+/* The DLDataType of a NumPy descr, from cache (DLB_DESCR_CACHE_SIZE
+ * entries) or, the first time, from descr.kind / .itemsize / .byteorder. */
+int dlb__numpy_descr_dtype(dlb_descr_entry *cache, PyObject *descr,
+                           DLDataType *out);
+void dlb__numpy_descr_cache_clear(dlb_descr_entry *cache);
 
 /* ---- Tensor (tensor.c) ------------------------------------------------------ */
 
@@ -189,10 +330,8 @@ static inline int dlb__is_tensor(dlb_module_state *st, PyObject *obj) {
 PyObject *dlb__tensor_from_managed(dlb_module_state *st,
                                    DLManagedTensorVersioned *m);
 
-/* Raise the Python exception matching a dlb_status: DLB_ENOMEM ->
- * MemoryError, DLB_EINVAL -> ValueError, everything describing a tensor that
- * cannot be exported or imported -> BufferError.  Returns NULL. */
-PyObject *dlb__raise(const dlb_error *err);
+/* A tuple of n Python ints (new reference, NULL with an exception). */
+PyObject *dlb__int64_tuple(int32_t n, const int64_t *v);
 
 /* Module-level factories. */
 PyObject *dlb__py_empty(PyObject *module, PyObject *const *args,
@@ -216,18 +355,23 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err);
 
-/* ---- Import (import.c) ------------------------------------------------------ */
+/* dlb.Tensor's own exchange table (process lifetime). */
+extern const DLPackExchangeAPI dlb__tensor_exchange_api;
 
-/* dlbridge.from_dlpack(obj, /, *, device=None, copy=None). */
-PyObject *dlb__py_from_dlpack(PyObject *module, PyObject *const *args,
-                              Py_ssize_t nargs, PyObject *kwnames);
+/* The name of the capsule an exchange table is published in. */
+#define DLB_EXCHANGE_API_CAPSULE_NAME "dlpack_exchange_api"
 
-/* Import any tensor-like obj as a Tensor (new reference).  device: NULL for
- * "where it is"; copy: -1 None, 0 False, 1 True. */
-PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
-                      const DLDevice *device, int copy);
+/* Check an owned tensor from outside: its major, then its DLTensor.  On
+ * failure m has been deleted and BufferError is set ("<what>: ...").
+ * 0 or -1. */
+int dlb__check_owned(DLManagedTensorVersioned *m, const char *what);
 
-/* ---- Per-type handlers and borrowed views (exchange.c) ----------------------
+/* Installs __dlpack__, __dlpack_device__ and __dlpack_c_exchange_api__ on
+ * st->TensorType; clear forgets st as the table's module. */
+int dlb__export_init(dlb_module_state *st);
+void dlb__export_clear(dlb_module_state *st);
+
+/* ---- Per-type handlers (handlers.c) ----------------------------------------
  *
  * The fast path.  The first time an object of some type is seen, its type is
  * classified once and the result cached in module state; from then on,
@@ -263,10 +407,91 @@ typedef struct dlb_handler {
   PyObject *framework;
 } dlb_handler;
 
+/* NumPy's array struct, mirrored.  The leading fields of NumPy's
+ * PyArrayObject_fields, unchanged from 1.7 through 2.x (NumPy keeps them
+ * stable for its own ABI: PyArray_DATA and friends are macros reading
+ * them).  We read nothing past flags, so we need no NumPy headers and no
+ * NumPy at build time.  handlers.c checks a type is big enough for it;
+ * views.c reads it. */
+typedef struct {
+  PyObject_HEAD
+  char *data;
+  int nd;
+  Py_intptr_t *dimensions;
+  Py_intptr_t *strides;
+  PyObject *base;
+  PyObject *descr;
+  int flags;
+  PyObject *weakreflist;
+} np_array_head;
+
+#define NP_ARRAY_WRITEABLE 0x0400
+
+/* The cache behind dlb__handler_for (made and freed by handlers.c), and the
+ * per-module caches that live with it: NumPy descrs (formats.c, filled by
+ * views.c) and framework converters (outputs.c). */
+struct dlb_handler_cache {
+  struct dlb_handler_entry **slots;
+  size_t mask;   /* capacity - 1, capacity a power of two */
+  size_t count;
+  PyObject *callback; /* weakref callback; self = cache_capsule */
+  PyObject *cache_capsule;
+  int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */
+  dlb_descr_entry dtypes[DLB_DESCR_CACHE_SIZE];
+  PyObject *converters; /* dict framework name -> from_dlpack callable */
+  PyObject *str_module; /* "__module__" */
+  PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
+  PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
+};
+
 /* The handler for type (borrowed, lives as long as the module).  Never NULL
  * unless an exception is set: a type that is not tensor-like gets a handler
  * with kind DLB_KIND_NONE, cached too. */
 const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type);
+
+/* Whether type (through its MRO) defines name, looked up as Python looks up
+ * special methods: no bound method, a miss raises nothing. */
+int dlb__type_has(PyTypeObject *type, PyObject *name);
+
+/* Handlers cached in module state; cleared with the module. */
+int dlb__handlers_init(dlb_module_state *st);
+void dlb__handlers_clear(dlb_module_state *st);
+
+/* ---- Owning readers (readers.c) --------------------------------------------
+ *
+ * Each gives an owning, validated managed tensor in *out (0), or -1 with an
+ * exception and nothing owned. */
+
+/* Look up an attribute that may be missing: 1 found (*out new ref), 0
+ * missing (no exception), -1 error. */
+int dlb__get_optional_attr(PyObject *obj, PyObject *name, PyObject **out);
+
+/* Take ownership of the tensor in a DLPack capsule (legacy tensors are
+ * wrapped as versioned ones). */
+int dlb__consume_capsule(PyObject *cap, DLManagedTensorVersioned **out);
+
+/* Call obj.__dlpack__ (after __dlpack_device__) asking for target / copy
+ * (NULL / -1: no request) and consume the capsule it returns. */
+int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
+                               const DLDevice *target, int copy,
+                               DLManagedTensorVersioned **out);
+
+/* The capsule of a legacy producer (toDlpack(), TensorFlow's to_dlpack):
+ * 1 with *cap set (new ref), 0 not a legacy producer, -1 error. */
+int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap);
+
+/* obj's buffer (CPU), held until the tensor is deleted. */
+int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out);
+
+/* The v3 __array_interface__ (cuda == 0) or __cuda_array_interface__
+ * (cuda == 1) dict ai whose owner is obj; and the same, looking the
+ * attribute up on obj. */
+int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
+                                      DLManagedTensorVersioned **out);
+int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
+                                 DLManagedTensorVersioned **out);
+
+/* ---- Borrowed views (views.c) ----------------------------------------------- */
 
 /* A borrowed view of a tensor-like object, for the length of one call.
  * Lives on the caller's stack; nothing in it is allocated for the dlbridge,
@@ -292,7 +517,17 @@ enum {
  * releasing. */
 int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
                   dlb_view *view);
+/* dlb__view_get for a caller that already holds h = the handler of
+ * Py_TYPE(obj) (saves the second lookup). */
+int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
+                       PyObject *obj, unsigned options, dlb_view *view);
+/* dlb__view_get_with reading obj as kind (h's own kind, or a forced one for
+ * the tests and benchmarks). */
+int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
+                   const dlb_handler *h, dlb_kind kind, dlb_view *view);
 void dlb__view_release(dlb_view *view);
+
+/* ---- Streams, allocation, results (outputs.c) ------------------------------- */
 
 /* The framework's current work stream for device (NULL on CPU, and NULL for
  * the legacy default stream on CUDA).  0, or -1 with an exception. */
@@ -313,38 +548,27 @@ int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
 int dlb__to_framework(dlb_module_state *st, const dlb_handler *h,
                       DLManagedTensorVersioned *m, PyObject **out);
 
-/* Handlers cached in module state; cleared with the module. */
-int dlb__exchange_init(PyObject *module, dlb_module_state *st);
-void dlb__exchange_clear(dlb_module_state *st);
+/* ---- Import (import.c) ------------------------------------------------------ */
 
-/* ---- Function (function.c) and the C API capsule (capi.c) ------------------ */
+/* dlbridge.from_dlpack(obj, /, *, device=None, copy=None). */
+PyObject *dlb__py_from_dlpack(PyObject *module, PyObject *const *args,
+                              Py_ssize_t nargs, PyObject *kwnames);
+
+/* Import any tensor-like obj as a Tensor (new reference).  device: NULL for
+ * "where it is"; copy: -1 None, 0 False, 1 True. */
+PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
+                      const DLDevice *device, int copy);
+
+/* ---- Function (function.c), the C API capsule (capi.c), tests (testing.c) -- */
 
 /* Adds the Function type and load() to the module. */
 int dlb__function_init(PyObject *module, dlb_module_state *st);
 /* Adds the dlbridge._C_API capsule (include/dlbridge/python.h). */
 int dlb__capi_init(PyObject *module, dlb_module_state *st);
 
-/* Adds private hooks for the tests (testing.c): allocation-failure
- * injection through the core allocator, live-block counts. */
+/* Adds every private hook for the tests (testing.c): allocation-failure
+ * injection through the core allocator, live-block counts, and the
+ * _exchange_* hooks. */
 int dlb__testing_init(PyObject *module, dlb_module_state *st);
-
-/* dlb.Tensor's own exchange table (process lifetime). */
-extern const DLPackExchangeAPI dlb__tensor_exchange_api;
-
-/* added by exchange.c */
-/* import.c, shared with exchange.c's views.  Each gives an owning, validated
- * managed tensor in *out (0), or -1 with an exception and nothing owned. */
-int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
-                               const DLDevice *target, int copy,
-                               DLManagedTensorVersioned **out);
-int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
-                                 DLManagedTensorVersioned **out);
-/* dlb__view_get for a caller that already holds h = the handler of
- * Py_TYPE(obj) (saves the second lookup). */
-int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
-                       PyObject *obj, unsigned options, dlb_view *view);
-/* dtype of a buffer-protocol format string; BufferError when it has none. */
-int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
-                             DLDataType *out);
 
 #endif /* DLB_PYTHON_DLBRIDGE_PY_H_ */

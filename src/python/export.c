@@ -1,7 +1,9 @@
 /*
- * export.c -- Tensor.__dlpack__ and Tensor.__dlpack_device__: capsule
- * creation, keyword negotiation and the managed tensor that keeps a Tensor
- * alive while a consumer holds its memory.
+ * export.c -- everything dlb.Tensor gives consumers: Tensor.__dlpack__ and
+ * Tensor.__dlpack_device__ (capsule creation, keyword negotiation and the
+ * managed tensor that keeps a Tensor alive while a consumer holds its
+ * memory), and dlb.Tensor's DLPack C exchange table.  dlb__export_init
+ * installs all three on the Tensor type.
  *
  * Ownership: every zero-copy export, versioned or legacy, is ONE allocation
  * (export_view: struct, shape and strides together) holding a strong
@@ -37,6 +39,40 @@
  *  - byte_offset is folded into data for CPU, CUDA and ROCm memory kinds
  *    (their data pointers are plain addresses); for other devices (OpenCL
  *    handles and the like) it is passed on unchanged.
+ *
+ * The exchange table.  dlb__tensor_exchange_api is a process-lifetime
+ * table, version 1.3, prev_api NULL, all five entries set.  It is published
+ * on dlb.Tensor as the class attribute __dlpack_c_exchange_api__, a
+ * PyCapsule named "dlpack_exchange_api" with no destructor (the table is
+ * static).  Tensor is an immutable heap type, so the attribute goes into
+ * tp_dict from C, followed by PyType_Modified.  Every entry must be called
+ * with the GIL held (as for every table); none leaves an exception set on
+ * success.
+ *
+ * Decisions written down here (known-bugs section 3):
+ *  3.8 managed_tensor_to_py_object_no_sync STEALS the tensor on success AND
+ *      on failure: when it returns -1 the tensor's deleter has already run.
+ *      The header says only "stolen"; the alternative (ownership returns to
+ *      the caller on failure) cannot be told apart by a caller from a
+ *      producer that did steal, so a caller that deleted on failure would
+ *      double-free with half the producers.  As a consumer we assume the
+ *      same of every foreign table (the callee took it) and never delete
+ *      after a failed call: at worst a non-stealing producer leaks one
+ *      tensor on an error path, never frees it twice.
+ *  -   The allocator makes CPU tensors only (dlbridge has no device
+ *      runtime yet); any other device is a BufferError through SetError.
+ *  -   current_work_stream writes NULL for every device: a dlb.Tensor has no
+ *      stream of its own; its producer's stream is whatever the caller uses.
+ *  -   Borrowed views through a foreign table's dltensor_from_py_object_no_sync
+ *      carry flags 0: the table has no way to say read-only on that path.
+ *      A framework whose tensors can be read-only must leave that entry NULL
+ *      (we then take the managed path, whose flags we honour).
+ *
+ * Layering: this file sits above tensor.c (the table's
+ * managed_tensor_to_py_object_no_sync makes Tensors), so tensor.c's own
+ * method table cannot name __dlpack__; dlb__export_init installs
+ * __dlpack__ and __dlpack_device__ on the type instead, the same way as
+ * the table attribute.
  */
 #include "dlbridge_py.h"
 
@@ -563,4 +599,193 @@ PyObject *dlb__tensor_dlpack_device(PyObject *op, PyObject *unused) {
   (void)unused;
   DLDevice d = AS_TENSOR(op)->t.device;
   return Py_BuildValue("(ii)", (int)d.device_type, (int)d.device_id);
+}
+
+/* The state of the module whose Tensor type the static table produces and
+ * consumes (the first module created in the process; tables are process
+ * wide, module states are not).  NULL once that module is cleared. */
+static dlb_module_state *g_state = NULL;
+
+/* ---- the producer: dlb.Tensor's table ----------------------------------------- */
+
+/* o as a dlb.Tensor, or NULL with TypeError. */
+static dlb_TensorObject *as_our_tensor(PyObject *o, const char *entry) {
+  if (o == NULL) {
+    PyErr_Format(PyExc_ValueError, "%s: py_object is NULL", entry);
+    return NULL;
+  }
+  if (g_state != NULL && PyObject_TypeCheck(o, g_state->TensorType))
+    return (dlb_TensorObject *)o;
+  /* Another module instance (a sub-interpreter) has its own Tensor type. */
+  dlb_module_state *st = dlb__state_from_type(Py_TYPE(o));
+  if (st != NULL && dlb__is_tensor(st, o)) return (dlb_TensorObject *)o;
+  PyErr_Format(PyExc_TypeError,
+               "%s: expected a dlbridge.Tensor, got '%.200s' (this table "
+               "belongs to dlbridge.Tensor)",
+               entry, Py_TYPE(o)->tp_name);
+  return NULL;
+}
+
+static int tx_allocator(DLTensor *prototype, DLManagedTensorVersioned **out,
+                        void *error_ctx,
+                        void (*SetError)(void *error_ctx, const char *kind,
+                                         const char *message)) {
+  char msg[DLB_ERROR_MESSAGE_SIZE + 96];
+  dlb_error err;
+  if (prototype == NULL || out == NULL) {
+    SetError(error_ctx, "ValueError",
+             "dlbridge managed_tensor_allocator: prototype and out must not "
+             "be NULL");
+    return -1;
+  }
+  if (prototype->device.device_type != kDLCPU) {
+    const char *name = dlb_device_type_name((int32_t)prototype->device.device_type);
+    PyOS_snprintf(msg, sizeof msg,
+                  "dlbridge.Tensor can only be allocated on the CPU, not on "
+                  "%s (device type %d): dlbridge has no device runtime yet",
+                  name != NULL ? name : "an unknown device",
+                  (int)prototype->device.device_type);
+    SetError(error_ctx, "BufferError", msg);
+    return -1;
+  }
+  int rc = dlb_managed_empty(prototype->ndim, prototype->shape,
+                             prototype->dtype, prototype->device, false, out,
+                             &err);
+  if (rc != DLB_OK) {
+    const char *kind = rc == DLB_ENOMEM   ? "MemoryError"
+                       : rc == DLB_EINVAL || rc == DLB_EOVERFLOW ? "ValueError"
+                                                                 : "BufferError";
+    PyOS_snprintf(msg, sizeof msg, "dlbridge managed_tensor_allocator: %s",
+                  err.message);
+    SetError(error_ctx, kind, msg);
+    return -1;
+  }
+  return 0;
+}
+
+static int tx_from_py(void *py_object, DLManagedTensorVersioned **out) {
+  dlb_error err;
+  dlb_TensorObject *self =
+      as_our_tensor((PyObject *)py_object, "managed_tensor_from_py_object_no_sync");
+  if (self == NULL) return -1;
+  if (out == NULL) {
+    PyErr_SetString(PyExc_ValueError,
+                    "managed_tensor_from_py_object_no_sync: out is NULL");
+    return -1;
+  }
+  if (dlb__tensor_export_managed(self, out, &err) != DLB_OK) {
+    dlb__raise(&err);
+    return -1;
+  }
+  return 0;
+}
+
+/* Check an owned tensor from outside: its major, then its DLTensor.  On
+ * failure m has been deleted and BufferError is set (decision 3.8 applied to
+ * our own inputs: whatever we were given is ours to free). */
+int dlb__check_owned(DLManagedTensorVersioned *m, const char *what) {
+  dlb_error err;
+  if (dlb_managed_check_version(m, &err) != DLB_OK) {
+    dlb__delete_keep_error(m);
+    PyErr_Format(PyExc_BufferError, "%s: %s", what, err.message);
+    return -1;
+  }
+  if (dlb_tensor_validate(&m->dl_tensor, 0, &err) != DLB_OK) {
+    dlb__delete_keep_error(m);
+    PyErr_Format(PyExc_BufferError, "%s: the tensor cannot be used: %s", what,
+                 err.message);
+    return -1;
+  }
+  return 0;
+}
+
+static int tx_to_py(DLManagedTensorVersioned *tensor, void **out_py_object) {
+  static const char what[] = "dlbridge managed_tensor_to_py_object_no_sync";
+  if (tensor == NULL || out_py_object == NULL) {
+    dlb_managed_delete(tensor);
+    PyErr_Format(PyExc_ValueError, "%s: tensor and out must not be NULL", what);
+    return -1;
+  }
+  if (g_state == NULL) {
+    dlb__delete_keep_error(tensor);
+    PyErr_Format(PyExc_RuntimeError, "%s: dlbridge._core has been unloaded",
+                 what);
+    return -1;
+  }
+  if (dlb__check_owned(tensor, what) < 0) return -1;
+  PyObject *obj = dlb__tensor_from_managed(g_state, tensor); /* steals */
+  if (obj == NULL) return -1;
+  *out_py_object = obj;
+  return 0;
+}
+
+static int tx_dltensor(void *py_object, DLTensor *out) {
+  dlb_TensorObject *self =
+      as_our_tensor((PyObject *)py_object, "dltensor_from_py_object_no_sync");
+  if (self == NULL) return -1;
+  if (out == NULL) {
+    PyErr_SetString(PyExc_ValueError, "dltensor_from_py_object_no_sync: out is NULL");
+    return -1;
+  }
+  *out = self->t; /* shape/strides point into our managed block: no copy */
+  return 0;
+}
+
+static int tx_stream(DLDeviceType device_type, int32_t device_id,
+                     void **out_current_stream) {
+  (void)device_type;
+  (void)device_id;
+  if (out_current_stream == NULL) {
+    PyErr_SetString(PyExc_ValueError, "current_work_stream: out is NULL");
+    return -1;
+  }
+  *out_current_stream = NULL;
+  return 0;
+}
+
+const DLPackExchangeAPI dlb__tensor_exchange_api = {
+    .header = {.version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION},
+               .prev_api = NULL},
+    .managed_tensor_allocator = tx_allocator,
+    .managed_tensor_from_py_object_no_sync = tx_from_py,
+    .managed_tensor_to_py_object_no_sync = tx_to_py,
+    .dltensor_from_py_object_no_sync = tx_dltensor,
+    .current_work_stream = tx_stream,
+};
+
+/* ---- installing the consumer-facing attributes on dlb.Tensor -------------------- */
+
+static PyMethodDef export_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))dlb__tensor_dlpack,
+     METH_FASTCALL | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, "
+     "copy=None)\n--\n\nExport as a DLPack capsule."},
+    {"__dlpack_device__", dlb__tensor_dlpack_device, METH_NOARGS,
+     "__dlpack_device__()\n--\n\n(device_type, device_id) of the data."},
+    {NULL, NULL, 0, NULL},
+};
+
+int dlb__export_init(dlb_module_state *st) {
+  PyTypeObject *type = st->TensorType;
+  for (PyMethodDef *def = export_methods; def->ml_name != NULL; def++) {
+    PyObject *descr = PyDescr_NewMethod(type, def);
+    if (descr == NULL) return -1;
+    int rc = PyDict_SetItemString(type->tp_dict, def->ml_name, descr);
+    Py_DECREF(descr);
+    if (rc < 0) return -1;
+  }
+  /* Publish the table on Tensor (immutable type: through tp_dict). */
+  PyObject *cap = PyCapsule_New((void *)&dlb__tensor_exchange_api,
+                                DLB_EXCHANGE_API_CAPSULE_NAME, NULL);
+  if (cap == NULL) return -1;
+  int rc = PyDict_SetItemString(type->tp_dict, "__dlpack_c_exchange_api__", cap);
+  Py_DECREF(cap);
+  if (rc < 0) return -1;
+  PyType_Modified(type);
+  if (g_state == NULL) g_state = st;
+  return 0;
+}
+
+void dlb__export_clear(dlb_module_state *st) {
+  if (g_state == st) g_state = NULL;
 }

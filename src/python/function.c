@@ -653,216 +653,13 @@ cleanup:
 
 /* ---- the call --------------------------------------------------------------------- */
 
-/* Storage for a Python number passed as a 0-d tensor. */
-typedef union {
-  int64_t i;
-  uint64_t u;
-  double d[2];
-  unsigned char bytes[16];
-} fn_scalar;
-
-static void dtype_str(DLDataType dt, char *buf, size_t n) {
-  if (dlb_dtype_name(dt, buf, n, NULL) != DLB_OK)
-    snprintf(buf, n, "(code %u, bits %u, lanes %u)", (unsigned)dt.code,
-             (unsigned)dt.bits, (unsigned)dt.lanes);
-}
-
-static void device_str(DLDevice d, char *buf, size_t n) {
-  const char *tn = dlb_device_type_name(d.device_type);
-  if (tn)
-    snprintf(buf, n, "%s:%d", tn, (int)d.device_id);
-  else
-    snprintf(buf, n, "device type %d:%d", (int)d.device_type,
-             (int)d.device_id);
-}
-
 static PyObject *pname(const fn_object *fn, int i) {
   return PyTuple_GET_ITEM(fn->param_names, i);
 }
 
-/* Out-of-line so the hot loop stays small. */
-static int scalar_range_error(const fn_object *fn, int i, const char *dt) {
-  PyErr_Format(PyExc_OverflowError,
-               "%U() argument '%U': value out of range for %s", fn->name,
-               pname(fn, i), dt);
-  return -1;
-}
-
-static uint16_t bf16_from_double(double d) {
-  float f = (float)d;
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0)
-    return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
-  u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even */
-  return (uint16_t)(u >> 16);
-}
-
-/* Store Python number obj as param i's dtype in *out.  0 or -1. */
-static int scalar_from_number(const fn_object *fn, int i, PyObject *obj,
-                              DLDataType dt, fn_scalar *out) {
-  char dts[48];
-  int is_int = PyLong_Check(obj); /* bool included */
-  int is_float = PyFloat_Check(obj);
-  if (dt.lanes != 1) goto unsupported;
-  switch (dt.code) {
-    case kDLBool:
-      if (dt.bits != 8) goto unsupported;
-      if (!is_int) goto wrong_kind;
-      {
-        int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        if (overflow || (v != 0 && v != 1)) goto range;
-        out->bytes[0] = (unsigned char)v;
-      }
-      return 0;
-    case kDLInt: {
-      if (!is_int) goto wrong_kind;
-      int overflow;
-      long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-      if (v == -1 && PyErr_Occurred()) return -1;
-      if (overflow) goto range;
-      switch (dt.bits) {
-        case 8:
-          if (v < INT8_MIN || v > INT8_MAX) goto range;
-          {
-            int8_t x = (int8_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 16:
-          if (v < INT16_MIN || v > INT16_MAX) goto range;
-          {
-            int16_t x = (int16_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 32:
-          if (v < INT32_MIN || v > INT32_MAX) goto range;
-          {
-            int32_t x = (int32_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 64:
-          out->i = (int64_t)v;
-          return 0;
-        default:
-          goto unsupported;
-      }
-    }
-    case kDLUInt: {
-      if (!is_int) goto wrong_kind;
-      unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-      if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-        PyErr_Clear();
-        goto range;
-      }
-      switch (dt.bits) {
-        case 8:
-          if (v > UINT8_MAX) goto range;
-          out->bytes[0] = (uint8_t)v;
-          return 0;
-        case 16:
-          if (v > UINT16_MAX) goto range;
-          {
-            uint16_t x = (uint16_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 32:
-          if (v > UINT32_MAX) goto range;
-          {
-            uint32_t x = (uint32_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 64:
-          out->u = (uint64_t)v;
-          return 0;
-        default:
-          goto unsupported;
-      }
-    }
-    case kDLFloat:
-    case kDLBfloat:
-    case kDLComplex: {
-      double re, im = 0.0;
-      if (PyComplex_Check(obj)) {
-        if (dt.code != kDLComplex) goto wrong_kind;
-        re = PyComplex_RealAsDouble(obj);
-        im = PyComplex_ImagAsDouble(obj);
-      } else if (is_int || is_float) {
-        re = PyFloat_AsDouble(obj);
-        if (re == -1.0 && PyErr_Occurred()) {
-          if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-          PyErr_Clear();
-          goto range;
-        }
-      } else {
-        goto wrong_kind;
-      }
-      int parts = dt.code == kDLComplex ? 2 : 1;
-      int bits = dt.code == kDLComplex ? dt.bits / 2 : dt.bits;
-      double v[2] = {re, im};
-      for (int k = 0; k < parts; k++) {
-        if (dt.code == kDLBfloat) {
-          if (bits != 16) goto unsupported;
-          if (isfinite(v[k]) && fabs(v[k]) > (double)FLT_MAX) goto range;
-          uint16_t h = bf16_from_double(v[k]);
-          memcpy(out->bytes, &h, sizeof h);
-        } else if (bits == 16) {
-          if (PyFloat_Pack2(v[k], (char *)out->bytes + 2 * k, PY_LITTLE_ENDIAN)
-              < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-            PyErr_Clear();
-            goto range;
-          }
-        } else if (bits == 32) {
-          if (isfinite(v[k]) && fabs(v[k]) > (double)FLT_MAX) goto range;
-          float f = (float)v[k];
-          memcpy(out->bytes + 4 * k, &f, sizeof f);
-        } else if (bits == 64) {
-          memcpy(out->bytes + 8 * k, &v[k], sizeof v[k]);
-        } else {
-          goto unsupported;
-        }
-      }
-      return 0;
-    }
-    default:
-      goto unsupported;
-  }
-range:
-  dtype_str(dt, dts, sizeof dts);
-  return scalar_range_error(fn, i, dts);
-wrong_kind:
-  dtype_str(dt, dts, sizeof dts);
-  PyErr_Format(PyExc_TypeError,
-               "%U() argument '%U': a Python %.50s cannot be passed as %s",
-               fn->name, pname(fn, i), Py_TYPE(obj)->tp_name, dts);
-  return -1;
-unsupported:
-  dtype_str(dt, dts, sizeof dts);
-  PyErr_Format(PyExc_TypeError,
-               "%U() argument '%U': no Python number converts to %s; pass a "
-               "0-d tensor",
-               fn->name, pname(fn, i), dts);
-  return -1;
-}
-
 /* Re-raise the pending exception (same type) with the argument named. */
 static void prefix_error(const fn_object *fn, int i) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  PyErr_Format(type, "%U() argument '%U': %S", fn->name, pname(fn, i),
-               value ? value : Py_None);
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(tb);
+  dlb__error_prefix_argument(fn->name, pname(fn, i));
 }
 
 static int dim_error(const fn_object *fn, int i, int axis, int64_t got,
@@ -889,8 +686,8 @@ static int check_error(const fn_object *fn, int i, const DLTensor *t,
   char a[48], b[48];
   if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits ||
       t->dtype.lanes != p->dtype.lanes) {
-    dtype_str(p->dtype, a, sizeof a);
-    dtype_str(t->dtype, b, sizeof b);
+    dlb__dtype_str(p->dtype, a, sizeof a);
+    dlb__dtype_str(t->dtype, b, sizeof b);
     PyErr_Format(PyExc_TypeError,
                  "%U() argument '%U': expected dtype %s, got %s", fn->name,
                  pname(fn, i), a, b);
@@ -900,8 +697,8 @@ static int check_error(const fn_object *fn, int i, const DLTensor *t,
                  fn->name, pname(fn, i), (int)p->ndim,
                  p->ndim == 1 ? "" : "s", (int)t->ndim);
   } else {
-    device_str(t->device, a, sizeof a);
-    device_str(first->device, b, sizeof b);
+    dlb__device_str(t->device, a, sizeof a);
+    dlb__device_str(first->device, b, sizeof b);
     PyErr_Format(PyExc_ValueError,
                  "%U() argument '%U' is on %s but argument '%U' is on %s",
                  fn->name, pname(fn, i), a, pname(fn, ifirst), b);
@@ -988,7 +785,7 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   PyObject *result = NULL;
   PyObject *ordered[FN_MAX_PARAMS];
   dlb_view views[FN_MAX_PARAMS];
-  fn_scalar scalars[FN_MAX_PARAMS];
+  dlb_scalar scalars[FN_MAX_PARAMS];
   DLTensor *argv[FN_MAX_PARAMS];
   DLManagedTensorVersioned *outs[FN_MAX_PARAMS];
   uint8_t has_view[FN_MAX_PARAMS];
@@ -1023,7 +820,7 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
                      fn->name, pname(fn, i), Py_TYPE(obj)->tp_name);
         goto cleanup;
       }
-      if (scalar_from_number(fn, i, obj, p->dtype, &scalars[i]) < 0)
+      if (dlb__scalar_from_number(fn->name, pname(fn, i), obj, p->dtype, &scalars[i]) < 0)
         goto cleanup;
       t->data = scalars[i].bytes;
       t->device.device_type = kDLCPU;

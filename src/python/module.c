@@ -3,47 +3,13 @@
  * module-level method table.  Multi-phase init, so the module can be
  * re-created (sub-interpreters, importlib.reload) without sharing state; no
  * framework is imported here or anywhere at import time.
+ *
+ * The top of src/python's layering (dlbridge_py.h): exec initialises every
+ * other file, lowest first; clear undoes them.  The state struct itself is
+ * declared in dlbridge_py.h, and every file finds it through
+ * dlb__state_from_type there.
  */
 #include "dlbridge_py.h"
-
-dlb_module_state *dlb__state_from_type(PyTypeObject *type) {
-  /* PyType_GetModuleByDef walks the MRO, so subclasses defined in Python
-   * find our module too. */
-  PyObject *module = PyType_GetModuleByDef(type, &dlb__module_def);
-  if (module == NULL) {
-    PyErr_Clear();
-    return NULL;
-  }
-  return (dlb_module_state *)PyModule_GetState(module);
-}
-
-/* DECREF obj with the GIL held, leaving any in-flight exception as it was
- * (a consumer may drop our tensor while an error propagates). */
-static void decref_keep_error(PyObject *obj) {
-  if (PyErr_Occurred()) {
-    dlb__saved_error s;
-    dlb__error_save(&s);
-    Py_DECREF(obj);
-    dlb__error_restore(&s);
-  } else {
-    Py_DECREF(obj); /* the common case: nothing to protect */
-  }
-}
-
-/* The usual caller already holds the GIL (Python code dropping a tensor)
- * and DECREFs directly; any other thread takes the GIL first.  When Python
- * can no longer be touched safely the reference is leaked -- a few bytes at
- * exit -- rather than risk a dead interpreter or a GIL never handed back. */
-void dlb__release_ref(PyObject *obj, int have_gil) {
-  if (dlb__python_gone()) return;
-  if (have_gil || dlb__gil_held()) {
-    decref_keep_error(obj);
-    return;
-  }
-  PyGILState_STATE g = PyGILState_Ensure();
-  decref_keep_error(obj);
-  PyGILState_Release(g);
-}
 
 static int intern_name(PyObject **slot, const char *name) {
   *slot = PyUnicode_InternFromString(name);
@@ -67,7 +33,8 @@ static int module_exec(PyObject *module) {
   if (st->max_version_tuple == NULL) return -1;
   if (dlb__types_init(module, st) < 0) return -1;
   if (dlb__tensor_init(module, st) < 0) return -1;
-  if (dlb__exchange_init(module, st) < 0) return -1;
+  if (dlb__export_init(st) < 0) return -1;
+  if (dlb__handlers_init(st) < 0) return -1;
   if (dlb__function_init(module, st) < 0) return -1;
   if (dlb__capi_init(module, st) < 0) return -1;
   if (dlb__testing_init(module, st) < 0) return -1;
@@ -111,7 +78,8 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->FunctionType);
   for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)
     Py_CLEAR(st->dtype_cache[i]);
-  dlb__exchange_clear(st);
+  dlb__export_clear(st);
+  dlb__handlers_clear(st);
   return 0;
 }
 

@@ -1,7 +1,10 @@
 /*
  * tensor.c -- the dlbridge.Tensor heap type: attributes, tolist, copy, repr,
  * the buffer protocol, __array_interface__ / __cuda_array_interface__, and
- * the factories empty(), zeros() and tensor().
+ * the factories empty(), zeros() and tensor().  Elements <-> Python numbers
+ * are scalars.c's, struct formats and typestrs formats.c's; __dlpack__,
+ * __dlpack_device__ and the exchange table are installed on the type by
+ * export.c, which sits above this file.
  *
  * A Tensor owns exactly one DLManagedTensorVersioned (self->managed); its
  * deleter runs once, in tp_dealloc.  Tensors hold no Python objects of their
@@ -59,207 +62,6 @@
 #endif
 
 #define AS_TENSOR(o) ((dlb_TensorObject *)(o))
-
-/* ---- errors ------------------------------------------------------------------ */
-
-PyObject *dlb__raise(const dlb_error *err) {
-  PyObject *exc;
-  switch (err->code) {
-    case DLB_ENOMEM:
-      exc = PyExc_MemoryError;
-      break;
-    case DLB_EINVAL:
-    case DLB_EOVERFLOW: /* "too big", as NumPy reports it */
-      exc = PyExc_ValueError;
-      break;
-    case DLB_EUNSUPPORTED:
-    case DLB_EVERSION:
-    case DLB_EREADONLY:
-      exc = PyExc_BufferError;
-      break;
-    default: /* DLB_EDEVICE: a device runtime call failed */
-      exc = PyExc_RuntimeError;
-      break;
-  }
-  if (err->message[0] != '\0')
-    PyErr_SetString(exc, err->message);
-  else
-    PyErr_Format(exc, "dlbridge error %s", dlb_status_name(err->code));
-  return NULL;
-}
-
-/* ---- scalar kinds ------------------------------------------------------------ */
-
-/* The dtypes that have a Python scalar equivalent. */
-typedef enum {
-  K_NONE = 0,
-  K_BOOL,
-  K_I8, K_I16, K_I32, K_I64,
-  K_U8, K_U16, K_U32, K_U64,
-  K_F16, K_F32, K_F64, K_BF16,
-  K_C32, K_C64, K_C128
-} scalar_kind;
-
-static scalar_kind kind_of(DLDataType dt) {
-  if (dt.lanes != 1) return K_NONE;
-  switch (dt.code) {
-    case kDLBool:
-      return dt.bits == 8 ? K_BOOL : K_NONE;
-    case kDLInt:
-      switch (dt.bits) {
-        case 8: return K_I8;
-        case 16: return K_I16;
-        case 32: return K_I32;
-        case 64: return K_I64;
-        default: return K_NONE;
-      }
-    case kDLUInt:
-      switch (dt.bits) {
-        case 8: return K_U8;
-        case 16: return K_U16;
-        case 32: return K_U32;
-        case 64: return K_U64;
-        default: return K_NONE;
-      }
-    case kDLFloat:
-      switch (dt.bits) {
-        case 16: return K_F16;
-        case 32: return K_F32;
-        case 64: return K_F64;
-        default: return K_NONE;
-      }
-    case kDLBfloat:
-      return dt.bits == 16 ? K_BF16 : K_NONE;
-    case kDLComplex:
-      switch (dt.bits) {
-        case 32: return K_C32;
-        case 64: return K_C64;
-        case 128: return K_C128;
-        default: return K_NONE;
-      }
-    default:
-      return K_NONE;
-  }
-}
-
-/* struct-module format of a kind (buffer protocol); NULL when none. */
-static const char *buffer_format(scalar_kind k) {
-  switch (k) {
-    case K_BOOL: return "?";
-    case K_I8: return "b";
-    case K_U8: return "B";
-    case K_I16: return "h";
-    case K_U16: return "H";
-    case K_I32: return "i";
-    case K_U32: return "I";
-    case K_I64: return "q";
-    case K_U64: return "Q";
-    case K_F16: return "e";
-    case K_F32: return "f";
-    case K_F64: return "d";
-    case K_C64: return "Zf";
-    case K_C128: return "Zd";
-    default: return NULL;
-  }
-}
-
-#if PY_LITTLE_ENDIAN
-#define NATIVE_ORDER "<"
-#else
-#define NATIVE_ORDER ">"
-#endif
-
-/* __array_interface__ typestr of a kind; NULL when NumPy has no name for it
- * (the caller then uses "|V<itemsize>"). */
-static const char *array_typestr(scalar_kind k) {
-  switch (k) {
-    case K_BOOL: return "|b1";
-    case K_I8: return "|i1";
-    case K_U8: return "|u1";
-    case K_I16: return NATIVE_ORDER "i2";
-    case K_U16: return NATIVE_ORDER "u2";
-    case K_I32: return NATIVE_ORDER "i4";
-    case K_U32: return NATIVE_ORDER "u4";
-    case K_I64: return NATIVE_ORDER "i8";
-    case K_U64: return NATIVE_ORDER "u8";
-    case K_F16: return NATIVE_ORDER "f2";
-    case K_F32: return NATIVE_ORDER "f4";
-    case K_F64: return NATIVE_ORDER "f8";
-    case K_C64: return NATIVE_ORDER "c8";
-    case K_C128: return NATIVE_ORDER "c16";
-    default: return NULL;
-  }
-}
-
-static float bf16_to_float(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-/* Round to nearest even, keeping NaN a (quiet) NaN. */
-static uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if (isnan(f)) return (uint16_t)((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-/* The element at p as a new Python scalar.  memcpy: tensors need not be
- * aligned. */
-static PyObject *read_scalar(scalar_kind k, const char *p) {
-  switch (k) {
-    case K_BOOL: return PyBool_FromLong(*(const unsigned char *)p != 0);
-    case K_I8: return PyLong_FromLong(*(const int8_t *)p);
-    case K_U8: return PyLong_FromLong(*(const uint8_t *)p);
-    case K_I16: { int16_t v; memcpy(&v, p, 2); return PyLong_FromLong(v); }
-    case K_U16: { uint16_t v; memcpy(&v, p, 2); return PyLong_FromLong(v); }
-    case K_I32: { int32_t v; memcpy(&v, p, 4); return PyLong_FromLong(v); }
-    case K_U32: {
-      uint32_t v; memcpy(&v, p, 4);
-      return PyLong_FromUnsignedLong(v);
-    }
-    case K_I64: {
-      int64_t v; memcpy(&v, p, 8);
-      return PyLong_FromLongLong((long long)v);
-    }
-    case K_U64: {
-      uint64_t v; memcpy(&v, p, 8);
-      return PyLong_FromUnsignedLongLong((unsigned long long)v);
-    }
-    case K_F16: {
-      double d = PyFloat_Unpack2(p, PY_LITTLE_ENDIAN);
-      if (d == -1.0 && PyErr_Occurred()) return NULL;
-      return PyFloat_FromDouble(d);
-    }
-    case K_F32: { float v; memcpy(&v, p, 4); return PyFloat_FromDouble(v); }
-    case K_F64: { double v; memcpy(&v, p, 8); return PyFloat_FromDouble(v); }
-    case K_BF16: {
-      uint16_t v; memcpy(&v, p, 2);
-      return PyFloat_FromDouble(bf16_to_float(v));
-    }
-    case K_C32: {
-      double re = PyFloat_Unpack2(p, PY_LITTLE_ENDIAN);
-      if (re == -1.0 && PyErr_Occurred()) return NULL;
-      double im = PyFloat_Unpack2(p + 2, PY_LITTLE_ENDIAN);
-      if (im == -1.0 && PyErr_Occurred()) return NULL;
-      return PyComplex_FromDoubles(re, im);
-    }
-    case K_C64: {
-      float v[2]; memcpy(v, p, 8);
-      return PyComplex_FromDoubles(v[0], v[1]);
-    }
-    case K_C128: {
-      double v[2]; memcpy(v, p, 16);
-      return PyComplex_FromDoubles(v[0], v[1]);
-    }
-    default:
-      PyErr_SetString(PyExc_BufferError, "dtype has no Python scalar type");
-      return NULL;
-  }
-}
 
 /* ---- layout helpers ------------------------------------------------------------ */
 
@@ -324,31 +126,6 @@ static int require_host(const dlb_TensorObject *self, const char *what) {
 }
 
 /* ---- construction / destruction ---------------------------------------------------- */
-
-/* Run m's deleter without disturbing the error indicator: deleters of
- * imported tensors may run Python code (DECREF of a producer's object).
- * With no error in flight -- every dealloc from ordinary code -- there is
- * nothing to save: one check instead of a fetch and a restore.  A deleter
- * must not leave an error behind; one that does is discarded, exactly as
- * the restore of "no error" did. */
-static void delete_preserving_error(DLManagedTensorVersioned *m) {
-  if (!PyErr_Occurred()) {
-    dlb_managed_delete(m);
-    if (PyErr_Occurred()) PyErr_Clear();
-    return;
-  }
-#if PY_VERSION_HEX >= 0x030C0000
-  PyObject *exc = PyErr_GetRaisedException();
-  dlb_managed_delete(m);
-  PyErr_SetRaisedException(exc);
-#else
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  dlb_managed_delete(m);
-  PyErr_Restore(type, value, tb);
-#endif
-}
-
 PyObject *dlb__tensor_from_managed(dlb_module_state *st,
                                    DLManagedTensorVersioned *m) {
   /* PyObject_New, not tp_alloc (PyType_GenericAlloc): the type is not GC
@@ -359,7 +136,7 @@ PyObject *dlb__tensor_from_managed(dlb_module_state *st,
    * that tensor_dealloc drops. */
   dlb_TensorObject *self = PyObject_New(dlb_TensorObject, st->TensorType);
   if (self == NULL) {
-    delete_preserving_error(m); /* stolen even on failure */
+    dlb__delete_keep_error(m); /* stolen even on failure */
     return NULL;
   }
   /* Zero the body first so a field added later starts as tp_alloc would
@@ -381,7 +158,7 @@ static void tensor_dealloc(PyObject *op) {
   if (self->managed != NULL) {
     DLManagedTensorVersioned *m = self->managed;
     self->managed = NULL;
-    delete_preserving_error(m);
+    dlb__delete_keep_error(m);
   }
   tp->tp_free(op);
   Py_DECREF(tp);
@@ -401,7 +178,7 @@ static PyObject *tensor_new(PyTypeObject *type, PyObject *args,
 
 /* ---- attributes ----------------------------------------------------------------- */
 
-static PyObject *int64_tuple(int32_t n, const int64_t *v) {
+PyObject *dlb__int64_tuple(int32_t n, const int64_t *v) {
   PyObject *t = PyTuple_New(n);
   if (t == NULL) return NULL;
   for (int32_t i = 0; i < n; i++) {
@@ -418,7 +195,7 @@ static PyObject *int64_tuple(int32_t n, const int64_t *v) {
 static PyObject *tensor_get_shape(PyObject *op, void *c) {
   (void)c;
   dlb_TensorObject *self = AS_TENSOR(op);
-  return int64_tuple(self->t.ndim, self->t.shape);
+  return dlb__int64_tuple(self->t.ndim, self->t.shape);
 }
 
 static PyObject *tensor_get_strides(PyObject *op, void *c) {
@@ -431,7 +208,7 @@ static PyObject *tensor_get_strides(PyObject *op, void *c) {
     PyErr_SetString(PyExc_BufferError, "tensor has no valid strides");
     return NULL;
   }
-  return int64_tuple(self->t.ndim, st);
+  return dlb__int64_tuple(self->t.ndim, st);
 }
 
 static PyObject *tensor_get_dtype(PyObject *op, void *c) {
@@ -506,11 +283,11 @@ static PyObject *interface_dict(dlb_TensorObject *self) {
   d = PyDict_New();
   if (d == NULL) goto cleanup;
 
-  v = int64_tuple(t->ndim, t->shape);
+  v = dlb__int64_tuple(t->ndim, t->shape);
   if (v == NULL || PyDict_SetItemString(d, "shape", v) < 0) goto cleanup;
   Py_CLEAR(v);
 
-  const char *ts = array_typestr(kind_of(t->dtype));
+  const char *ts = dlb__array_typestr(dlb__scalar_kind(t->dtype));
   v = ts != NULL ? PyUnicode_FromString(ts)
                  : PyUnicode_FromFormat("|V%lld", (long long)itemsize);
   if (v == NULL || PyDict_SetItemString(d, "typestr", v) < 0) goto cleanup;
@@ -526,7 +303,7 @@ static PyObject *interface_dict(dlb_TensorObject *self) {
   } else {
     int64_t bs[DLB_MAX_NDIM];
     if (byte_strides(t, itemsize, bs) < 0) goto cleanup;
-    v = int64_tuple(t->ndim, bs);
+    v = dlb__int64_tuple(t->ndim, bs);
   }
   if (v == NULL || PyDict_SetItemString(d, "strides", v) < 0) goto cleanup;
   Py_CLEAR(v);
@@ -610,7 +387,7 @@ static PyMemberDef tensor_members[] = {
 
 static PyObject *tolist_rec(scalar_kind k, const char *p, int32_t dim,
                             const DLTensor *t, const int64_t *bs) {
-  if (dim == t->ndim) return read_scalar(k, p);
+  if (dim == t->ndim) return dlb__read_scalar(k, p);
   int64_t n = t->shape[dim];
   PyObject *list = PyList_New((Py_ssize_t)n);
   if (list == NULL) return NULL;
@@ -632,7 +409,7 @@ static PyObject *tensor_tolist(PyObject *op, PyObject *unused) {
   dlb_TensorObject *self = AS_TENSOR(op);
   const DLTensor *t = &self->t;
   if (require_host(self, "tolist()") < 0) return NULL;
-  scalar_kind k = kind_of(t->dtype);
+  scalar_kind k = dlb__scalar_kind(t->dtype);
   if (k == K_NONE) {
     char name[48];
     if (dlb_dtype_name(t->dtype, name, sizeof name, NULL) != DLB_OK)
@@ -755,7 +532,7 @@ static PyObject *tensor_repr(PyObject *op) {
     snprintf(name, sizeof name, "(code %u, bits %u, lanes %u)",
              (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
              (unsigned)t->dtype.lanes);
-  if (host_accessible(self) && kind_of(t->dtype) != K_NONE &&
+  if (host_accessible(self) && dlb__scalar_kind(t->dtype) != K_NONE &&
       tensor_numel(t) <= REPR_MAX_ELEMENTS) {
     PyObject *list = tensor_tolist(op, NULL);
     if (list == NULL) goto cleanup;
@@ -817,7 +594,7 @@ static int tensor_getbuffer(PyObject *op, Py_buffer *view, int flags) {
                  name);
     goto cleanup;
   }
-  const char *format = buffer_format(kind_of(t->dtype));
+  const char *format = dlb__buffer_format(dlb__scalar_kind(t->dtype));
   if ((flags & PyBUF_FORMAT) && format == NULL) {
     PyErr_Format(PyExc_BufferError,
                  "dtype %s has no struct-module format code, so the buffer "
@@ -1005,36 +782,7 @@ PyObject *dlb__py_zeros(PyObject *module, PyObject *const *args,
 
 /* ---- tensor(data) ------------------------------------------------------------------ */
 
-/* Python number classes, ordered so the inferred dtype is the maximum. */
-enum { C_NONE = 0, C_BOOL = 1, C_INT = 2, C_FLOAT = 3, C_COMPLEX = 4 };
-
 static int is_nested(PyObject *o) { return PyList_Check(o) || PyTuple_Check(o); }
-
-/* The class of a leaf; -1 with TypeError when it is not a number. */
-static int classify(PyObject *o) {
-  if (PyBool_Check(o)) return C_BOOL;
-  if (PyLong_Check(o)) return C_INT;
-  if (PyFloat_Check(o)) return C_FLOAT;
-  if (PyComplex_Check(o)) return C_COMPLEX;
-  /* Foreign scalars (numpy.bool, numpy.int8, numpy.float32, ...), by the
-   * protocols they implement; numpy.bool has neither __index__ nor a bool
-   * base, so it is recognised by name. */
-  const char *tn = Py_TYPE(o)->tp_name;
-  if (strcmp(tn, "numpy.bool") == 0 || strcmp(tn, "numpy.bool_") == 0)
-    return C_BOOL;
-  if (PyIndex_Check(o)) return C_INT;
-  if (strncmp(tn, "numpy.complex", 13) == 0 ||
-      strcmp(tn, "numpy.clongdouble") == 0)
-    return C_COMPLEX; /* they also have __float__, which drops the imag */
-  if (Py_TYPE(o)->tp_as_number && Py_TYPE(o)->tp_as_number->nb_float)
-    return C_FLOAT;
-  if (PyObject_HasAttrString(o, "__complex__")) return C_COMPLEX;
-  PyErr_Format(PyExc_TypeError,
-               "tensor() data must be nested lists/tuples of numbers; got "
-               "%.200s",
-               tn);
-  return -1;
-}
 
 static int ragged(int32_t dim) {
   PyErr_Format(PyExc_ValueError,
@@ -1049,7 +797,7 @@ static int infer_rec(PyObject *o, int32_t dim, int32_t ndim,
                      const int64_t *shape, int *cls) {
   if (dim == ndim) {
     if (is_nested(o)) return ragged(dim);
-    int c = classify(o);
+    int c = dlb__number_class(o);
     if (c < 0) return -1;
     if (c > *cls) *cls = c;
     return 0;
@@ -1066,175 +814,6 @@ static int infer_rec(PyObject *o, int32_t dim, int32_t ndim,
   return 0;
 }
 
-static int out_of_range(PyObject *o, const char *name) {
-  PyErr_Format(PyExc_OverflowError, "value %R is out of range for %s", o,
-               name);
-  return -1;
-}
-
-static int store_int(PyObject *o, int cls, scalar_kind k, const char *name,
-                     char *p) {
-  long long v = 0;
-  unsigned long long u = 0;
-  int is_unsigned = k == K_U8 || k == K_U16 || k == K_U32 || k == K_U64;
-  if (cls == C_COMPLEX) {
-    PyErr_Format(PyExc_TypeError, "cannot store complex value %R in %s", o,
-                 name);
-    return -1;
-  }
-  if (cls == C_FLOAT) {
-    double d = PyFloat_AsDouble(o);
-    if (d == -1.0 && PyErr_Occurred()) return -1;
-    if (!isfinite(d)) {
-      PyErr_Format(PyExc_ValueError, "cannot store %R in integer dtype %s",
-                   o, name);
-      return -1;
-    }
-    d = trunc(d);
-    if (is_unsigned) {
-      if (d < 0 || d >= 18446744073709551616.0) return out_of_range(o, name);
-      u = (unsigned long long)d;
-    } else {
-      if (d < -9223372036854775808.0 || d >= 9223372036854775808.0)
-        return out_of_range(o, name);
-      v = (long long)d;
-    }
-  } else {
-    PyObject *idx = cls == C_BOOL ? PyLong_FromLong(PyObject_IsTrue(o))
-                                  : PyNumber_Index(o);
-    if (idx == NULL) return -1;
-    int overflow = 0;
-    v = PyLong_AsLongLongAndOverflow(idx, &overflow);
-    if (v == -1 && PyErr_Occurred()) {
-      Py_DECREF(idx);
-      return -1;
-    }
-    if (is_unsigned) {
-      if (overflow < 0 || (overflow == 0 && v < 0)) {
-        Py_DECREF(idx);
-        return out_of_range(o, name);
-      }
-      u = PyLong_AsUnsignedLongLong(idx);
-      Py_DECREF(idx);
-      if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-        PyErr_Clear();
-        return out_of_range(o, name);
-      }
-    } else {
-      Py_DECREF(idx);
-      if (overflow) return out_of_range(o, name);
-    }
-  }
-  switch (k) {
-    case K_I8:
-      if (v < INT8_MIN || v > INT8_MAX) return out_of_range(o, name);
-      { int8_t x = (int8_t)v; memcpy(p, &x, 1); }
-      return 0;
-    case K_I16:
-      if (v < INT16_MIN || v > INT16_MAX) return out_of_range(o, name);
-      { int16_t x = (int16_t)v; memcpy(p, &x, 2); }
-      return 0;
-    case K_I32:
-      if (v < INT32_MIN || v > INT32_MAX) return out_of_range(o, name);
-      { int32_t x = (int32_t)v; memcpy(p, &x, 4); }
-      return 0;
-    case K_I64:
-      { int64_t x = (int64_t)v; memcpy(p, &x, 8); }
-      return 0;
-    case K_U8:
-      if (u > UINT8_MAX) return out_of_range(o, name);
-      { uint8_t x = (uint8_t)u; memcpy(p, &x, 1); }
-      return 0;
-    case K_U16:
-      if (u > UINT16_MAX) return out_of_range(o, name);
-      { uint16_t x = (uint16_t)u; memcpy(p, &x, 2); }
-      return 0;
-    case K_U32:
-      if (u > UINT32_MAX) return out_of_range(o, name);
-      { uint32_t x = (uint32_t)u; memcpy(p, &x, 4); }
-      return 0;
-    case K_U64:
-      { uint64_t x = (uint64_t)u; memcpy(p, &x, 8); }
-      return 0;
-    default:
-      PyErr_SetString(PyExc_TypeError, "not an integer dtype");
-      return -1;
-  }
-}
-
-/* A double narrowed to float, OverflowError when a finite value becomes
- * infinite (NumPy would give inf silently; tensor() promises range
- * checks). */
-static int narrow_float(PyObject *o, double d, const char *name, float *out) {
-  float f = (float)d;
-  if (isinf(f) && isfinite(d)) return out_of_range(o, name);
-  *out = f;
-  return 0;
-}
-
-static int store_scalar(PyObject *o, int cls, scalar_kind k, const char *name,
-                        char *p) {
-  switch (k) {
-    case K_BOOL: {
-      int b = PyObject_IsTrue(o);
-      if (b < 0) return -1;
-      *(unsigned char *)p = (unsigned char)b;
-      return 0;
-    }
-    case K_I8: case K_I16: case K_I32: case K_I64:
-    case K_U8: case K_U16: case K_U32: case K_U64:
-      return store_int(o, cls, k, name, p);
-    case K_F16: case K_F32: case K_F64: case K_BF16: {
-      if (cls == C_COMPLEX) {
-        PyErr_Format(PyExc_TypeError, "cannot store complex value %R in %s",
-                     o, name);
-        return -1;
-      }
-      double d = PyFloat_AsDouble(o);
-      if (d == -1.0 && PyErr_Occurred()) return -1;
-      if (k == K_F64) {
-        memcpy(p, &d, 8);
-        return 0;
-      }
-      if (k == K_F16) return PyFloat_Pack2(d, p, PY_LITTLE_ENDIAN);
-      float f;
-      if (narrow_float(o, d, name, &f) < 0) return -1;
-      if (k == K_F32) {
-        memcpy(p, &f, 4);
-        return 0;
-      }
-      uint16_t h = float_to_bf16(f);
-      if (isfinite(f) && (h & 0x7fffu) == 0x7f80u) return out_of_range(o, name);
-      memcpy(p, &h, 2);
-      return 0;
-    }
-    case K_C32: case K_C64: case K_C128: {
-      Py_complex c = PyComplex_AsCComplex(o);
-      if (c.real == -1.0 && PyErr_Occurred()) return -1;
-      if (k == K_C128) {
-        double v[2] = {c.real, c.imag};
-        memcpy(p, v, 16);
-        return 0;
-      }
-      if (k == K_C32) {
-        if (PyFloat_Pack2(c.real, p, PY_LITTLE_ENDIAN) < 0) return -1;
-        return PyFloat_Pack2(c.imag, p + 2, PY_LITTLE_ENDIAN);
-      }
-      float v[2];
-      if (narrow_float(o, c.real, name, &v[0]) < 0 ||
-          narrow_float(o, c.imag, name, &v[1]) < 0)
-        return -1;
-      memcpy(p, v, 8);
-      return 0;
-    }
-    default:
-      PyErr_Format(PyExc_TypeError, "cannot convert Python numbers to %s",
-                   name);
-      return -1;
-  }
-}
-
 /* Write the leaves of o in row-major order at *dst, re-checking the nesting
  * (a __float__ or __index__ method may have changed the lists since
  * infer_rec looked). */
@@ -1243,9 +822,9 @@ static int fill_rec(PyObject *o, int32_t dim, int32_t ndim,
                     int64_t itemsize, char **dst) {
   if (dim == ndim) {
     if (is_nested(o)) return ragged(dim);
-    int c = classify(o);
+    int c = dlb__number_class(o);
     if (c < 0) return -1;
-    if (store_scalar(o, c, k, name, *dst) < 0) return -1;
+    if (dlb__store_scalar(o, c, k, name, *dst) < 0) return -1;
     *dst += itemsize;
     return 0;
   }
@@ -1313,7 +892,7 @@ PyObject *dlb__py_tensor(PyObject *module, PyObject *const *args,
     dlb__raise(&err);
     goto cleanup;
   }
-  scalar_kind k = kind_of(dtype);
+  scalar_kind k = dlb__scalar_kind(dtype);
   if (k == K_NONE) {
     PyErr_Format(PyExc_TypeError,
                  "tensor() cannot convert Python numbers to %s", name);
@@ -1340,12 +919,6 @@ cleanup:
 /* ---- type ------------------------------------------------------------------------------ */
 
 static PyMethodDef tensor_methods[] = {
-    {"__dlpack__", (PyCFunction)(void (*)(void))dlb__tensor_dlpack,
-     METH_FASTCALL | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, "
-     "copy=None)\n--\n\nExport as a DLPack capsule."},
-    {"__dlpack_device__", dlb__tensor_dlpack_device, METH_NOARGS,
-     "__dlpack_device__()\n--\n\n(device_type, device_id) of the data."},
     {"tolist", tensor_tolist, METH_NOARGS,
      "tolist()\n--\n\nThe elements as nested lists of Python scalars (a "
      "scalar for a 0-d tensor)."},

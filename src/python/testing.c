@@ -1,6 +1,8 @@
 /*
- * testing.c -- private hooks for dlbridge's own tests: allocation-failure
- * injection through the core allocator, and live-block counts.
+ * testing.c -- every private hook of dlbridge._core for dlbridge's own tests
+ * and benchmarks: allocation-failure injection through the core allocator,
+ * live-block counts, and the _exchange_* hooks that reach handlers, views,
+ * allocation and conversion (handlers.c, views.c, outputs.c) directly.
  *
  * The core gets every byte of host memory through the allocator installed
  * with dlb_set_allocator, so installing a counting allocator that refuses
@@ -21,6 +23,7 @@
  */
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dlbridge_py.h"
 
@@ -128,11 +131,204 @@ static PyMethodDef testing_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* ---- private hooks for tests and benchmarks ------------------------------------- */
+
+static dlb_module_state *mod_state(PyObject *module) {
+  return (dlb_module_state *)PyModule_GetState(module);
+}
+
+/* _exchange_handler(obj) -> (kind, framework, table address or None) */
+static PyObject *py_handler(PyObject *module, PyObject *obj) {
+  const dlb_handler *h = dlb__handler_for(mod_state(module), Py_TYPE(obj));
+  if (h == NULL) return NULL;
+  PyObject *api = h->api ? PyLong_FromVoidPtr((void *)h->api) : Py_NewRef(Py_None);
+  if (api == NULL) return NULL;
+  return Py_BuildValue("(iON)", (int)h->kind, h->framework, api);
+}
+
+/* args: (obj, options, forced kind or 0) */
+static int parse_view_args(PyObject *const *args, Py_ssize_t nargs,
+                           const char *fn, unsigned *options, int *kind) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "%s(obj, options, kind) takes 3 arguments", fn);
+    return -1;
+  }
+  long o = PyLong_AsLong(args[1]);
+  long k = PyLong_AsLong(args[2]);
+  if ((o == -1 || k == -1) && PyErr_Occurred()) return -1;
+  *options = (unsigned)o;
+  *kind = (int)k;
+  return 0;
+}
+
+static int get_view(dlb_module_state *st, PyObject *obj, unsigned options,
+                    int kind, dlb_view *v) {
+  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
+  if (h == NULL) return -1;
+  dlb_kind k = kind ? (dlb_kind)kind : h->kind;
+  if (k == DLB_KIND_TENSOR && h->kind != DLB_KIND_TENSOR) {
+    PyErr_SetString(PyExc_TypeError, "not a dlbridge.Tensor");
+    return -1;
+  }
+  if (k == DLB_KIND_NUMPY && h->kind != DLB_KIND_NUMPY) {
+    PyErr_SetString(PyExc_TypeError, "not a numpy.ndarray");
+    return -1;
+  }
+  if (k == DLB_KIND_EXCHANGE && h->api == NULL) {
+    PyErr_SetString(PyExc_TypeError, "the type has no exchange table");
+    return -1;
+  }
+  return dlb__view_fill(st, obj, options, h, k, v);
+}
+
+/* _exchange_view(obj, options, kind) -> dict describing the view */
+static PyObject *py_view(PyObject *module, PyObject *const *args,
+                         Py_ssize_t nargs) {
+  unsigned options;
+  int kind;
+  dlb_view v;
+  if (parse_view_args(args, nargs, "_exchange_view", &options, &kind) < 0)
+    return NULL;
+  if (get_view(mod_state(module), args[0], options, kind, &v) < 0) return NULL;
+  int64_t scratch[DLB_MAX_NDIM];
+  const int64_t *strides = dlb_tensor_strides(&v.t, scratch);
+  PyObject *res = Py_BuildValue(
+      "{s:i,s:N,s:N,s:(iii),s:K,s:n,s:K,s:(ii),s:O,s:O}", "kind",
+      (int)v.handler->kind, "shape", dlb__int64_tuple(v.t.ndim, v.t.shape),
+      "strides", strides ? dlb__int64_tuple(v.t.ndim, strides) : PyTuple_New(0),
+      "dtype", (int)v.t.dtype.code, (int)v.t.dtype.bits, (int)v.t.dtype.lanes,
+      "flags", (unsigned long long)v.flags, "data", (Py_ssize_t)(intptr_t)v.t.data,
+      "byte_offset", (unsigned long long)v.t.byte_offset, "device",
+      (int)v.t.device.device_type, (int)v.t.device.device_id, "owned",
+      v.owned ? Py_True : Py_False, "buffer", v.has_buffer ? Py_True : Py_False);
+  dlb__view_release(&v);
+  return res;
+}
+
+/* _exchange_view_loop(obj, options, kind, n) -> None: n get/release cycles */
+static PyObject *py_view_loop(PyObject *module, PyObject *const *args,
+                              Py_ssize_t nargs) {
+  unsigned options;
+  int kind;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "_exchange_view_loop(obj, options, kind, n)");
+    return NULL;
+  }
+  if (parse_view_args(args, 3, "_exchange_view_loop", &options, &kind) < 0)
+    return NULL;
+  Py_ssize_t n = PyLong_AsSsize_t(args[3]);
+  if (n == -1 && PyErr_Occurred()) return NULL;
+  dlb_module_state *st = mod_state(module);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    dlb_view v;
+    if (get_view(st, args[0], options, kind, &v) < 0) return NULL;
+    dlb__view_release(&v);
+  }
+  Py_RETURN_NONE;
+}
+
+/* _exchange_alloc_like(obj, shape, dtype, device) -> object of obj's
+ * framework made by dlb__alloc_like + dlb__to_framework */
+static PyObject *py_alloc_like(PyObject *module, PyObject *const *args,
+                               Py_ssize_t nargs) {
+  dlb_module_state *st = mod_state(module);
+  int64_t shape[DLB_MAX_NDIM];
+  DLTensor proto;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "_exchange_alloc_like(obj, shape, dtype, device)");
+    return NULL;
+  }
+  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(args[0]));
+  if (h == NULL) return NULL;
+  memset(&proto, 0, sizeof proto);
+  if (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) > DLB_MAX_NDIM) {
+    PyErr_SetString(PyExc_TypeError, "shape must be a short tuple");
+    return NULL;
+  }
+  proto.ndim = (int32_t)PyTuple_GET_SIZE(args[1]);
+  for (int32_t i = 0; i < proto.ndim; i++) {
+    shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[1], i));
+    if (shape[i] == -1 && PyErr_Occurred()) return NULL;
+  }
+  proto.shape = shape;
+  if (dlb__dtype_converter(st, args[2], &proto.dtype) < 0) return NULL;
+  if (dlb__device_converter(st, args[3], &proto.device) < 0) return NULL;
+  DLManagedTensorVersioned *m = NULL;
+  if (dlb__alloc_like(st, h, &proto, &m) < 0) return NULL;
+  PyObject *res = NULL;
+  if (dlb__to_framework(st, h, m, &res) < 0) return NULL;
+  return res;
+}
+
+/* _exchange_to_framework(like, tensor) -> tensor exported and re-imported
+ * as like's framework (tests the stealing paths). */
+static PyObject *py_to_framework(PyObject *module, PyObject *const *args,
+                                 Py_ssize_t nargs) {
+  dlb_module_state *st = mod_state(module);
+  dlb_error err;
+  if (nargs != 2 || !dlb__is_tensor(st, args[1])) {
+    PyErr_SetString(PyExc_TypeError, "_exchange_to_framework(like, dlb.Tensor)");
+    return NULL;
+  }
+  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(args[0]));
+  if (h == NULL) return NULL;
+  DLManagedTensorVersioned *m = NULL;
+  if (dlb__tensor_export_managed((dlb_TensorObject *)args[1], &m, &err) != DLB_OK)
+    return dlb__raise(&err);
+  PyObject *res = NULL;
+  if (dlb__to_framework(st, h, m, &res) < 0) return NULL;
+  return res;
+}
+
+/* _exchange_current_stream(obj, device) -> int address or None */
+static PyObject *py_current_stream(PyObject *module, PyObject *const *args,
+                                   Py_ssize_t nargs) {
+  dlb_module_state *st = mod_state(module);
+  DLDevice d;
+  void *s = NULL;
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "_exchange_current_stream(obj, device)");
+    return NULL;
+  }
+  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(args[0]));
+  if (h == NULL) return NULL;
+  if (dlb__device_converter(st, args[1], &d) < 0) return NULL;
+  if (dlb__current_stream(st, h, d, &s) < 0) return NULL;
+  if (s == NULL) Py_RETURN_NONE;
+  return PyLong_FromVoidPtr(s);
+}
+
+static PyObject *py_cache_size(PyObject *module, PyObject *unused) {
+  (void)unused;
+  struct dlb_handler_cache *c = mod_state(module)->handlers;
+  if (c == NULL) return PyLong_FromLong(0);
+  return Py_BuildValue("(nn)", (Py_ssize_t)c->count, (Py_ssize_t)(c->mask + 1));
+}
+
+static PyMethodDef private_methods[] = {
+    {"_exchange_handler", (PyCFunction)py_handler, METH_O,
+     "Private (tests): (kind, framework, table address) of type(obj)."},
+    {"_exchange_view", (PyCFunction)(void (*)(void))py_view, METH_FASTCALL,
+     "Private (tests): a borrowed view of obj as a dict."},
+    {"_exchange_view_loop", (PyCFunction)(void (*)(void))py_view_loop,
+     METH_FASTCALL, "Private (benchmarks): n view get/release cycles."},
+    {"_exchange_alloc_like", (PyCFunction)(void (*)(void))py_alloc_like,
+     METH_FASTCALL, "Private (tests): allocate like obj, in obj's framework."},
+    {"_exchange_to_framework", (PyCFunction)(void (*)(void))py_to_framework,
+     METH_FASTCALL, "Private (tests): a Tensor as like's framework."},
+    {"_exchange_current_stream", (PyCFunction)(void (*)(void))py_current_stream,
+     METH_FASTCALL, "Private (tests): the current stream for obj's type."},
+    {"_exchange_cache_size", (PyCFunction)py_cache_size, METH_NOARGS,
+     "Private (tests): (entries, capacity) of the handler cache."},
+    {NULL, NULL, 0, NULL},
+};
+
 int dlb__testing_init(PyObject *module, dlb_module_state *st) {
   (void)st;
   /* The budget of a never-installed allocator: unlimited.  Harmless to
    * repeat when a second module instance is made. */
   if (atomic_load(&counters.attempts) == 0 && atomic_load(&counters.live) == 0)
     atomic_store(&counters.budget, -1);
-  return PyModule_AddFunctions(module, testing_methods);
+  if (PyModule_AddFunctions(module, testing_methods) < 0) return -1;
+  return PyModule_AddFunctions(module, private_methods);
 }

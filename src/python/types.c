@@ -413,6 +413,31 @@ PyObject *dlb__device_text(DLDevice d) {
   return res;
 }
 
+/* The same, into a caller's buffer, for messages built without Python
+ * objects: "cpu:0", "cuda:1", "device type 5:0" for types we do not know.
+ * Returns buf. */
+const char *dlb__device_str(DLDevice d, char *buf, size_t n) {
+  const char *name = dlb_device_type_name((int32_t)d.device_type);
+  if (name != NULL)
+    PyOS_snprintf(buf, n, "%s:%d", name, (int)d.device_id);
+  else
+    PyOS_snprintf(buf, n, "device type %d:%d", (int)d.device_type,
+                  (int)d.device_id);
+  return buf;
+}
+
+int dlb__same_device(DLDevice a, DLDevice b) {
+  return a.device_type == b.device_type && a.device_id == b.device_id;
+}
+
+/* A dtype's name into buf, or "(code C, bits B, lanes L)" when it has
+ * none. */
+void dlb__dtype_str(DLDataType dt, char *buf, size_t n) {
+  if (dlb_dtype_name(dt, buf, n, NULL) != DLB_OK)
+    snprintf(buf, n, "(code %u, bits %u, lanes %u)", (unsigned)dt.code,
+             (unsigned)dt.bits, (unsigned)dt.lanes);
+}
+
 static PyObject *device_str(PyObject *self) {
   return dlb__device_text(((dlb_DeviceObject *)self)->device);
 }

@@ -3,7 +3,7 @@ per-type handler cache and borrowed views (consumer), from_dlpack through
 them.  Entries are called from C by the test producer (consume_exchange),
 and a counting table proves which entries dlbridge calls and how often.
 
-Private hooks of dlbridge._core used here (exchange.c):
+Private hooks of dlbridge._core used here (testing.c):
   _exchange_handler(obj) -> (kind, framework, table address or None)
   _exchange_view(obj, options, kind) -> dict; kind 0 = the handler's own
   _exchange_view_loop(obj, options, kind, n)

@@ -1,0 +1,204 @@
+/*
+ * errors.c -- the extension's error policy, in one place: which Python
+ * exception a dlb_status becomes, how the pending exception is kept intact
+ * around code that may run Python (deleters, destructors, DECREFs), and how
+ * exceptions are chained.  PyErr_Fetch / PyErr_GetRaisedException are used
+ * here and nowhere else in src/python.
+ *
+ * Deleters and release functions may run on any thread, with or without the
+ * GIL, from non-Python code, and during or after interpreter shutdown; a
+ * destructor may run while an exception propagates.  The helpers below (and
+ * dlb__gil_held / dlb__python_gone in dlbridge_py.h) are the one place those
+ * rules are written down.
+ *
+ * The lowest file of src/python: it calls nothing else of the extension.
+ */
+#include "dlbridge_py.h"
+
+/* ---- the pending exception, put aside --------------------------------------- */
+
+/* PyErr_Fetch is deprecated from 3.12. */
+void dlb__error_save(dlb__saved_error *s) {
+#if PY_VERSION_HEX >= 0x030C0000
+  s->exc = PyErr_GetRaisedException();
+#else
+  PyErr_Fetch(&s->type, &s->value, &s->tb);
+#endif
+}
+
+void dlb__error_restore(dlb__saved_error *s) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(s->exc);
+#else
+  PyErr_Restore(s->type, s->value, s->tb);
+#endif
+}
+
+void dlb__error_discard(dlb__saved_error *s) {
+#if PY_VERSION_HEX >= 0x030C0000
+  Py_XDECREF(s->exc);
+#else
+  Py_XDECREF(s->type);
+  Py_XDECREF(s->value);
+  Py_XDECREF(s->tb);
+#endif
+}
+
+/* Make the saved exception prev the __context__ of the pending one, as
+ * `except: raise ...` does in Python.  Consumes prev. */
+void dlb__error_chain_context(dlb__saved_error *prev) {
+  if (!PyErr_Occurred()) {
+    dlb__error_restore(prev);
+    return;
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject *exc = PyErr_GetRaisedException();
+  if (prev->exc != NULL && prev->exc != exc)
+    PyException_SetContext(exc, prev->exc); /* steals */
+  else
+    Py_XDECREF(prev->exc);
+  PyErr_SetRaisedException(exc);
+#else
+  /* Fetch first: normalising calls the exception type, which must not
+   * happen with an exception pending. */
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyErr_NormalizeException(&prev->type, &prev->value, &prev->tb);
+  if (prev->tb != NULL && prev->value != NULL)
+    PyException_SetTraceback(prev->value, prev->tb);
+  if (value != NULL && prev->value != NULL && value != prev->value) {
+    PyException_SetContext(value, prev->value); /* steals */
+    prev->value = NULL;
+  }
+  PyErr_Restore(type, value, tb);
+  dlb__error_discard(prev);
+#endif
+}
+
+/* Re-raise the pending exception (same type) as "<fname>() argument
+ * '<argname>': <message>". */
+void dlb__error_prefix_argument(PyObject *fname, PyObject *argname) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyErr_Format(type, "%U() argument '%U': %S", fname, argname,
+               value ? value : Py_None);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+}
+
+/* ---- references and deleters, keeping the pending exception ------------------ */
+
+/* Drop a reference without letting the object's destructor see or clobber
+ * the pending exception (B16). */
+void dlb__clear_keep_error(PyObject **slot) {
+  if (*slot == NULL) return;
+  dlb__saved_error e;
+  dlb__error_save(&e);
+  Py_CLEAR(*slot);
+  dlb__error_restore(&e);
+}
+
+/* Run m's deleter without disturbing the error indicator: deleters of
+ * imported tensors may run Python code (DECREF of a producer's object, a
+ * producer's release).  With no error in flight -- every dealloc from
+ * ordinary code -- there is nothing to save: one check instead of a fetch
+ * and a restore.  A deleter must not leave an error behind; one that does
+ * is discarded, exactly as the restore of "no error" did. */
+void dlb__delete_keep_error(DLManagedTensorVersioned *m) {
+  if (m == NULL) return;
+  if (!PyErr_Occurred()) {
+    dlb_managed_delete(m);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return;
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject *exc = PyErr_GetRaisedException();
+  dlb_managed_delete(m);
+  PyErr_SetRaisedException(exc);
+#else
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  dlb_managed_delete(m);
+  PyErr_Restore(type, value, tb);
+#endif
+}
+
+/* DECREF obj with the GIL held, leaving any in-flight exception as it was
+ * (a consumer may drop our tensor while an error propagates). */
+static void decref_keep_error(PyObject *obj) {
+  if (PyErr_Occurred()) {
+    dlb__saved_error s;
+    dlb__error_save(&s);
+    Py_DECREF(obj);
+    dlb__error_restore(&s);
+  } else {
+    Py_DECREF(obj); /* the common case: nothing to protect */
+  }
+}
+
+/* The usual caller already holds the GIL (Python code dropping a tensor)
+ * and DECREFs directly; any other thread takes the GIL first.  When Python
+ * can no longer be touched safely the reference is leaked -- a few bytes at
+ * exit -- rather than risk a dead interpreter or a GIL never handed back. */
+void dlb__release_ref(PyObject *obj, int have_gil) {
+  if (dlb__python_gone()) return;
+  if (have_gil || dlb__gil_held()) {
+    decref_keep_error(obj);
+    return;
+  }
+  PyGILState_STATE g = PyGILState_Ensure();
+  decref_keep_error(obj);
+  PyGILState_Release(g);
+}
+
+/* ---- dlb_status -> exception ------------------------------------------------- */
+
+PyObject *dlb__raise(const dlb_error *err) {
+  PyObject *exc;
+  switch (err->code) {
+    case DLB_ENOMEM:
+      exc = PyExc_MemoryError;
+      break;
+    case DLB_EINVAL:
+    case DLB_EOVERFLOW: /* "too big", as NumPy reports it */
+      exc = PyExc_ValueError;
+      break;
+    case DLB_EUNSUPPORTED:
+    case DLB_EVERSION:
+    case DLB_EREADONLY:
+      exc = PyExc_BufferError;
+      break;
+    default: /* DLB_EDEVICE: a device runtime call failed */
+      exc = PyExc_RuntimeError;
+      break;
+  }
+  if (err->message[0] != '\0')
+    PyErr_SetString(exc, err->message);
+  else
+    PyErr_Format(exc, "dlbridge error %s", dlb_status_name(err->code));
+  return NULL;
+}
+
+/* ---- scalar kinds ------------------------------------------------------------ */
+
+
+/* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
+ * MemoryError stays MemoryError. */
+PyObject *dlb__raise_import(const char *what, const dlb_error *err) {
+  if (err->code == DLB_ENOMEM) return PyErr_NoMemory();
+  PyErr_Format(PyExc_BufferError, "from_dlpack: %s: %s", what, err->message);
+  return NULL;
+}
+
+int dlb__raise_view_error(const char *what, PyObject *obj, const dlb_error *err) {
+  if (err->code == DLB_ENOMEM) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  PyErr_Format(PyExc_BufferError, "%s of type '%.200s' cannot be described: %s",
+               what, Py_TYPE(obj)->tp_name, err->message);
+  return -1;
+}

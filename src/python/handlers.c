@@ -1,0 +1,347 @@
+/*
+ * handlers.c -- the per-type handler cache and classification: what kind
+ * of tensor-like object a Python type is, decided once per type.
+ *
+ * The first time an object of some type is seen, its type is classified
+ * once and the result cached in module state; from then on, finding the
+ * handler is a hash and a pointer compare.  Every consumer of tensors --
+ * from_dlpack, Function, the C API -- reads objects through a handler, so
+ * each framework is supported in one place.
+ *
+ * The cache.  A small open-addressing table (linear
+ * probing, backward-shift deletion, grown at half load, shrunk when an
+ * eighth full) keyed by
+ * PyTypeObject*: a type seen before costs a hash and one pointer compare.
+ * Policy: entries live exactly as long as their type.  Each entry holds a
+ * weak reference to its type whose callback removes (and frees) the entry
+ * when the type dies -- before the type's memory can be reused, so a new
+ * type at the same address can never find a stale handler.  A strong
+ * reference would give the same guarantee but would keep every type ever
+ * seen alive: a program that makes types in a loop (1000 classes publishing
+ * tables) would grow without bound.  A bounded table with eviction was
+ * rejected because handlers are handed out as borrowed pointers that a
+ * caller may hold across Python code; a handler is only freed when its
+ * type is gone, which cannot happen while the caller holds an object of
+ * that type.  dlb_handler.type is therefore a borrowed pointer kept valid
+ * by that rule.  A type that gains or loses __dlpack_c_exchange_api__
+ * after it was first seen keeps its first classification (tables are
+ * class-level, process-lifetime constants by the spec).
+ *
+ * The cache struct (dlbridge_py.h) also carries the NumPy descr -> dtype
+ * cache (formats.c, read by views.c) and the framework converters
+ * (outputs.c); it is made and freed here.
+ */
+#include "dlbridge_py.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the handler cache ---------------------------------------------------------- */
+
+typedef struct dlb_handler_entry {
+  dlb_handler h;     /* must be first: we hand out &entry->h */
+  PyObject *weakref; /* to h.type; its callback removes this entry */
+} handler_entry;
+
+static size_t hash_type(const PyTypeObject *t) {
+  uint64_t x = (uint64_t)(uintptr_t)t;
+  x ^= x >> 17;
+  x *= UINT64_C(0x9E3779B97F4A7C15);
+  return (size_t)(x >> 29);
+}
+
+static void entry_free(handler_entry *e) {
+  /* The weakref first: once it is gone its callback can no longer run. */
+  Py_CLEAR(e->weakref);
+  Py_CLEAR(e->h.api_owner);
+  Py_CLEAR(e->h.framework);
+  PyMem_Free(e);
+}
+
+/* Remove slot i by shifting later members of its probe run back. */
+static void cache_remove_at(struct dlb_handler_cache *c, size_t i) {
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & c->mask;
+    handler_entry *e = c->slots[j];
+    if (e == NULL) break;
+    size_t k = hash_type(e->h.type) & c->mask;
+    /* e may move to i when its home k is not cyclically in (i, j]. */
+    int stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
+    if (stays) continue;
+    c->slots[i] = e;
+    i = j;
+  }
+  c->slots[i] = NULL;
+  c->count--;
+}
+
+#define CACHE_MIN_CAPACITY 16
+
+/* Rehash into ncap slots (a power of two above twice the count).  -1 only
+ * when the new array cannot be allocated; the old one is then kept. */
+static int cache_resize(struct dlb_handler_cache *c, size_t ncap) {
+  handler_entry **ns = PyMem_Calloc(ncap, sizeof *ns);
+  if (ns == NULL) return -1;
+  for (size_t i = 0; i <= c->mask; i++) {
+    handler_entry *o = c->slots[i];
+    if (o == NULL) continue;
+    size_t k = hash_type(o->h.type) & (ncap - 1);
+    while (ns[k] != NULL) k = (k + 1) & (ncap - 1);
+    ns[k] = o;
+  }
+  PyMem_Free(c->slots);
+  c->slots = ns;
+  c->mask = ncap - 1;
+  return 0;
+}
+
+static int cache_insert(struct dlb_handler_cache *c, handler_entry *e) {
+  if ((c->count + 1) * 2 > c->mask + 1 &&
+      cache_resize(c, (c->mask + 1) * 2) < 0) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  size_t k = hash_type(e->h.type) & c->mask;
+  while (c->slots[k] != NULL) k = (k + 1) & c->mask;
+  c->slots[k] = e;
+  c->count++;
+  return 0;
+}
+
+/* The weakref callback: a cached type is being destroyed. */
+static PyObject *on_type_dead(PyObject *capsule, PyObject *wr) {
+  struct dlb_handler_cache *c = PyCapsule_GetContext(capsule);
+  if (c == NULL) {
+    PyErr_Clear();
+    Py_RETURN_NONE; /* the cache is gone already */
+  }
+  for (size_t i = 0; i <= c->mask; i++) {
+    handler_entry *e = c->slots[i];
+    if (e != NULL && e->weakref == wr) {
+      cache_remove_at(c, i);
+      entry_free(e);
+      break;
+    }
+  }
+  /* Give memory back after a burst of short-lived types (a quarter of the
+   * grow threshold, so an insert/remove pair at the edge cannot thrash).
+   * A failed shrink just keeps the larger array. */
+  size_t cap = c->mask + 1;
+  if (cap > CACHE_MIN_CAPACITY && c->count * 8 < cap) {
+    size_t ncap = cap;
+    while (ncap > CACHE_MIN_CAPACITY && c->count * 4 < ncap / 2) ncap /= 2;
+    (void)cache_resize(c, ncap);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef on_type_dead_def = {
+    "_dlbridge_handler_evict", (PyCFunction)on_type_dead, METH_O,
+    "Removes a dead type's handler from dlbridge's cache."};
+
+/* ---- classification ---------------------------------------------------------------- */
+
+/* The major-1 table reachable from hdr, or NULL. */
+static const DLPackExchangeAPI *walk_versions(const DLPackExchangeAPIHeader *hdr) {
+  int guard = 0;
+  while (hdr != NULL && guard++ < 64) {
+    if (hdr->version.major == 1) return (const DLPackExchangeAPI *)hdr;
+    hdr = hdr->prev_api;
+  }
+  return NULL;
+}
+
+/* The table published by attr (a capsule, or an int address for the 1.2
+ * spelling when allow_int), or NULL (never with an exception set: an
+ * unusable attribute means "fall back to the next kind"). */
+static const DLPackExchangeAPI *table_from_attr(PyObject *attr, int allow_int) {
+  const DLPackExchangeAPIHeader *hdr = NULL;
+  if (PyCapsule_CheckExact(attr)) {
+    hdr = PyCapsule_GetPointer(attr, DLB_EXCHANGE_API_CAPSULE_NAME);
+  } else if (allow_int && PyLong_CheckExact(attr)) {
+    hdr = PyLong_AsVoidPtr(attr);
+  }
+  if (hdr == NULL) {
+    PyErr_Clear();
+    return NULL;
+  }
+  const DLPackExchangeAPI *api = walk_versions(hdr);
+  /* The managed export and import entries are what we cannot do without;
+   * the others are NULL-checked where used. */
+  if (api == NULL || api->managed_tensor_from_py_object_no_sync == NULL ||
+      api->managed_tensor_to_py_object_no_sync == NULL)
+    return NULL;
+  return api;
+}
+
+/* Interned framework name from the type's __module__ root. */
+static PyObject *framework_of(struct dlb_handler_cache *c, PyTypeObject *type) {
+  PyObject *mod = PyObject_GetAttr((PyObject *)type, c->str_module);
+  const char *s = NULL;
+  if (mod != NULL && PyUnicode_Check(mod)) s = PyUnicode_AsUTF8(mod);
+  if (s == NULL) {
+    Py_XDECREF(mod);
+    /* Out of memory must propagate: the answer is cached for the type's
+     * life, and "builtins" would be a wrong one (results would come back in
+     * the wrong framework).  A type with no usable __module__ is treated as
+     * a builtin. */
+    if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
+    PyErr_Clear();
+    return PyUnicode_InternFromString("builtins");
+  }
+  size_t n = strcspn(s, ".");
+  char root[64];
+  if (n >= sizeof root) n = sizeof root - 1;
+  memcpy(root, s, n);
+  root[n] = '\0';
+  Py_DECREF(mod);
+  const char *name = root;
+  if (strcmp(root, "jaxlib") == 0) name = "jax";
+  return PyUnicode_InternFromString(name);
+}
+
+
+/* Special methods are looked up on the type, as Python does for its own
+ * protocols: no bound method is created and a miss raises nothing. */
+int dlb__type_has(PyTypeObject *type, PyObject *name) {
+  return _PyType_Lookup(type, name) != NULL;
+}
+
+static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
+                     PyTypeObject *type, dlb_handler *h) {
+  if (PyType_IsSubtype(type, st->TensorType)) {
+    h->kind = DLB_KIND_TENSOR;
+    h->api = &dlb__tensor_exchange_api;
+    return;
+  }
+  if (!c->skip_exchange) {
+    /* On the type, through its MRO (torch.nn.Parameter inherits it). */
+    PyObject *attr = _PyType_Lookup(type, c->str_exchange);
+    const DLPackExchangeAPI *api = attr ? table_from_attr(attr, 0) : NULL;
+    if (api == NULL) {
+      attr = _PyType_Lookup(type, c->str_exchange_legacy);
+      api = attr ? table_from_attr(attr, 1) : NULL;
+    }
+    if (api != NULL) {
+      h->kind = DLB_KIND_EXCHANGE;
+      h->api = api;
+      h->api_owner = Py_NewRef(attr);
+      return;
+    }
+  }
+  if (strcmp(type->tp_name, "numpy.ndarray") == 0 &&
+      PyUnicode_CompareWithASCIIString(h->framework, "numpy") == 0 &&
+      type->tp_basicsize >= (Py_ssize_t)sizeof(np_array_head)) {
+    h->kind = DLB_KIND_NUMPY;
+    return;
+  }
+  if (dlb__type_has(type, st->str_dlpack)) {
+    h->kind = DLB_KIND_DLPACK;
+  } else if (type->tp_as_buffer != NULL &&
+             type->tp_as_buffer->bf_getbuffer != NULL) {
+    h->kind = DLB_KIND_BUFFER;
+  } else if (dlb__type_has(type, st->str_array_interface)) {
+    h->kind = DLB_KIND_ARRAY_INTERFACE;
+  } else if (dlb__type_has(type, st->str_cuda_array_interface)) {
+    h->kind = DLB_KIND_CUDA_ARRAY_INTERFACE;
+  } else {
+    h->kind = DLB_KIND_NONE;
+  }
+}
+
+static const dlb_handler *classify_and_insert(dlb_module_state *st,
+                                              struct dlb_handler_cache *c,
+                                              PyTypeObject *type) {
+  handler_entry *e = PyMem_Calloc(1, sizeof *e);
+  if (e == NULL) {
+    PyErr_NoMemory();
+    return NULL;
+  }
+  e->h.type = type;
+  e->h.framework = framework_of(c, type);
+  if (e->h.framework == NULL) goto error;
+  classify(st, c, type, &e->h);
+  e->weakref = PyWeakref_NewRef((PyObject *)type, c->callback);
+  if (e->weakref == NULL) goto error;
+  if (cache_insert(c, e) < 0) goto error;
+  return &e->h;
+error:
+  entry_free(e);
+  return NULL;
+}
+
+const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
+  struct dlb_handler_cache *c = st->handlers;
+  if (c == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
+    return NULL;
+  }
+  size_t i = hash_type(type) & c->mask;
+  for (;;) {
+    handler_entry *e = c->slots[i];
+    if (e == NULL) break;
+    if (e->h.type == type) return &e->h;
+    i = (i + 1) & c->mask;
+  }
+  return classify_and_insert(st, c, type);
+}
+
+/* ---- init / clear ----------------------------------------------------------------- */
+
+int dlb__handlers_init(dlb_module_state *st) {
+  struct dlb_handler_cache *c = PyMem_Calloc(1, sizeof *c);
+  if (c == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  st->handlers = c;
+  c->mask = CACHE_MIN_CAPACITY - 1;
+  c->slots = PyMem_Calloc(c->mask + 1, sizeof *c->slots);
+  if (c->slots == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  const char *skip = getenv("DLBRIDGE_SKIP_EXCHANGE_API");
+  c->skip_exchange = skip != NULL && skip[0] != '\0' && strcmp(skip, "0") != 0;
+  c->converters = PyDict_New();
+  c->str_module = PyUnicode_InternFromString("__module__");
+  c->str_exchange = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
+  c->str_exchange_legacy = PyUnicode_InternFromString("__c_dlpack_exchange_api__");
+  if (c->converters == NULL || c->str_module == NULL || c->str_exchange == NULL ||
+      c->str_exchange_legacy == NULL)
+    return -1;
+  /* The weakref callback reaches the cache through a capsule's context,
+   * not the module: no reference cycle through module state. */
+  c->cache_capsule = PyCapsule_New(c, "dlbridge._handler_cache", NULL);
+  if (c->cache_capsule == NULL || PyCapsule_SetContext(c->cache_capsule, c) < 0)
+    return -1;
+  c->callback = PyCFunction_New(&on_type_dead_def, c->cache_capsule);
+  if (c->callback == NULL) return -1;
+  return 0;
+}
+
+void dlb__handlers_clear(dlb_module_state *st) {
+  struct dlb_handler_cache *c = st->handlers;
+  if (c == NULL) return;
+  st->handlers = NULL;
+  if (c->cache_capsule != NULL) {
+    /* A callback still pending somewhere finds no cache. */
+    PyCapsule_SetContext(c->cache_capsule, NULL);
+  }
+  if (c->slots != NULL) {
+    for (size_t i = 0; i <= c->mask; i++) {
+      if (c->slots[i] != NULL) entry_free(c->slots[i]);
+      c->slots[i] = NULL;
+    }
+    PyMem_Free(c->slots);
+  }
+  dlb__numpy_descr_cache_clear(c->dtypes);
+  Py_CLEAR(c->callback);
+  Py_CLEAR(c->cache_capsule);
+  Py_CLEAR(c->converters);
+  Py_CLEAR(c->str_module);
+  Py_CLEAR(c->str_exchange);
+  Py_CLEAR(c->str_exchange_legacy);
+  PyMem_Free(c);
+}

@@ -1,0 +1,191 @@
+/*
+ * outputs.c -- giving results back in the caller's framework: the
+ * framework's current work stream, allocating an output like an argument
+ * (through the type's exchange-table allocator when it has one), and
+ * handing a finished managed tensor to the framework as its own object.
+ * Used by Function and the C API.
+ *
+ * Ownership follows decision 3.8 (export.c): a table's
+ * managed_tensor_to_py_object_no_sync steals the tensor on success and on
+ * failure, so nothing is deleted after a failed call.
+ */
+#include "dlbridge_py.h"
+
+#include <string.h>
+
+
+int dlb__current_stream(dlb_module_state *st, const dlb_handler *h,
+                        DLDevice device, void **stream) {
+  (void)st;
+  *stream = NULL;
+  if (device.device_type == kDLCPU || device.device_type == kDLCUDAHost ||
+      device.device_type == kDLROCMHost)
+    return 0;
+  if (h->kind != DLB_KIND_EXCHANGE || h->api->current_work_stream == NULL)
+    return 0;
+  void *s = NULL;
+  if (h->api->current_work_stream(device.device_type, device.device_id, &s) != 0) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_RuntimeError,
+                   "the exchange table of '%.200s' could not give its current "
+                   "stream",
+                   h->type->tp_name);
+    return -1;
+  }
+  *stream = s;
+  return 0;
+}
+
+/* What a producer's allocator told SetError. */
+typedef struct {
+  int calls;
+  char kind[64];
+  char message[512];
+} alloc_error;
+
+static void collect_error(void *ctx, const char *kind, const char *message) {
+  alloc_error *e = (alloc_error *)ctx;
+  /* Copied, not kept: the producer's strings may be temporaries.  Called
+   * with the GIL held (we hold it around the allocator), but it touches no
+   * Python anyway. */
+  if (e->calls++ > 0) return; /* the first report wins */
+  PyOS_snprintf(e->kind, sizeof e->kind, "%s", kind ? kind : "RuntimeError");
+  PyOS_snprintf(e->message, sizeof e->message, "%s",
+                message ? message : "allocation failed");
+}
+
+/* Raise the exception a SetError call named: a builtin exception class of
+ * that name, else RuntimeError. */
+static void raise_named(const alloc_error *e, PyTypeObject *type) {
+  PyObject *exc = PyExc_RuntimeError;
+  PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
+  PyObject *cls = builtins ? PyDict_GetItemString(builtins, e->kind) : NULL;
+  if (cls != NULL && PyType_Check(cls) &&
+      PyType_IsSubtype((PyTypeObject *)cls, (PyTypeObject *)PyExc_BaseException))
+    exc = cls;
+  if (exc == PyExc_RuntimeError && strcmp(e->kind, "RuntimeError") != 0)
+    PyErr_Format(exc, "allocation by '%.200s' failed (%s): %s", type->tp_name,
+                 e->kind, e->message);
+  else
+    PyErr_SetString(exc, e->message);
+}
+
+int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
+                    const DLTensor *prototype, DLManagedTensorVersioned **out) {
+  (void)st;
+  dlb_error err;
+  if ((h->kind == DLB_KIND_EXCHANGE || h->kind == DLB_KIND_TENSOR) &&
+      h->api->managed_tensor_allocator != NULL) {
+    alloc_error e = {0, "", ""};
+    DLManagedTensorVersioned *m = NULL;
+    DLTensor proto = *prototype;
+    int rc = h->api->managed_tensor_allocator(&proto, &m, &e, collect_error);
+    if (rc != 0) {
+      if (e.calls > 0) {
+        PyErr_Clear();
+        raise_named(&e, h->type);
+      } else if (!PyErr_Occurred()) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "the allocator of '%.200s' failed without saying why",
+                     h->type->tp_name);
+      }
+      return -1;
+    }
+    if (m == NULL) {
+      PyErr_Format(PyExc_RuntimeError,
+                   "the allocator of '%.200s' returned success but no tensor",
+                   h->type->tp_name);
+      return -1;
+    }
+    if (dlb__check_owned(m, "exchange API allocator") < 0) return -1;
+    *out = m;
+    return 0;
+  }
+  if (prototype->device.device_type != kDLCPU) {
+    const char *name = dlb_device_type_name((int32_t)prototype->device.device_type);
+    PyErr_Format(PyExc_BufferError,
+                 "cannot allocate an output on %s for '%.200s': dlbridge "
+                 "allocates only on the CPU and the type publishes no "
+                 "DLPack exchange table with an allocator",
+                 name ? name : "an unknown device", h->type->tp_name);
+    return -1;
+  }
+  if (dlb_managed_empty(prototype->ndim, prototype->shape, prototype->dtype,
+                        prototype->device, false, out, &err) != DLB_OK) {
+    dlb__raise(&err);
+    return -1;
+  }
+  return 0;
+}
+
+/* The callable that turns a dlb.Tensor into framework fw's type, cached. */
+static PyObject *converter_for(struct dlb_handler_cache *c, PyObject *fw) {
+  PyObject *conv = PyDict_GetItemWithError(c->converters, fw);
+  if (conv != NULL) return conv;
+  if (PyErr_Occurred()) return NULL;
+  const char *mod = NULL, *attr = "from_dlpack";
+  const char *name = PyUnicode_AsUTF8(fw);
+  if (name == NULL) return NULL;
+  if (strcmp(name, "numpy") == 0) mod = "numpy";
+  else if (strcmp(name, "torch") == 0) mod = "torch";
+  else if (strcmp(name, "cupy") == 0) mod = "cupy";
+  else if (strcmp(name, "jax") == 0) mod = "jax.dlpack";
+  else if (strcmp(name, "tensorflow") == 0) mod = "tensorflow.experimental.dlpack";
+  else if (strcmp(name, "paddle") == 0) mod = "paddle.utils.dlpack";
+  else return Py_None; /* unknown: results stay dlb.Tensor */
+  PyObject *m = PyImport_ImportModule(mod);
+  if (m == NULL) return NULL;
+  conv = PyObject_GetAttrString(m, attr);
+  Py_DECREF(m);
+  if (conv == NULL) return NULL;
+  int rc = PyDict_SetItem(c->converters, fw, conv);
+  Py_DECREF(conv); /* the dict keeps it */
+  return rc < 0 ? NULL : conv;
+}
+
+int dlb__to_framework(dlb_module_state *st, const dlb_handler *h,
+                      DLManagedTensorVersioned *m, PyObject **out) {
+  if (h->kind == DLB_KIND_EXCHANGE || h->kind == DLB_KIND_TENSOR) {
+    void *obj = NULL;
+    /* Steals m on success and failure (decision 3.8). */
+    if (h->api->managed_tensor_to_py_object_no_sync(m, &obj) != 0 || obj == NULL) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError,
+                     "the exchange table of '%.200s' could not import a "
+                     "tensor without saying why",
+                     h->type->tp_name);
+      return -1;
+    }
+    *out = (PyObject *)obj;
+    return 0;
+  }
+  PyObject *conv = converter_for(st->handlers, h->framework);
+  if (conv == NULL) {
+    dlb__delete_keep_error(m);
+    return -1;
+  }
+  PyObject *t = dlb__tensor_from_managed(st, m); /* steals m */
+  if (t == NULL) return -1;
+  if (conv == Py_None) {
+    *out = t;
+    return 0;
+  }
+  Py_INCREF(conv); /* borrowed from the dict; the call below runs Python */
+  PyObject *arg = t, *res;
+  if (PyUnicode_CompareWithASCIIString(h->framework, "tensorflow") == 0) {
+    /* TensorFlow takes only a legacy capsule, not an object. */
+    arg = PyObject_CallMethodNoArgs(t, st->str_dlpack);
+    if (arg == NULL) {
+      Py_DECREF(conv);
+      Py_DECREF(t);
+      return -1;
+    }
+  }
+  res = PyObject_CallOneArg(conv, arg);
+  if (arg != t) Py_DECREF(arg);
+  Py_DECREF(conv);
+  Py_DECREF(t);
+  if (res == NULL) return -1;
+  *out = res;
+  return 0;
+}

@@ -1,0 +1,640 @@
+/*
+ * readers.c -- owning readers of foreign objects: each protocol a tensor
+ * can arrive by is read here, in one place, into an owned, validated
+ * DLManagedTensorVersioned (0, or -1 with an exception and nothing owned):
+ *   - DLPack capsules, "dltensor_versioned" / "dltensor" (dlb__consume_capsule);
+ *   - __dlpack__ / __dlpack_device__, versioned first, legacy on TypeError
+ *     only when that loses nothing the caller asked for
+ *     (dlb__dunder_dlpack_managed);
+ *   - legacy producers: obj.toDlpack() (old CuPy), and
+ *     tensorflow.experimental.dlpack.to_dlpack(obj) for TensorFlow objects
+ *     (dlb__legacy_producer_capsule gives the capsule);
+ *   - the buffer protocol (dlb__buffer_managed);
+ *   - __array_interface__ (version 3) and __cuda_array_interface__
+ *     (dlb__array_interface_managed, dlb__array_interface_dict_managed).
+ * import.c decides which reader applies and what to do with the result;
+ * views.c uses the __dlpack__ and array-interface readers for kinds that
+ * have no borrowed form.
+ *
+ * Capsule ownership (known-bugs 1.1, 1.2): the capsule name decides the
+ * struct type; a "used_*" name is a BufferError; the versioned header's major
+ * is checked before anything else is read, and an unknown major is consumed
+ * (renamed) and its deleter called exactly once, as the spec demands; the
+ * DLTensor is then validated as untrusted input, and a tensor that fails
+ * validation is LEFT UNCONSUMED (name unchanged, deleter not called) so its
+ * capsule's own destructor frees it (known-bugs B78) -- no path here can
+ * free it twice.  On success the capsule is renamed the moment ownership is
+ * taken (B02), with SetName's result checked (B14).  Every later failure
+ * deletes the managed tensor exactly once.  Python references are dropped
+ * and deleters run with any pending exception saved and restored, so a
+ * producer destructor can neither clobber nor see our error (B16).
+ *
+ * Decisions written down (known-bugs section 3):
+ *   3.3 versioned capsules with NULL strides are accepted as row-major
+ *       (lenient): the data is unambiguous and older NumPy sent exactly that.
+ *   3.6 legacy ("dltensor") capsules import as WRITABLE (DESIGN.md).
+ * Streams: a CPU producer is never passed a stream.  A CUDA producer is
+ * passed stream=1 (the legacy default stream: the producer orders its work
+ * before it) and ROCm stream=0, until the device layer can give the
+ * consumer's current stream.  Other devices get no stream.
+ */
+#include "dlbridge_py.h"
+
+#include <string.h>
+
+/* ---- optional attributes ------------------------------------------------------ */
+
+/* Look up an attribute that may be missing: 1 found (*out new ref), 0
+ * missing (no exception), -1 error.  AttributeError is the only exception
+ * that means "missing". */
+int dlb__get_optional_attr(PyObject *obj, PyObject *name, PyObject **out) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyObject_GetOptionalAttr(obj, name, out);
+#else
+  /* The private 3.7-3.12 spelling of the same function: it avoids creating
+   * an AttributeError for the common miss, which matters here because most
+   * objects miss several of the attributes we probe. */
+  return _PyObject_LookupAttr(obj, name, out);
+#endif
+}
+
+static int get_optional_attr_str(PyObject *obj, const char *name,
+                                 PyObject **out) {
+  PyObject *n = PyUnicode_InternFromString(name);
+  if (n == NULL) return -1;
+  int rc = dlb__get_optional_attr(obj, n, out);
+  Py_DECREF(n);
+  return rc;
+}
+
+/* ---- keeping Python owners alive from a managed tensor -------------------- */
+
+/* The release context of tensors that view memory a Python object owns: a
+ * Py_buffer (buffer protocol) and/or a strong reference (array interface
+ * owner).  Allocated with the raw allocator so it can be freed without the
+ * GIL if it ever had to be. */
+typedef struct py_keeper {
+  PyObject *owner;   /* strong reference or NULL */
+  int has_view;      /* view holds a buffer to release */
+  Py_buffer view;
+} py_keeper;
+
+/* dlb_release_fn: may run on any thread, with or without the GIL, even
+ * during interpreter shutdown (B15).  Once the interpreter is gone it leaks
+ * rather than touch Python. */
+static void release_py_keeper(void *ctx) {
+  py_keeper *k = (py_keeper *)ctx;
+  if (k == NULL) return;
+  if (dlb__python_gone()) return;
+  PyGILState_STATE g = PyGILState_Ensure();
+  dlb__saved_error e;
+  dlb__error_save(&e);
+  if (k->has_view) PyBuffer_Release(&k->view);
+  Py_XDECREF(k->owner);
+  PyMem_RawFree(k);
+  dlb__error_restore(&e);
+  PyGILState_Release(g);
+}
+
+static py_keeper *keeper_new(void) {
+  py_keeper *k = PyMem_RawCalloc(1, sizeof *k);
+  if (k == NULL) PyErr_NoMemory();
+  return k;
+}
+
+/* Free a keeper that never got attached to a managed tensor.  GIL held. */
+static void keeper_free(py_keeper *k) {
+  if (k == NULL) return;
+  dlb__saved_error e;
+  dlb__error_save(&e);
+  if (k->has_view) PyBuffer_Release(&k->view);
+  Py_XDECREF(k->owner);
+  PyMem_RawFree(k);
+  dlb__error_restore(&e);
+}
+
+/* Wrap view (CPU or CUDA memory a Python object owns) into a managed tensor
+ * that releases k when deleted.  Steals k on success and on failure. */
+static int wrap_keeper(const DLTensor *view, uint64_t flags, py_keeper *k,
+                       DLManagedTensorVersioned **out) {
+  dlb_error err;
+  int rc = dlb_tensor_validate(view, 0, &err);
+  if (rc != DLB_OK) {
+    keeper_free(k);
+    dlb__raise_import("the object's memory cannot be described", &err);
+    return -1;
+  }
+  rc = dlb_managed_wrap(view, flags, release_py_keeper, k, out, &err);
+  if (rc != DLB_OK) {
+    keeper_free(k);
+    dlb__raise_import("cannot wrap the object's memory", &err);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- capsules ---------------------------------------------------------------- */
+
+static const char NAME_VERSIONED[] = "dltensor_versioned";
+static const char NAME_LEGACY[] = "dltensor";
+/* PyCapsule_SetName keeps the pointer: these must be static storage. */
+static const char NAME_USED_VERSIONED[] = "used_dltensor_versioned";
+static const char NAME_USED_LEGACY[] = "used_dltensor";
+
+/* Take ownership of the tensor in a DLPack capsule: 0 with *out owned
+ * (always versioned; legacy tensors are wrapped), -1 with an exception.
+ * See the header comment for the state machine. */
+static int consume_capsule_locked(PyObject *cap, DLManagedTensorVersioned **out) {
+  dlb_error err;
+  const char *name = PyCapsule_GetName(cap);
+  if (name == NULL && PyErr_Occurred()) return -1;
+  if (name != NULL && strcmp(name, NAME_VERSIONED) == 0) {
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, NAME_VERSIONED);
+    if (m == NULL) return -1;
+    if (dlb_managed_check_version(m, &err) != DLB_OK) {
+      /* A major we do not speak: the spec says call the deleter and read
+       * nothing else.  Rename first so the capsule's destructor cannot
+       * call it a second time. */
+      if (PyCapsule_SetName(cap, NAME_USED_VERSIONED) < 0) return -1;
+      dlb_managed_delete(m);
+      PyErr_Format(PyExc_BufferError,
+                   "from_dlpack: unsupported DLPack version: %s",
+                   err.message);
+      return -1;
+    }
+    /* Lenient about NULL strides (decision 3.3). */
+    if (dlb_tensor_validate(&m->dl_tensor, 0, &err) != DLB_OK) {
+      /* Left unconsumed: its own destructor frees it (B78). */
+      PyErr_Format(PyExc_BufferError,
+                   "from_dlpack: the producer's tensor cannot be imported "
+                   "(the capsule is left unconsumed): %s",
+                   err.message);
+      return -1;
+    }
+    if (PyCapsule_SetName(cap, NAME_USED_VERSIONED) < 0) return -1;
+    *out = m;
+    return 0;
+  }
+  if (name != NULL && strcmp(name, NAME_LEGACY) == 0) {
+    DLManagedTensor *lm = PyCapsule_GetPointer(cap, NAME_LEGACY);
+    if (lm == NULL) return -1;
+    if (dlb_tensor_validate(&lm->dl_tensor, 0, &err) != DLB_OK) {
+      PyErr_Format(PyExc_BufferError,
+                   "from_dlpack: the producer's tensor cannot be imported "
+                   "(the capsule is left unconsumed): %s",
+                   err.message);
+      return -1;
+    }
+    /* Renamed BEFORE wrapping: from here on we own lm, so a failed wrap
+     * below deletes it here, and the destructor never does (B02). */
+    if (PyCapsule_SetName(cap, NAME_USED_LEGACY) < 0) return -1;
+    DLManagedTensorVersioned *m = NULL;
+    if (dlb_managed_from_legacy(lm, &m, &err) != DLB_OK) {
+      dlb_managed_delete_legacy(lm);
+      dlb__raise_import("cannot wrap the legacy tensor", &err);
+      return -1;
+    }
+    *out = m; /* flags 0: legacy imports are writable (decision 3.6) */
+    return 0;
+  }
+  if (name != NULL && (strcmp(name, NAME_USED_VERSIONED) == 0 ||
+                       strcmp(name, NAME_USED_LEGACY) == 0)) {
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: the DLPack capsule was already consumed "
+                 "(its name is '%s'); a capsule can be imported only once",
+                 name);
+    return -1;
+  }
+  PyErr_Format(PyExc_TypeError,
+               "from_dlpack: a PyCapsule named %s%s%s is not a DLPack tensor "
+               "(expected 'dltensor_versioned' or 'dltensor')",
+               name ? "'" : "", name ? name : "NULL", name ? "'" : "");
+  return -1;
+}
+
+int dlb__consume_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
+  int rc;
+  /* Check-then-rename must be atomic under free threading (B83). */
+#ifdef Py_GIL_DISABLED
+  Py_BEGIN_CRITICAL_SECTION(cap);
+  rc = consume_capsule_locked(cap, out);
+  Py_END_CRITICAL_SECTION();
+#else
+  rc = consume_capsule_locked(cap, out);
+#endif
+  return rc;
+}
+
+/* ---- c. __dlpack__ ---------------------------------------------------------- */
+
+/* Read a (device_type, device_id) pair from __dlpack_device__'s result. */
+static int parse_device_pair(PyObject *r, DLDevice *out) {
+  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: __dlpack_device__() returned %.200s; expected "
+                 "a (device_type, device_id) tuple",
+                 Py_TYPE(r)->tp_name);
+    return -1;
+  }
+  long type = PyLong_AsLong(PyTuple_GET_ITEM(r, 0));
+  if (type == -1 && PyErr_Occurred()) return -1;
+  long id = PyLong_AsLong(PyTuple_GET_ITEM(r, 1));
+  if (id == -1 && PyErr_Occurred()) return -1;
+  if (type < INT32_MIN || type > INT32_MAX || id < 0 || id > INT32_MAX) {
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: __dlpack_device__() returned (%ld, %ld), "
+                 "which is not a valid device",
+                 type, id);
+    return -1;
+  }
+  out->device_type = (DLDeviceType)type;
+  out->device_id = (int32_t)id;
+  return 0;
+}
+
+/* Shared with views.c (DLB_KIND_DLPACK views): call __dlpack__ with the
+ * negotiation below and take ownership of what it returns.  0 with *out
+ * owned and validated, -1 with an exception. */
+int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
+                               const DLDevice *target, int copy,
+                               DLManagedTensorVersioned **out) {
+  int result = -1;
+  PyObject *cap = NULL, *dev_res = NULL;
+  PyObject *kwnames = NULL, *stream = NULL, *dl_device = NULL;
+  /* buf[0] is the spare slot PY_VECTORCALL_ARGUMENTS_OFFSET lets the
+   * callee borrow; args[0] is self, then the keyword values. */
+  PyObject *buf[6];
+  PyObject **args = buf + 1;
+  PyObject *names[4];
+  DLDevice src = {kDLCPU, 0};
+  int have_src = 0;
+  Py_ssize_t nkw = 0;
+
+  /* As the array API does: the device first, to choose stream and target.
+   * Its errors (BufferError above all) propagate.  A producer without it
+   * is tolerated and treated as "device unknown". */
+  if (dlb__type_has(Py_TYPE(obj), st->str_dlpack_device)) {
+    dev_res = PyObject_CallMethodNoArgs(obj, st->str_dlpack_device);
+    if (dev_res == NULL) goto cleanup;
+    if (parse_device_pair(dev_res, &src) < 0) goto cleanup;
+    have_src = 1;
+  }
+
+  /* The stream: nothing for the CPU and stream-less devices. */
+  if (have_src && src.device_type == kDLCUDA) {
+    stream = PyLong_FromLong(1); /* legacy default stream */
+  } else if (have_src && src.device_type == kDLROCM) {
+    stream = PyLong_FromLong(0); /* ROCm's default stream */
+  }
+  if (have_src && (src.device_type == kDLCUDA || src.device_type == kDLROCM) &&
+      stream == NULL)
+    goto cleanup;
+
+  args[0] = obj;
+  args[1 + nkw] = st->max_version_tuple;
+  names[nkw++] = st->str_max_version;
+  if (stream != NULL) {
+    args[1 + nkw] = stream;
+    names[nkw++] = st->str_stream;
+  }
+  /* dl_device only when the data has to move: asking a producer for the
+   * device it is already on gains nothing and trips old producers. */
+  int asked_device = target != NULL && !(have_src && dlb__same_device(*target, src));
+  if (asked_device) {
+    dl_device = Py_BuildValue("(ii)", (int)target->device_type,
+                              (int)target->device_id);
+    if (dl_device == NULL) goto cleanup;
+    args[1 + nkw] = dl_device;
+    names[nkw++] = st->str_dl_device;
+  }
+  if (copy >= 0) {
+    args[1 + nkw] = copy ? Py_True : Py_False;
+    names[nkw++] = st->str_copy;
+  }
+  kwnames = PyTuple_New(nkw);
+  if (kwnames == NULL) goto cleanup;
+  for (Py_ssize_t i = 0; i < nkw; i++)
+    PyTuple_SET_ITEM(kwnames, i, Py_NewRef(names[i]));
+
+  cap = PyObject_VectorcallMethod(st->str_dlpack, args,
+                                  1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+  if (cap == NULL) {
+    /* Fall back to the pre-2023.12 signature only on TypeError and only
+     * when nothing the caller asked for would be dropped (B57, B58). */
+    if (!PyErr_ExceptionMatches(PyExc_TypeError) || asked_device || copy >= 0)
+      goto cleanup;
+    dlb__saved_error first;
+    dlb__error_save(&first);
+    if (stream != NULL) {
+      /* stream was in the old signature too. */
+      PyObject *kw = PyTuple_Pack(1, st->str_stream);
+      if (kw != NULL) {
+        args[1] = stream;
+        cap = PyObject_VectorcallMethod(st->str_dlpack, args,
+                                        1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw);
+        Py_DECREF(kw);
+      }
+    } else {
+      cap = PyObject_CallMethodNoArgs(obj, st->str_dlpack);
+    }
+    if (cap == NULL) {
+      dlb__error_chain_context(&first); /* the retry's error, with the first */
+      goto cleanup;
+    }
+    dlb__error_discard(&first);
+  }
+  if (!PyCapsule_CheckExact(cap)) {
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: __dlpack__() returned %.200s, not a DLPack "
+                 "PyCapsule",
+                 Py_TYPE(cap)->tp_name);
+    goto cleanup;
+  }
+  if (dlb__consume_capsule(cap, out) < 0) goto cleanup;
+  result = 0;
+
+cleanup:
+  if (result < 0) {
+    /* The capsule's destructor runs here; keep our error intact. */
+    dlb__clear_keep_error(&cap);
+    dlb__clear_keep_error(&dev_res);
+  } else {
+    Py_XDECREF(cap);
+    Py_XDECREF(dev_res);
+  }
+  Py_XDECREF(kwnames);
+  Py_XDECREF(stream);
+  Py_XDECREF(dl_device);
+  return result;
+}
+
+/* ---- e. legacy producers ------------------------------------------------------ */
+
+/* 1 with *cap set (new ref), 0 not a legacy producer, -1 error. */
+int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap) {
+  PyObject *meth = NULL;
+  int found = get_optional_attr_str(obj, "toDlpack", &meth);
+  if (found < 0) return -1;
+  if (found) {
+    *cap = PyObject_CallNoArgs(meth);
+    Py_DECREF(meth);
+    return *cap == NULL ? -1 : 1;
+  }
+  /* TensorFlow is imported only for an object TensorFlow made. */
+  PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
+  if (mod == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  const char *modname = PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
+  int is_tf = modname != NULL && strncmp(modname, "tensorflow", 10) == 0 &&
+              (modname[10] == '\0' || modname[10] == '.');
+  PyErr_Clear(); /* a type without a str __module__ is simply not TF */
+  Py_DECREF(mod);
+  if (!is_tf) return 0;
+  PyObject *tfdl = PyImport_ImportModule("tensorflow.experimental.dlpack");
+  if (tfdl == NULL) return -1;
+  *cap = PyObject_CallMethod(tfdl, "to_dlpack", "O", obj);
+  Py_DECREF(tfdl);
+  return *cap == NULL ? -1 : 1;
+}
+
+/* ---- buffer protocol ------------------------------------------------------------ */
+
+/* Get a buffer, writable when the exporter allows (to learn read-only-ness
+ * without a second protocol), read-only otherwise. */
+static int get_buffer_rw(PyObject *obj, Py_buffer *view) {
+  if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS) == 0) return 0;
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  PyErr_Clear();
+  return PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO);
+}
+
+/* An owning managed tensor viewing obj's buffer (CPU); the buffer is held
+ * until the tensor is deleted. */
+int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out) {
+  int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
+  DLTensor t;
+  py_keeper *k = keeper_new();
+  if (k == NULL) return -1;
+  if (get_buffer_rw(obj, &k->view) < 0) {
+    keeper_free(k);
+    return -1;
+  }
+  k->has_view = 1;
+  if (dlb__dltensor_from_buffer(&k->view, &t, shape, strides) < 0) {
+    keeper_free(k);
+    return -1;
+  }
+  uint64_t flags = k->view.readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+  return wrap_keeper(&t, flags, k, out);
+}
+
+/* ---- g./h. array interfaces -------------------------------------------------------- */
+
+/* ai[key], borrowed, in *v (NULL when absent): 0, or -1 with an exception.
+ * Not PyDict_GetItemString: it swallows a failure to make the key (a
+ * MemoryError), which would then be reported as the key missing. */
+static int ai_item(PyObject *ai, const char *key, PyObject **v) {
+  PyObject *k = PyUnicode_FromString(key);
+  if (k == NULL) return -1;
+  *v = PyDict_GetItemWithError(ai, k); /* the dict keeps the value alive */
+  Py_DECREF(k);
+  return (*v == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Read a tuple of ints into arr (at most DLB_MAX_NDIM); returns the length
+ * or -1. */
+static int int_tuple(PyObject *o, int64_t *arr, const char *key) {
+  if (!PyTuple_Check(o)) {
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: array interface '%s' must be a tuple, not "
+                 "%.200s",
+                 key, Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(o);
+  if (n > DLB_MAX_NDIM) {
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: array interface '%s' has %zd entries; "
+                 "dlbridge handles at most %d dimensions",
+                 key, n, DLB_MAX_NDIM);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(o, i));
+    if (v == -1 && PyErr_Occurred()) return -1;
+    arr[i] = (int64_t)v;
+  }
+  return (int)n;
+}
+
+/* Import a v3 __array_interface__ (cuda == 0) or __cuda_array_interface__
+ * (cuda == 1) dictionary whose owner is obj. */
+int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
+                                     DLManagedTensorVersioned **out) {
+  const char *which = cuda ? "__cuda_array_interface__" : "__array_interface__";
+  DLManagedTensorVersioned *m = NULL;
+  int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
+  DLTensor t;
+  uint64_t flags = 0;
+  py_keeper *k = NULL;
+  PyObject *v;
+
+  memset(&t, 0, sizeof t);
+  if (!PyDict_Check(ai)) {
+    PyErr_Format(PyExc_TypeError, "from_dlpack: %s must be a dict, not %.200s",
+                 which, Py_TYPE(ai)->tp_name);
+    goto error;
+  }
+  k = keeper_new();
+  if (k == NULL) goto error;
+  k->owner = Py_NewRef(obj); /* the memory lives as long as its owner */
+
+  if (ai_item(ai, "version", &v) < 0) goto error;
+  if (v != NULL) {
+    long ver = PyLong_AsLong(v);
+    if (ver == -1 && PyErr_Occurred()) goto error;
+    if ((!cuda && ver != 3) || (cuda && (ver < 0 || ver > 3))) {
+      PyErr_Format(PyExc_BufferError,
+                   "from_dlpack: %s version %ld is not supported (%s)", which,
+                   ver, cuda ? "0 to 3" : "3");
+      goto error;
+    }
+  }
+  if (ai_item(ai, "mask", &v) < 0) goto error;
+  if (v != NULL && v != Py_None) {
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: masked arrays (%s with a 'mask') cannot be "
+                 "described by DLPack",
+                 which);
+    goto error;
+  }
+  if (ai_item(ai, "typestr", &v) < 0) goto error;
+  if (v == NULL) {
+    PyErr_Format(PyExc_TypeError, "from_dlpack: %s has no 'typestr'", which);
+    goto error;
+  }
+  if (dlb__typestr_dtype(v, &t.dtype) < 0) goto error;
+  int64_t itemsize = dlb_dtype_itemsize(t.dtype);
+  if (ai_item(ai, "shape", &v) < 0) goto error;
+  if (v == NULL) {
+    PyErr_Format(PyExc_TypeError, "from_dlpack: %s has no 'shape'", which);
+    goto error;
+  }
+  int nd = int_tuple(v, shape, "shape");
+  if (nd < 0) goto error;
+  t.ndim = nd;
+  t.shape = nd > 0 ? shape : NULL;
+  if (ai_item(ai, "strides", &v) < 0) goto error;
+  if (v != NULL && v != Py_None) {
+    int64_t bstrides[DLB_MAX_NDIM];
+    int ns = int_tuple(v, bstrides, "strides");
+    if (ns < 0) goto error;
+    if (ns != nd) {
+      PyErr_Format(PyExc_ValueError,
+                   "from_dlpack: %s has %d strides for %d dimensions", which,
+                   ns, nd);
+      goto error;
+    }
+    for (int i = 0; i < nd; i++) {
+      if (bstrides[i] % itemsize != 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "from_dlpack: %s stride %lld of dimension %d is not a "
+                     "multiple of the itemsize %lld; DLPack strides count "
+                     "elements",
+                     which, (long long)bstrides[i], i, (long long)itemsize);
+        goto error;
+      }
+      strides[i] = bstrides[i] / itemsize;
+    }
+    t.strides = nd > 0 ? strides : NULL;
+  }
+  if (ai_item(ai, "data", &v) < 0) goto error;
+  if (v != NULL && PyTuple_Check(v)) {
+    if (PyTuple_GET_SIZE(v) != 2) {
+      PyErr_Format(PyExc_TypeError,
+                   "from_dlpack: %s 'data' must be (pointer, readonly)", which);
+      goto error;
+    }
+    void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(v, 0));
+    if (p == NULL && PyErr_Occurred()) goto error;
+    int ro = PyObject_IsTrue(PyTuple_GET_ITEM(v, 1));
+    if (ro < 0) goto error;
+    t.data = p;
+    if (ro) flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+    /* 'offset' applies only to buffer data (the protocol's rule). */
+  } else if (!cuda) {
+    /* data is a buffer object, or None/absent: the owner's own buffer. */
+    PyObject *src = (v == NULL || v == Py_None) ? obj : v;
+    if (get_buffer_rw(src, &k->view) < 0) goto error;
+    k->has_view = 1;
+    t.data = k->view.buf;
+    if (k->view.readonly) flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+    PyObject *off;
+    if (ai_item(ai, "offset", &off) < 0) goto error;
+    if (off != NULL && off != Py_None) {
+      long long o = PyLong_AsLongLong(off);
+      if (o == -1 && PyErr_Occurred()) goto error;
+      if (o < 0 || o > (long long)k->view.len) {
+        PyErr_Format(PyExc_BufferError,
+                     "from_dlpack: %s offset %lld is outside the %zd-byte "
+                     "buffer",
+                     which, o, k->view.len);
+        goto error;
+      }
+      t.byte_offset = (uint64_t)o;
+    }
+  } else {
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: %s 'data' must be a (pointer, readonly) tuple",
+                 which);
+    goto error;
+  }
+  if (cuda) {
+    /* The owning device cannot be recovered from the pointer without the
+     * CUDA runtime (cuPointerGetAttribute), which dlbridge does not load
+     * yet: record device 0.  The interface's 'stream' (v3) asks the
+     * consumer to synchronise before use; with no CUDA runtime we cannot,
+     * and we never touch the memory ourselves -- the Tensor is a view whose
+     * users must order their work themselves (device support is a later
+     * issue). */
+    t.device.device_type = kDLCUDA;
+    t.device.device_id = 0;
+  } else {
+    t.device.device_type = kDLCPU;
+    t.device.device_id = 0;
+  }
+  {
+    py_keeper *kk = k;
+    k = NULL;
+    if (wrap_keeper(&t, flags, kk, &m) < 0) goto error;
+  }
+  *out = m;
+  return 0;
+
+error:
+  keeper_free(k);
+  return -1;
+}
+
+/* Shared with views.c: an owning managed tensor for obj's
+ * __array_interface__ (cuda == 0) or __cuda_array_interface__ (cuda == 1). */
+int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
+                                 DLManagedTensorVersioned **out) {
+  PyObject *ai = NULL;
+  PyObject *name = cuda ? st->str_cuda_array_interface : st->str_array_interface;
+  int found = dlb__get_optional_attr(obj, name, &ai);
+  if (found < 0) return -1;
+  if (!found) {
+    PyErr_Format(PyExc_TypeError, "an object of type '%.200s' has no %U",
+                 Py_TYPE(obj)->tp_name, name);
+    return -1;
+  }
+  int rc = dlb__array_interface_dict_managed(obj, ai, cuda, out);
+  if (rc < 0)
+    dlb__clear_keep_error(&ai);
+  else
+    Py_DECREF(ai);
+  return rc;
+}

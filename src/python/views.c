@@ -1,0 +1,248 @@
+/*
+ * views.c -- borrowed views: a DLTensor describing a tensor-like object for
+ * the length of one call (Function arguments, the C API's dlb_py_view_get),
+ * read through the object's handler (handlers.c).
+ *
+ * A view lives on the caller's stack; nothing in it is allocated for the
+ * dlbridge, NumPy, exchange-table (dltensor_from_py_object_no_sync) and
+ * buffer paths.  Kinds with no borrowed form (__dlpack__ only, the array
+ * interfaces, exchange tables without the borrowed entry) hold an owning
+ * export for the view's lifetime (readers.c), freed by dlb__view_release.
+ */
+#include "dlbridge_py.h"
+
+#include <string.h>
+
+_Static_assert(sizeof(Py_ssize_t) == sizeof(int64_t),
+               "dlbridge's borrowed views point DLTensor.shape at Py_ssize_t "
+               "arrays: a 64-bit platform is required");
+
+static int view_numpy(struct dlb_handler_cache *c, PyObject *obj, dlb_view *v) {
+  const np_array_head *a = (const np_array_head *)obj;
+  if (dlb__numpy_descr_dtype(c->dtypes, a->descr, &v->t.dtype) < 0) return -1;
+  int64_t itemsize = v->t.dtype.bits / 8;
+  int nd = a->nd;
+  if (nd < 0 || nd > DLB_MAX_NDIM) {
+    PyErr_Format(PyExc_BufferError, "numpy array ndim %d is out of range", nd);
+    return -1;
+  }
+  for (int i = 0; i < nd; i++) {
+    int64_t s = a->strides[i];
+    if (s % itemsize != 0) {
+      PyErr_Format(PyExc_BufferError,
+                   "numpy array stride %lld of dimension %d is not a multiple "
+                   "of the itemsize %lld; DLPack strides count elements",
+                   (long long)s, i, (long long)itemsize);
+      return -1;
+    }
+    v->strides_storage[i] = s / itemsize;
+  }
+  v->t.data = a->data;
+  v->t.device.device_type = kDLCPU;
+  v->t.device.device_id = 0;
+  v->t.ndim = nd;
+  v->t.shape = nd > 0 ? (int64_t *)a->dimensions : NULL;
+  v->t.strides = nd > 0 ? v->strides_storage : NULL;
+  v->t.byte_offset = 0;
+  v->flags = (a->flags & NP_ARRAY_WRITEABLE) ? 0 : DLPACK_FLAG_BITMASK_READ_ONLY;
+  return 0;
+}
+
+static int view_buffer(PyObject *obj, unsigned options, dlb_view *v) {
+  int flags = (options & DLB_VIEW_WRITABLE) ? PyBUF_RECORDS : PyBUF_RECORDS_RO;
+  if (PyObject_GetBuffer(obj, &v->buffer, flags) < 0) return -1;
+  v->has_buffer = 1;
+  Py_buffer *b = &v->buffer;
+  if (b->ndim < 0 || b->ndim > DLB_MAX_NDIM) {
+    PyErr_Format(PyExc_BufferError, "buffer ndim %d is out of range (at most %d)",
+                 b->ndim, DLB_MAX_NDIM);
+    return -1;
+  }
+  if (b->suboffsets != NULL) {
+    for (int i = 0; i < b->ndim; i++) {
+      if (b->suboffsets[i] >= 0) {
+        PyErr_SetString(PyExc_BufferError,
+                        "indirect (PIL-style) buffers with suboffsets cannot "
+                        "be described by DLPack");
+        return -1;
+      }
+    }
+  }
+  if (dlb__buffer_format_dtype(b->format, b->itemsize, &v->t.dtype) < 0)
+    return -1;
+  v->t.ndim = b->ndim;
+  v->t.shape = NULL;
+  v->t.strides = NULL;
+  if (b->ndim > 0) {
+    if (b->shape == NULL) {
+      /* PyBUF_RECORDS always asks for the shape; a 1-d exporter that
+       * ignores it is described by len. */
+      if (b->ndim != 1) {
+        PyErr_SetString(PyExc_BufferError, "buffer has ndim > 1 but no shape");
+        return -1;
+      }
+      v->strides_storage[DLB_MAX_NDIM - 1] = b->len / b->itemsize;
+      v->t.shape = &v->strides_storage[DLB_MAX_NDIM - 1];
+    } else {
+      v->t.shape = (int64_t *)b->shape;
+    }
+    if (b->strides != NULL) {
+      for (int i = 0; i < b->ndim; i++) {
+        if (b->strides[i] % b->itemsize != 0) {
+          PyErr_Format(PyExc_BufferError,
+                       "buffer stride %zd of dimension %d is not a multiple "
+                       "of the itemsize %zd; DLPack strides count elements",
+                       b->strides[i], i, b->itemsize);
+          return -1;
+        }
+        v->strides_storage[i] = b->strides[i] / b->itemsize;
+      }
+    } else if (dlb_strides_row_major(b->ndim, v->t.shape, v->strides_storage,
+                                     NULL) != DLB_OK) {
+      PyErr_SetString(PyExc_BufferError, "buffer shape is invalid");
+      return -1;
+    }
+    v->t.strides = v->strides_storage;
+  }
+  v->t.data = b->buf;
+  v->t.device.device_type = kDLCPU;
+  v->t.device.device_id = 0;
+  v->t.byte_offset = 0;
+  v->flags = b->readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+  return 0;
+}
+
+static int view_exchange(const dlb_handler *h, PyObject *obj, dlb_view *v) {
+  const DLPackExchangeAPI *api = h->api;
+  if (api->dltensor_from_py_object_no_sync != NULL) {
+    if (api->dltensor_from_py_object_no_sync(obj, &v->t) != 0) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_BufferError,
+                     "the exchange table of '%.200s' failed to describe the "
+                     "object without saying why",
+                     Py_TYPE(obj)->tp_name);
+      return -1;
+    }
+    v->flags = 0; /* the borrowed entry cannot say read-only (export.c) */
+    return 0;
+  }
+  DLManagedTensorVersioned *m = NULL;
+  if (api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 || m == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_BufferError,
+                   "the exchange table of '%.200s' failed to export the "
+                   "object without saying why",
+                   Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  if (dlb__check_owned(m, "exchange API export") < 0) return -1;
+  v->owned = m;
+  v->t = m->dl_tensor;
+  v->flags = m->flags;
+  return 0;
+}
+
+/* Fill v reading obj as kind (h's own kind, or a forced one for the
+ * benchmarks). */
+int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
+                  const dlb_handler *h, dlb_kind kind, dlb_view *v) {
+  dlb_error err;
+  int rc;
+  v->handler = h;
+  v->owned = NULL;
+  v->has_buffer = 0;
+  v->flags = 0;
+  switch (kind) {
+    case DLB_KIND_TENSOR: {
+      /* Trusted: validated when the Tensor was made. */
+      dlb_TensorObject *self = (dlb_TensorObject *)obj;
+      v->t = self->t;
+      v->flags = self->flags;
+      goto check_writable;
+    }
+    case DLB_KIND_EXCHANGE:
+      rc = view_exchange(h, obj, v);
+      break;
+    case DLB_KIND_NUMPY:
+      rc = view_numpy(st->handlers, obj, v);
+      break;
+    case DLB_KIND_BUFFER:
+      rc = view_buffer(obj, options, v);
+      break;
+    case DLB_KIND_DLPACK:
+      rc = dlb__dunder_dlpack_managed(st, obj, NULL, -1, &v->owned);
+      if (rc == 0) {
+        v->t = v->owned->dl_tensor;
+        v->flags = v->owned->flags;
+      }
+      break;
+    case DLB_KIND_ARRAY_INTERFACE:
+    case DLB_KIND_CUDA_ARRAY_INTERFACE:
+      rc = dlb__array_interface_managed(
+          st, obj, kind == DLB_KIND_CUDA_ARRAY_INTERFACE, &v->owned);
+      if (rc == 0) {
+        v->t = v->owned->dl_tensor;
+        v->flags = v->owned->flags;
+      }
+      break;
+    default:
+      PyErr_Format(PyExc_TypeError,
+                   "an object of type '%.200s' is not tensor-like: it has no "
+                   "DLPack exchange table, no __dlpack__, no buffer protocol "
+                   "and no __array_interface__",
+                   Py_TYPE(obj)->tp_name);
+      return -1;
+  }
+  if (rc < 0) goto error;
+  /* Untrusted from here on: every path but our own Tensor and NumPy.  An
+   * ndarray's extents, strides and data were checked by NumPy when it was
+   * made (its sizes fit in npy_intp by construction); what NumPy allows and
+   * DLPack does not -- dtype, byte order, ndim, byte strides -- view_numpy
+   * checked.  Skipping the overflow walk here is a third of the cost of a
+   * NumPy view. */
+  if (kind != DLB_KIND_NUMPY && dlb_tensor_validate(&v->t, 0, &err) != DLB_OK) {
+    dlb__raise_view_error("an object", obj, &err);
+    goto error;
+  }
+check_writable:
+  if ((options & DLB_VIEW_WRITABLE) &&
+      (v->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
+    PyErr_Format(PyExc_BufferError,
+                 "the tensor of type '%.200s' is read-only, but this argument "
+                 "must be writable (it is written to)",
+                 Py_TYPE(obj)->tp_name);
+    goto error;
+  }
+  return 0;
+error:
+  dlb__view_release(v);
+  return -1;
+}
+
+int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
+                  dlb_view *view) {
+  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
+  if (h == NULL) return -1;
+  return dlb__view_fill(st, obj, options, h, h->kind, view);
+}
+
+int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
+                       PyObject *obj, unsigned options, dlb_view *view) {
+  return dlb__view_fill(st, obj, options, h, h->kind, view);
+}
+
+void dlb__view_release(dlb_view *view) {
+  if (view->owned == NULL && !view->has_buffer) return;
+  dlb__saved_error e;
+  dlb__error_save(&e);
+  if (view->owned != NULL) {
+    DLManagedTensorVersioned *m = view->owned;
+    view->owned = NULL;
+    dlb_managed_delete(m);
+  }
+  if (view->has_buffer) {
+    view->has_buffer = 0;
+    PyBuffer_Release(&view->buffer);
+  }
+  dlb__error_restore(&e);
+}
