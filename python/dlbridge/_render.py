@@ -2,8 +2,11 @@
 
 import html
 import json
+import re
 
-from ._doctor import OUTCOMES, _SEVERITY
+from ._doctor import DTYPES, OUTCOMES, _SEVERITY
+
+DTYPE_WORDS = sorted(DTYPES, key=len, reverse=True)
 
 SYMBOL = {"zero-copy": "✓", "copied": "~", "refused": "✗", "wrong": "!",
           "crashed": "☠", None: "·"}
@@ -46,7 +49,10 @@ def failures(report):
         if c["outcome"] in ("zero-copy", "n/a"):
             continue
         reason = c.get("known_limitation")
-        key = (c["outcome"], c["path"], c["consumer"], reason or c.get("message", ""))
+        msg = re.sub(r"\b(" + "|".join(DTYPE_WORDS) + r")\b", "<dtype>",
+                     c.get("message", ""))
+        msg = re.sub(r"shape \([0-9, ]*\)", "shape (…)", msg)
+        key = (c["outcome"], c["path"], c["consumer"], reason or msg)
         groups.setdefault(key, []).append(c)
     out = []
     for (outcome, path, consumer, why), cs in sorted(
