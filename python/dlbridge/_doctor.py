@@ -250,6 +250,8 @@ def _probe(path, consumer, obj, ref, src_ptr):
         res = importer(consumer, obj)
     except Exception as e:   # any refusal is a cell, whatever its type
         return "refused", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    if res is obj:   # handed back as it is: the same memory
+        return "zero-copy", ""
     try:
         ptr, data = _inspect(res)
     except Exception as e:
