@@ -42,7 +42,8 @@ KNOWN_LIMITATIONS = {
     ("torch", "negative"): "torch tensors cannot have negative strides; "
                            "torch.from_dlpack aborts the process on them",
     ("torch", "read-only"): "torch tensors cannot be read-only",
-    ("numpy", "bfloat16"): "NumPy has no bfloat16 dtype",
+    ("numpy", "bfloat16"): "NumPy has no bfloat16 dtype (an ml_dtypes "
+                           "bfloat16 array cannot be exported either)",
     ("tensorflow", "layout"): "TensorFlow imports only compact row-major, "
                               "64-byte aligned data",
     ("tensorflow", "read-only"): "TensorFlow imports through the legacy "
@@ -89,6 +90,8 @@ def known_reason(consumer, producer, dtype, layout, path="own"):
                 return lim[(fw, layout)]
             if (fw, key) in lim:
                 return lim[(fw, key)]
+    if dtype == "bfloat16" and "numpy" in (consumer, producer):
+        return lim[("numpy", "bfloat16")]
     if (consumer, dtype) in lim:
         return lim[(consumer, dtype)]
     if (consumer, layout) in lim:

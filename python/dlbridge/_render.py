@@ -38,8 +38,8 @@ def _grid_rows(report, path):
     return rows
 
 
-TITLES = {"own": "consumer's own importer (e.g. torch.from_dlpack(x))",
-          "dlb": "through dlbridge (dlbridge.convert(x, consumer))"}
+TITLES = {"own": "own: the consumer's importer, e.g. torch.from_dlpack(x)",
+          "dlb": "dlb: dlbridge.convert(x, consumer)"}
 
 
 def failures(report):
@@ -53,13 +53,14 @@ def failures(report):
                      c.get("message", ""))
         msg = re.sub(r"shape \([0-9, ]*\)", "shape (…)", msg)
         key = (c["outcome"], c["path"], c["consumer"], reason or msg)
-        groups.setdefault(key, []).append(c)
+        groups.setdefault(key, []).append(c)  # shown with the first message
     out = []
-    for (outcome, path, consumer, why), cs in sorted(
+    for (outcome, path, consumer, _), cs in sorted(
             groups.items(), key=lambda kv: (-_SEVERITY[kv[0][0]], kv[0][1], kv[0][2])):
         producers = sorted({c["producer"] for c in cs})
         what = sorted({c["dtype"] if c["layout"] == "contiguous" else c["layout"]
                        for c in cs})
+        why = cs[0].get("known_limitation") or cs[0].get("message", "")
         tag = "known upstream limitation: " if cs[0].get("known_limitation") else ""
         out.append({"outcome": outcome, "path": path, "consumer": consumer,
                     "producers": producers, "cases": what,
@@ -97,8 +98,8 @@ def failure_text(report, limit=40):
 def rich_grid(report, console):
     from rich.table import Table
     for path in ("own", "dlb"):
-        t = Table(title=TITLES[path], title_justify="left", padding=(0, 1),
-                  show_edge=False)
+        console.print(f"[bold]{TITLES[path]}[/]")
+        t = Table(padding=(0, 1), show_edge=False)
         t.add_column("producer ↓", style="bold")
         for c in report["consumers"]:
             t.add_column(SHORT.get(c, c), no_wrap=True)
