@@ -72,7 +72,7 @@ def plain(report, width=100):
     lines = []
     cw = max(9, min(12, (width - 11) // max(1, len(report["consumers"]))))
     for path in ("own", "dlb"):
-        lines.append(f"{path}: {TITLES[path]}")
+        lines.append(TITLES[path])
         lines.append("producer ↓ " + "".join(
             SHORT.get(c, c)[:cw - 1].ljust(cw) for c in report["consumers"]))
         for p, row in _grid_rows(report, path):
