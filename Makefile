@@ -91,6 +91,10 @@ test-python: build
 	@PYTHONPATH=$(TESTPATH) $(PYTEST) -q tests/python
 
 demo: build
+	@echo "== dlbridge doctor: every installed framework against every other =="
+	@mkdir -p build
+	@$(PY) -m dlbridge doctor --html build/doctor.html --json build/doctor.json || true
+	@echo
 	@echo "== libdlbridge from C (examples/demo_c.c) =="
 	@$(BUILD)/demo_c
 	@echo
@@ -102,6 +106,8 @@ demo: build
 	@echo
 	@echo "== a C extension using dlbridge's C API (examples/extension_demo.py) =="
 	@PYTHONPATH=$(BUILD)/examples/extension $(PY) examples/extension_demo.py
+	@echo
+	@echo "doctor report: $(CURDIR)/build/doctor.html"
 
 # Benchmarks, never part of `make test`: the peers (nanobind, tvm-ffi; pinned
 # in requirements/bench.txt, installed on first use and whenever that file

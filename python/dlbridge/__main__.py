@@ -1,17 +1,19 @@
-"""`python -m dlbridge`: report the version and which frameworks are present."""
+"""`dlbridge` / `python -m dlbridge`: info, doctor and bench.
+
+  dlbridge              version and the frameworks present
+  dlbridge doctor       every installed framework against every other
+  dlbridge bench        per-call costs against each framework's own path
+"""
 
 import argparse
 import importlib.util
+import json
 import sys
 
 FRAMEWORKS = ("numpy", "torch", "cupy", "jax", "tensorflow", "pyarrow", "paddle")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="dlbridge", description=__doc__)
-    parser.add_argument("command", nargs="?", default="info", choices=["info"],
-                        help="what to do (default: info)")
-    parser.parse_args(argv)
+def _info():
     import dlbridge
 
     print(f"dlbridge {dlbridge.__version__} (DLPack "
@@ -21,6 +23,101 @@ def main(argv=None):
         found = importlib.util.find_spec(name) is not None
         print(f"  {name:<11} {'installed' if found else '-'}")
     return 0
+
+
+def _console(plain):
+    """A rich Console, or None when rich is missing or plain text is asked."""
+    if plain or importlib.util.find_spec("rich") is None:
+        return None
+    from rich.console import Console
+    return Console(width=100, stderr=False)
+
+
+def _doctor(args):
+    from . import _doctor, _render
+
+    fws = args.frameworks.split(",") if args.frameworks else None
+    if fws and "dlbridge" not in fws:
+        fws.append("dlbridge")
+    console = None if args.json == "-" else _console(args.plain)
+    n = len(fws or _doctor.installed_frameworks())
+    npairs = n * (n - ("crasher" in (fws or _doctor.installed_frameworks())))
+    if console is not None:
+        from rich.progress import Progress
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("probing pairs", total=npairs)
+            report = _doctor.run(fws, workers=args.jobs,
+                                 progress=lambda pair: bar.update(
+                                     task, advance=1, description=f"{pair[0]} → {pair[1]}"))
+    else:
+        done = [0]
+
+        def step(pair):
+            done[0] += 1
+            if args.json != "-":
+                print(f"\r[{done[0]}/{npairs}] {pair[0]} → {pair[1]}".ljust(50),
+                      end="", file=sys.stderr, flush=True)
+        report = _doctor.run(fws, workers=args.jobs, progress=step)
+        if args.json != "-":
+            print(file=sys.stderr)
+    if args.json:
+        text = json.dumps(report, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text)
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(_render.html_page(report))
+    if args.json != "-":
+        vers = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+        if console is not None:
+            console.print(f"[bold]dlbridge doctor[/] [dim]{vers}[/]")
+            _render.rich_grid(report, console)
+        else:
+            print(f"dlbridge doctor: {vers}")
+            print(_render.plain(report))
+        print()
+        print(_render.failure_text(report))
+        print(f"\n{len(report['cells'])} probes in {report['seconds']} s; "
+              f"dlbridge defects: {len(report['defects'])}")
+        if args.html:
+            print(f"HTML report: {args.html}")
+    for d in report["defects"]:
+        print(f"DLBRIDGE DEFECT: {d['producer']} → {d['consumer']} "
+              f"{d['dtype']}/{d['layout']}: {d['outcome']} {d.get('message', '')}",
+              file=sys.stderr)
+    return 1 if report["defects"] else 0
+
+
+def _bench(args):
+    from . import _bench
+    return _bench.main(args)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="dlbridge", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("info", help="version and frameworks present (default)")
+    d = sub.add_parser("doctor", help="probe every framework pair")
+    d.add_argument("--json", metavar="FILE", help="write the report as JSON ('-': stdout only)")
+    d.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    d.add_argument("--frameworks", metavar="A,B", help="only these (default: all installed)")
+    d.add_argument("-j", "--jobs", type=int, default=2, help="child processes at once (default 2)")
+    d.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
+    b = sub.add_parser("bench", help="per-call costs")
+    b.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
+    b.add_argument("--plot", metavar="PNG", help="bar chart (needs matplotlib)")
+    b.add_argument("--full", action="store_true", help="more repetitions (slower, steadier)")
+    b.add_argument("--frameworks", metavar="A,B", help="only these (default: all installed)")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return _doctor(args)
+    if args.command == "bench":
+        return _bench(args)
+    return _info()
 
 
 if __name__ == "__main__":

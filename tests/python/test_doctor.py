@@ -1,0 +1,122 @@
+"""dlbridge doctor: real probes over a subset of pairs, JSON schema, HTML."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dlbridge import _doctor, _render
+
+pytest.importorskip("torch")
+
+# What each pair must show, per (producer, consumer, path): outcome of
+# every probe, by case; cases not listed must be zero-copy.
+EXPECT = {
+    ("numpy", "torch", "own"): {("bfloat16", "contiguous"): "refused",
+                                ("float32", "negative"): "crashed",
+                                ("float32", "read-only"): "zero-copy"},
+    ("numpy", "torch", "dlb"): {("bfloat16", "contiguous"): "refused",
+                                ("float32", "negative"): "refused",
+                                ("float32", "read-only"): "refused"},
+    ("torch", "numpy", "own"): {("bfloat16", "contiguous"): "refused"},
+    ("torch", "numpy", "dlb"): {("bfloat16", "contiguous"): "refused"},
+    ("numpy", "dlbridge", "own"): {("bfloat16", "contiguous"): "refused"},
+    ("torch", "dlbridge", "dlb"): {},
+}
+
+
+@pytest.fixture(scope="module")
+def report():
+    os.environ[_doctor.CRASH_ENV] = "1"
+    try:
+        return _doctor.run(["numpy", "torch", "dlbridge", "crasher"], workers=2)
+    finally:
+        del os.environ[_doctor.CRASH_ENV]
+
+
+def _cells(report, p, c, path):
+    return {(x["dtype"], x["layout"]): x for x in report["cells"]
+            if x["producer"] == p and x["consumer"] == c and x["path"] == path}
+
+
+@pytest.mark.parametrize("pair", sorted(EXPECT))
+def test_cells_match_expectations(report, pair):
+    cells = _cells(report, *pair)
+    assert cells, pair
+    for case, cell in cells.items():
+        assert cell["outcome"] == EXPECT[pair].get(case, "zero-copy"), (case, cell)
+
+
+def test_torch_negative_strides_crash_is_a_labelled_cell(report):
+    cell = _cells(report, "numpy", "torch", "own")[("float32", "negative")]
+    assert "signal" in cell["message"]
+    assert "negative strides" in cell["known_limitation"]
+    # the child was restarted: the probes after the crash still ran
+    assert _cells(report, "numpy", "torch", "own")[("float32", "0-d")]["outcome"] == "zero-copy"
+
+
+def test_crashing_producer_is_reported_not_fatal(report):
+    crashed = [c for c in report["cells"] if c["producer"] == "crasher"]
+    assert crashed and all(c["outcome"] == "crashed" for c in crashed)
+    assert any("signal 6" in c["message"] for c in crashed)
+
+
+def test_no_dlbridge_defects(report):
+    assert report["defects"] == []
+
+
+def test_json_schema(report):
+    _doctor.validate(json.loads(json.dumps(report)))
+    assert report["schema_version"] == _doctor.SCHEMA_VERSION
+    bad = dict(report, cells=[dict(report["cells"][0], outcome="fine")])
+    with pytest.raises(ValueError, match="outcome"):
+        _doctor.validate(bad)
+
+
+def test_plain_grid_fits_100_columns(report):
+    text = _render.plain(report)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "✓ 16/16" in text    # torch -> torch, all zero-copy
+    assert "☠" in text
+
+
+def test_rich_grid(report):
+    rich = pytest.importorskip("rich.console")
+    console = rich.Console(width=100, record=True)
+    _render.rich_grid(report, console)
+    assert "producer" in console.export_text()
+
+
+def test_cli_json_and_plain_text(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlbridge", "doctor", "--frameworks", "numpy",
+         "--plain", "--json", str(out)], capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "numpy" in proc.stdout and "✓" in proc.stdout
+    _doctor.validate(json.loads(out.read_text()))
+
+
+def test_html_report_in_chromium(report, tmp_path):
+    page = tmp_path / "doctor.html"
+    page.write_text(_render.html_page(report), encoding="utf-8")
+    text = page.read_text()
+    assert "http://" not in text and "https://" not in text  # no network
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium not installed (scripts/bootstrap installs it)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert 'id="grid-own"' in dom and 'id="grid-dlb"' in dom
+    assert "negative strides" in dom          # a tooltip (title) filled by script
+    assert 'class="cell"' in dom
+    shot = tmp_path / "grid.png"
+    subprocess.run([browser, *flags, f"--screenshot={shot}",
+                    "--window-size=1000,900", page.as_uri()],
+                   capture_output=True, timeout=60)
+    assert shot.exists() and shot.stat().st_size > 1000
