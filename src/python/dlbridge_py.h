@@ -347,4 +347,28 @@ int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
 int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
                              DLDataType *out);
 
+/* ---- Pickling and shared memory (pickle.c, share.c) ------------------------ */
+
+/* Tensor.__reduce_ex__(protocol) and Tensor.__deepcopy__(memo). */
+PyObject *dlb__tensor_reduce_ex(PyObject *self, PyObject *protocol);
+PyObject *dlb__tensor_deepcopy(PyObject *self, PyObject *memo);
+/* Adds _rebuild_tensor to the module. */
+int dlb__pickle_init(PyObject *module, dlb_module_state *st);
+/* Pieces of a pickle, validated: a (code, bits, lanes) tuple; a tuple of at
+ * most DLB_MAX_NDIM ints (what names it in messages); a layout whose data is
+ * set, with the bytes [0, *need) it reads from element 0.  0, or -1 with
+ * ValueError. */
+int dlb__parse_dtype_tuple(PyObject *obj, DLDataType *out);
+int dlb__parse_dims(PyObject *obj, const char *what, int32_t *n, int64_t *v);
+int dlb__check_pickled_layout(DLTensor *view, uint64_t flags, int64_t *need);
+
+/* True when self's elements lie in a shared-memory mapping of this
+ * process; Tensor.is_shared. */
+int dlb__tensor_is_shared(const dlb_TensorObject *self);
+PyObject *dlb__tensor_get_is_shared(PyObject *self, void *closure);
+/* __reduce_ex__ of a shared tensor: the handle (counted in flight). */
+PyObject *dlb__shared_reduce(dlb_module_state *st, dlb_TensorObject *self);
+/* Adds share, _rebuild_shared, _shm_cleanup, _shm_info to the module. */
+int dlb__share_init(PyObject *module, dlb_module_state *st);
+
 #endif /* DLB_PYTHON_DLBRIDGE_PY_H_ */

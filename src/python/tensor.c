@@ -595,6 +595,9 @@ static PyGetSetDef tensor_getset[] = {
      "True when row-major compact (extent-1 strides ignored).", NULL},
     {"__array_interface__", tensor_get_array_interface, NULL,
      "NumPy array interface (v3); host memory only.", NULL},
+    {"is_shared", dlb__tensor_get_is_shared, NULL,
+     "True when the data is in shared memory another process can map "
+     "(dlbridge.share).", NULL},
     {"__cuda_array_interface__", tensor_get_cuda_array_interface, NULL,
      "CUDA array interface (v3); CUDA memory only.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -1353,6 +1356,10 @@ static PyMethodDef tensor_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "copy(*, device=None)\n--\n\nA new contiguous tensor owning a copy of "
      "the data."},
+    {"__reduce_ex__", dlb__tensor_reduce_ex, METH_O,
+     "Pickle support: protocol 5 sends the data out of band, a shared tensor "
+     "a handle."},
+    {"__deepcopy__", dlb__tensor_deepcopy, METH_O, "A copy of the data."},
     {NULL, NULL, 0, NULL},
 };
 
