@@ -21,10 +21,12 @@
  * processes that map the same page at different addresses; the build stops
  * on a platform where 64-bit atomics are not lock-free.
  *
- * A crashed process cannot decrement anything.  dlb_shm_cleanup removes the
- * segments whose creator is dead and that no process maps any more (handles
- * still in flight from a dead creator are given up); see docs/scale-out.md
- * for what it cannot decide.
+ * A crashed process cannot decrement anything.  So each mapping also keeps
+ * its descriptor open with a shared flock(), which the kernel releases when
+ * the process dies; dlb_shm_cleanup removes the segments whose creator is
+ * dead and that it can lock exclusively (no live process maps them).
+ * Handles still in flight from a dead creator are given up then; see
+ * docs/scale-out.md.  Cost: one open descriptor per mapping.
  */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _DEFAULT_SOURCE 1
@@ -37,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -73,6 +76,7 @@ _Static_assert(DLB_SHM_HEADER_BYTES % DLB_DATA_ALIGNMENT == 0,
 
 struct dlb_shm {
   shm_header *header;   /* start of the mapping */
+  int fd;               /* kept open: holds a shared flock while mapped */
   size_t map_bytes;     /* header + data */
   dlb_allocator allocator;  /* what allocated this struct */
   char name[DLB_SHM_NAME_MAX];
@@ -183,6 +187,11 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
                        total, strerror(falloc));
     goto done;
   }
+  if (flock(fd, LOCK_SH) != 0) {
+    rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
+                       s->name, strerror(errno));
+    goto done;
+  }
   map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) {
     rc = dlb_error_set(err, DLB_ENOMEM, "cannot map %zu bytes of shared memory: %s",
@@ -198,9 +207,11 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
   memcpy(h->magic, shm_magic, sizeof shm_magic);
   s->header = h;
   s->map_bytes = total;
+  s->fd = fd;
   *out = s;
   s = NULL;
   map = MAP_FAILED;
+  fd = -1;
 done:
   if (map != MAP_FAILED) munmap(map, total);
   if (fd >= 0) close(fd);
@@ -250,6 +261,13 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
     goto done;
   }
   total = (size_t)st.st_size;
+  /* Held as long as the mapping: dlb_shm_cleanup only removes a segment it
+   * can lock exclusively, i.e. one no live process holds. */
+  if (flock(fd, LOCK_SH) != 0) {
+    rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
+                       name, strerror(errno));
+    goto done;
+  }
   map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) {
     rc = dlb_error_set(err, DLB_ENOMEM, "cannot map shared memory /dev/shm/%s: %s",
@@ -285,9 +303,11 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   }
   s->header = h;
   s->map_bytes = total;
+  s->fd = fd;
   *out = s;
   s = NULL;
   map = MAP_FAILED;
+  fd = -1;
 done:
   if (map != MAP_FAILED) munmap(map, total);
   if (fd >= 0) close(fd);
@@ -314,6 +334,7 @@ void dlb_shm_close(dlb_shm *shm) {
   uint64_t left = atomic_fetch_sub(&shm->header->counts, (uint64_t)1) - 1u;
   if (left == 0) unlink_name(shm->name);
   munmap((void *)shm->header, shm->map_bytes);
+  close(shm->fd); /* drops our shared lock */
   handle_free(shm);
 }
 
@@ -339,31 +360,25 @@ static long name_pid(const char *name) {
   return (end != NULL && *end == '-' && pid > 0) ? pid : -1;
 }
 
-/* Whether a leftover segment may go: its creator is dead and no process
- * maps it.  A header we cannot read (a creator that died half-way through
- * dlb_shm_create) counts as unmapped. */
-static bool segment_abandoned(const char *name) {
+/* Remove name if it is a leftover: its creator is dead and no live process
+ * holds it.  Every mapping holds a shared flock on its descriptor, which
+ * the kernel drops when a process dies, so an exclusive lock that succeeds
+ * proves nobody maps the segment -- whatever the counts in a header that a
+ * crash left behind say.  Handles still in flight from a dead creator are
+ * given up.  True when it was removed. */
+static bool remove_if_abandoned(const char *name) {
   long pid = name_pid(name);
   if (pid < 0 || pid == (long)getpid()) return false;
   if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) return false;
   int fd = open_name(name, O_RDWR, 0);
   if (fd < 0) return false;
-  bool abandoned = true;
-  struct stat st;
-  if (fstat(fd, &st) == 0 && st.st_size >= (off_t)DLB_SHM_HEADER_BYTES) {
-    void *map = mmap(NULL, DLB_SHM_HEADER_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED,
-                     fd, 0);
-    if (map == MAP_FAILED) {
-      abandoned = false;
-    } else {
-      shm_header *h = (shm_header *)map;
-      if (memcmp(h->magic, shm_magic, sizeof shm_magic) == 0)
-        abandoned = MAPPINGS(atomic_load(&h->counts)) == 0;
-      munmap(map, DLB_SHM_HEADER_BYTES);
-    }
+  bool removed = false;
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    unlink_name(name);
+    removed = true;
   }
   close(fd);
-  return abandoned;
+  return removed;
 }
 
 int dlb_shm_cleanup(int *removed, dlb_error *err) {
@@ -379,10 +394,7 @@ int dlb_shm_cleanup(int *removed, dlb_error *err) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     if (strncmp(e->d_name, SHM_PREFIX, 4) != 0) continue;
-    if (segment_abandoned(e->d_name)) {
-      unlink_name(e->d_name);
-      count++;
-    }
+    if (remove_if_abandoned(e->d_name)) count++;
   }
   closedir(d);
   if (removed != NULL) *removed = count;
