@@ -16,11 +16,11 @@
  * until the receiver opens it (the count moves to the receiver's mapping).
  * Rules and crash cleanup: docs/scale-out.md.
  */
-#define _POSIX_C_SOURCE 200809L
+#include "dlbridge_py.h" /* Python.h first: it sets the feature macros */
+
 #include <pthread.h>
 #include <string.h>
-
-#include "dlbridge_py.h"
+#include <time.h>
 
 /* A shared tensor's managed struct, with its shape and strides after it. */
 typedef struct shared_block {
@@ -148,7 +148,11 @@ static PyObject *shared_tensor(dlb_module_state *st, dlb_shm *shm,
 
 /* ---- dlbridge.share ---------------------------------------------------------- */
 
-static int cleaned_up; /* leftovers of dead processes removed once per process */
+/* When leftovers of dead processes were last looked for.  A scan lists
+ * /dev/shm and signals each creator (kill 0), so it runs at most once a
+ * second: often enough that a program which keeps killing workers (Pool
+ * terminate) does not pile up segments, rare enough to cost nothing. */
+static time_t last_cleanup;
 
 static PyObject *py_share(PyObject *module, PyObject *obj) {
   dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
@@ -186,8 +190,9 @@ static PyObject *py_share(PyObject *module, PyObject *obj) {
     return dlb__import(st, obj, NULL, 0);
   }
   PyErr_Clear();
-  if (!cleaned_up) {
-    cleaned_up = 1;
+  time_t now = time(NULL);
+  if (now != last_cleanup) {
+    last_cleanup = now;
     (void)dlb_shm_cleanup(NULL, NULL);
   }
   bool padded = (view.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
