@@ -77,6 +77,7 @@ _Static_assert(DLB_SHM_HEADER_BYTES % DLB_DATA_ALIGNMENT == 0,
 struct dlb_shm {
   shm_header *header;   /* start of the mapping */
   int fd;               /* kept open: holds a shared flock while mapped */
+  long pid;             /* the process whose mapping was counted */
   size_t map_bytes;     /* header + data */
   dlb_allocator allocator;  /* what allocated this struct */
   char name[DLB_SHM_NAME_MAX];
@@ -208,6 +209,7 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
   s->header = h;
   s->map_bytes = total;
   s->fd = fd;
+  s->pid = (long)getpid();
   *out = s;
   s = NULL;
   map = MAP_FAILED;
@@ -237,12 +239,6 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
                        name);
     goto done;
   }
-  s = handle_new();
-  if (s == NULL) {
-    rc = dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
-    goto done;
-  }
-  memcpy(s->name, name, strlen(name) + 1);
   fd = open_name(name, O_RDWR, 0);
   if (fd < 0) {
     rc = dlb_error_set(err, DLB_EINVAL,
@@ -301,9 +297,20 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
     uint64_t next = word + 1u - (IN_FLIGHT(word) > 0 ? ONE_IN_FLIGHT : 0u);
     if (atomic_compare_exchange_weak(&h->counts, &word, next)) break;
   }
+  /* Allocated only now, so that a load which reached the segment consumes
+   * its handle even when this fails: the mapping just counted is released
+   * as if the tensor had been loaded and dropped. */
+  s = handle_new();
+  if (s == NULL) {
+    if (atomic_fetch_sub(&h->counts, (uint64_t)1) == 1u) unlink_name(name);
+    rc = dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
+    goto done;
+  }
+  memcpy(s->name, name, strlen(name) + 1);
   s->header = h;
   s->map_bytes = total;
   s->fd = fd;
+  s->pid = (long)getpid();
   *out = s;
   s = NULL;
   map = MAP_FAILED;
@@ -330,9 +337,13 @@ int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err) {
 
 void dlb_shm_close(dlb_shm *shm) {
   if (shm == NULL) return;
-  /* We hold a mapping, so the low half is at least 1. */
-  uint64_t left = atomic_fetch_sub(&shm->header->counts, (uint64_t)1) - 1u;
-  if (left == 0) unlink_name(shm->name);
+  /* A child made by fork() inherits the mapping but was never counted: only
+   * the process that counted a mapping may uncount it. */
+  if (shm->pid == (long)getpid()) {
+    /* We hold a mapping, so the low half is at least 1. */
+    uint64_t left = atomic_fetch_sub(&shm->header->counts, (uint64_t)1) - 1u;
+    if (left == 0) unlink_name(shm->name);
+  }
   munmap((void *)shm->header, shm->map_bytes);
   close(shm->fd); /* drops our shared lock */
   handle_free(shm);

@@ -303,8 +303,13 @@ static PyObject *py_rebuild_shared(PyObject *module, PyObject *const *args,
     PyErr_SetString(PyExc_ValueError, "shared tensor handle: the name must be a str");
     return NULL;
   }
-  const char *name = PyUnicode_AsUTF8(args[0]);
+  Py_ssize_t name_len = 0;
+  const char *name = PyUnicode_AsUTF8AndSize(args[0], &name_len);
   if (name == NULL) return NULL;
+  if ((size_t)name_len != strlen(name)) {
+    PyErr_SetString(PyExc_ValueError, "shared tensor handle: NUL in the name");
+    return NULL;
+  }
   long long offset = PyLong_AsLongLong(args[1]);
   if (offset == -1 && PyErr_Occurred()) return NULL;
   memset(&layout, 0, sizeof layout);

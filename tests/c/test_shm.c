@@ -157,13 +157,15 @@ static void test_allocation_failure(void) {
   dlb_shm *a = NULL;
   CHECK_EQ(dlb_shm_create(100, &a, &err), DLB_OK);
   if (a == NULL) return;
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
   failing_allocator_install(0);
   CHECK_EQ(dlb_shm_open(dlb_shm_name(a), &s, &err), DLB_ENOMEM);
   CHECK(s == NULL);
   failing_allocator_remove();
-  uint32_t maps = 0;
-  dlb_shm_counts(a, &maps, NULL);
-  CHECK_EQ(maps, 1);  /* the failed open counted nothing */
+  uint32_t maps = 0, flight = 0;
+  dlb_shm_counts(a, &maps, &flight);
+  CHECK_EQ(maps, 1);    /* the failed open left no mapping counted ... */
+  CHECK_EQ(flight, 0);  /* ... and consumed the handle it was given */
 
   /* Freed through the allocator that made it, even after a change. */
   failing_allocator_install(-1);
@@ -271,7 +273,32 @@ static void test_cleanup_half_made(void) {
   CHECK(!exists(done_name));
 }
 
+/* A forked child inherits the parent's mapping uncounted: closing it there
+ * must not uncount the parent's. */
+static void test_fork_inherits_uncounted(void) {
+  dlb_error err;
+  dlb_shm *a = NULL;
+  CHECK_EQ(dlb_shm_create(32, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dlb_shm_close(a);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  uint32_t maps = 0;
+  dlb_shm_counts(a, &maps, NULL);
+  CHECK_EQ(maps, 1);
+  CHECK(exists(dlb_shm_name(a)));
+  char name[DLB_SHM_NAME_MAX];
+  strcpy(name, dlb_shm_name(a));
+  dlb_shm_close(a);
+  CHECK(!exists(name));
+}
+
 int main(void) {
+  test_fork_inherits_uncounted();
   test_create_open_close();
   test_in_flight();
   test_hostile_names_and_headers();

@@ -208,3 +208,67 @@ def test_crashed_creator_is_cleaned_up():
     removed = _core._shm_cleanup()
     assert removed >= 2
     assert not any(segment_exists(n) for n in names)
+
+
+def _our_segments():
+    prefix = "dlb-%d-" % os.getpid()
+    return sorted(n for n in os.listdir(SHM) if n.startswith(prefix))
+
+
+def _alloc_sweep(op):
+    """op() with the core allocator refusing the k-th allocation, k = 0, 1,
+    ...: it succeeds or raises MemoryError, and leaves no core block and no
+    segment behind."""
+    op()
+    gc.collect()
+    base, segments = _core._allocation_stats()["live"], _our_segments()
+    for k in range(100):
+        _core._fail_allocations(k)
+        try:
+            res = op()
+            outcome = "ok"
+        except MemoryError:
+            res, outcome = None, "MemoryError"
+        finally:
+            stats = _core._allocation_stats()
+            _core._reset_allocations()
+        del res
+        gc.collect()
+        assert _core._allocation_stats()["live"] == base, (op, k)
+        assert _our_segments() == segments, (op, k)
+        if stats["failed"] == 0:
+            assert outcome == "ok" and k > 0
+            return k
+    pytest.fail("still allocating after 100 steps")
+
+
+def test_allocation_failures_share_and_pickle():
+    a = np.arange(100, dtype=np.float32)
+    s = dlb.share(a)
+    h = pickle.dumps(s)
+    plain = dlb.from_dlpack(a)
+
+    def share():
+        return dlb.share(a)
+
+    def handle_round_trip():
+        r = pickle.loads(pickle.dumps(s))
+        assert r.tolist() == s.tolist()
+        return r
+
+    def pickle5_round_trip():
+        bufs = []
+        d = pickle.dumps(plain, protocol=5, buffer_callback=bufs.append)
+        return pickle.loads(d, buffers=bufs)
+
+    def in_band_round_trip():
+        return pickle.loads(pickle.dumps(plain, protocol=4))
+
+    for op in (share, handle_round_trip, pickle5_round_trip, in_band_round_trip):
+        _alloc_sweep(op)
+    # The first pickle's handle is still in flight: load it, and all is freed.
+    name = _core._shm_info(s)[0]
+    r = pickle.loads(h)
+    del r, s
+    gc.collect()
+    assert not segment_exists(name)
