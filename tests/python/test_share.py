@@ -159,17 +159,14 @@ def test_deepcopy_does_not_alias():
     assert not d.is_shared and d.tolist() == s.tolist()
 
 
-def test_cuda_message_names_ipc():
-    # No GPU needed: the check is on the device the producer reports.
-    class FakeCuda:
-        def __dlpack_device__(self):
-            return (2, 0)
-
-        def __dlpack__(self, **kw):
-            raise BufferError("no")
-
-    with pytest.raises((BufferError, TypeError)):
-        dlb.share(FakeCuda())
+def test_device_tensors_refused_with_reasons(tp):
+    # The test producer describes memory on any device without touching it.
+    cuda = tp.Producer(shape=(4,), dtype=(2, 32, 1), device=(2, 0))
+    with pytest.raises(BufferError, match="sharing CUDA tensors needs CUDA IPC"):
+        dlb.share(cuda)
+    other = tp.Producer(shape=(4,), dtype=(2, 32, 1), device=(4, 0))  # OpenCL
+    with pytest.raises(BufferError, match="cannot be put in shared memory"):
+        dlb.share(other)
 
 
 def _run(code, env=None, timeout=60):
