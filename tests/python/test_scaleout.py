@@ -117,7 +117,8 @@ def test_multiprocessing_pool_returns_shared():
     ctx = multiprocessing.get_context("spawn")
     n = W.NBYTES // 8
     with ctx.Pool(2) as pool:
-        results = pool.starmap(W.shared_full, [(n, 1.5), (n, 2.5), (n, 3.5)])
+        results = pool.starmap_async(
+            W.shared_full, [(n, 1.5), (n, 2.5), (n, 3.5)]).get(timeout=60)
     # The workers dropped their tensors (and exited) while the handles were
     # in flight; the in-flight count kept the segments for us.
     names = []
@@ -150,7 +151,7 @@ def test_multiprocessing_pool_in_band(tensors, base):
     assert in_band - len(ForkingPickler.dumps(tensors["numpy"])) < HANDLE_MAX
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        info = pool.apply(_pool_checksum, (t,))
+        info = pool.apply_async(_pool_checksum, (t,)).get(timeout=60)
     assert info["head"] == float(base[:1000].sum())
     assert not info["readonly"]
 
@@ -208,6 +209,7 @@ def test_dask_serialization_adds_no_copy(tensors):
         assert r.data_ptr == frame_ptr, name  # rebuilt over the frame
 
 
+@pytest.mark.filterwarnings("ignore:Sending large graph")
 def test_dask_cluster_moves_every_framework(dask_client, tensors, base):
     head = float(base[:1000].sum())
     for i, (name, x) in enumerate(tensors.items()):
