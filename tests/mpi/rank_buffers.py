@@ -1,7 +1,8 @@
 """Run under mpiexec (tests/python/test_scaleout_mpi.py): dlbridge tensors,
 and through dlbridge.convert any framework's tensors, as mpi4py buffers --
 point-to-point between ring neighbours and Allreduce, results checked on
-every rank.  Exits non-zero (with a message) on the first wrong value."""
+every rank; then a shared tensor through the lowercase (pickle) methods and
+a plain one through mpi4py.util.pkl5.  Exits non-zero (with a message) on the first wrong value."""
 
 import sys
 
@@ -84,6 +85,32 @@ except (BufferError, TypeError, ValueError):
     pass
 else:
     fail("a read-only tensor was accepted as a receive buffer")
+
+# Lowercase (pickle) methods: a shared tensor goes as its handle, and rank 1
+# writes into rank 0's pages (same node); mpi4py.util.pkl5 sends a plain
+# tensor's data out of band.
+if rank == 0:
+    s = dlb.share(np.zeros(N, dtype=np.float64))
+    comm.send(s, dest=1)
+    comm.recv(source=1)  # rank 1 has written
+    if np.asarray(dlb.convert(s, "numpy"))[7] != 42.0:
+        fail("rank 1's write through the shared handle is not visible")
+elif rank == 1:
+    t = comm.recv(source=0)
+    if not t.is_shared:
+        fail("a shared tensor arrived as a copy")
+    np.asarray(dlb.convert(t, "numpy"))[7] = 42.0
+    comm.send("done", dest=0)
+    del t
+
+from mpi4py.util import pkl5  # noqa: E402
+
+pcomm = pkl5.Intracomm(comm)
+if rank == 0:
+    pcomm.send(dlb.from_dlpack(np.arange(N, dtype=np.int64)), dest=1)
+elif rank == 1:
+    t = pcomm.recv(source=0)
+    check(t, np.arange(N, dtype=np.int64), "pkl5 send/recv")
 
 comm.Barrier()
 if rank == 0:
