@@ -131,6 +131,7 @@ bench: build
 	@echo
 	@echo "== calls, from_dlpack, convert, __dlpack__, memory (bench/bench_calls.py) =="
 	@$(PY) bench/bench_calls.py
+	@echo; echo "== scale-out: pickle-5, shared memory, multiprocessing, MPI (bench/bench_scaleout.py) =="; $(PY) bench/bench_scaleout.py
 
 clean:
 	rm -rf $(BUILD) $(ASAN)

@@ -480,6 +480,51 @@ int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
  * the thread's capture mode relaxed, so it may come inside a capture. */
 int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src, void *stream,
                   dlb_error *err);
+/* ---- Shared memory (shm.c) -------------------------------------------------
+ *
+ * POSIX shared-memory segments several processes map, for dlbridge.share.
+ * A segment is named "dlb-<creator pid>-<serial>-<salt>" (as listed in
+ * /dev/shm) and holds DLB_SHM_HEADER_BYTES of header, then the data, aligned
+ * to DLB_DATA_ALIGNMENT.  A cross-process count in the header tracks live
+ * mappings and handles in flight (described to another process, not yet
+ * opened there); the segment's name is unlinked when both reach zero.
+ * Lifetime rules and crash cleanup: docs/scale-out.md. */
+
+#define DLB_SHM_HEADER_BYTES 256
+/* Longest segment name, terminator included. */
+#define DLB_SHM_NAME_MAX 64
+
+typedef struct dlb_shm dlb_shm;  /* one mapping of a segment in this process */
+
+/* A new segment with data_bytes of data (0 is fine), mapped read-write, the
+ * caller's mapping counted.  Its pages are reserved now, so a full /dev/shm
+ * fails here (DLB_ENOMEM) and never with a SIGBUS later. */
+int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err);
+
+/* Map the segment named name (as dlb_shm_name gives it), adopting one
+ * handle in flight if there is one.  DLB_EINVAL for a name that is not of
+ * dlbridge's form, a segment that is gone or already released, or one whose
+ * header or size is wrong. */
+int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err);
+
+/* Count one handle in flight: the segment outlives every mapping until
+ * someone opens it (or dlb_shm_cleanup finds its creator dead and it
+ * unmapped). */
+int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err);
+
+/* Unmap; unlink the name when this was the last mapping and no handle is in
+ * flight.  NULL is fine. */
+void dlb_shm_close(dlb_shm *shm);
+
+void *dlb_shm_data(const dlb_shm *shm);        /* DLB_DATA_ALIGNMENT-aligned */
+size_t dlb_shm_size(const dlb_shm *shm);       /* data bytes */
+const char *dlb_shm_name(const dlb_shm *shm);  /* "dlb-..." */
+/* The counts in the header now (racy by nature: for tests and diagnostics). */
+void dlb_shm_counts(const dlb_shm *shm, uint32_t *mappings, uint32_t *in_flight);
+
+/* Unlink the segments left by dead processes: those whose creator no longer
+ * runs and that no process maps.  *removed (may be NULL) gets how many. */
+int dlb_shm_cleanup(int *removed, dlb_error *err);
 
 #ifdef __cplusplus
 } /* extern "C" */

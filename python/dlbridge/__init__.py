@@ -19,6 +19,7 @@ from ._core import (  # noqa: F401  (re-exported public API)
     empty,
     from_dlpack,
     load,
+    share,
     tensor,
     zeros,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "empty",
     "from_dlpack",
     "load",
+    "share",
     "tensor",
     "zeros",
     "MAX_NDIM",

@@ -24,6 +24,10 @@
  *   function.c Function and load()
  *   capi.c     the dlbridge._C_API capsule (include/dlbridge/python.h)
  *   testing.c  every private test hook (_fail_allocations, _exchange_*)
+ *   pickle.c   Tensor pickling: protocol 5 out of band, in band below 5,
+ *              the validated rebuild
+ *   share.c    dlb.share: tensors in POSIX shared memory, their handles;
+ *              adds __reduce_ex__, __deepcopy__ and is_shared to Tensor
  *   module.c   module def, exec (initialises the others), the method table
  *
  * Layering: the files form a DAG in exactly the order above.  A file calls
@@ -570,5 +574,48 @@ int dlb__capi_init(PyObject *module, dlb_module_state *st);
  * injection through the core allocator, live-block counts, and the
  * _exchange_* hooks. */
 int dlb__testing_init(PyObject *module, dlb_module_state *st);
+
+/* dlb.Tensor's own exchange table (process lifetime). */
+extern const DLPackExchangeAPI dlb__tensor_exchange_api;
+
+/* Readers shared with views.c (readers.c).  Each gives an owning, validated
+ * managed tensor in *out (0), or -1 with an exception and nothing owned. */
+int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
+                               const DLDevice *target, int copy,
+                               DLManagedTensorVersioned **out);
+int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
+                                 DLManagedTensorVersioned **out);
+/* dlb__view_get for a caller that already holds h = the handler of
+ * Py_TYPE(obj) (saves the second lookup). */
+int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
+                       PyObject *obj, unsigned options, dlb_view *view);
+/* dtype of a buffer-protocol format string; BufferError when it has none. */
+int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
+                             DLDataType *out);
+
+/* ---- Pickling and shared memory (pickle.c, share.c) ------------------------ */
+
+/* Tensor.__reduce_ex__ for an unshared tensor (share.c dispatches) and
+ * Tensor.__deepcopy__(memo). */
+PyObject *dlb__tensor_reduce_ex(PyObject *self, PyObject *protocol);
+PyObject *dlb__tensor_deepcopy(PyObject *self, PyObject *memo);
+/* Adds _rebuild_tensor to the module. */
+int dlb__pickle_init(PyObject *module, dlb_module_state *st);
+/* Pieces of a pickle, validated: a (code, bits, lanes) tuple; a tuple of at
+ * most DLB_MAX_NDIM ints (what names it in messages); a layout whose data is
+ * set, with the bytes [0, *need) it reads from element 0.  0, or -1 with
+ * ValueError. */
+int dlb__parse_dtype_tuple(PyObject *obj, DLDataType *out);
+int dlb__parse_dims(PyObject *obj, const char *what, int32_t *n, int64_t *v);
+int dlb__check_pickled_layout(DLTensor *view, uint64_t flags, int64_t *need);
+
+/* True when self's elements lie in a shared-memory mapping of this
+ * process; Tensor.is_shared. */
+int dlb__tensor_is_shared(const dlb_TensorObject *self);
+PyObject *dlb__tensor_get_is_shared(PyObject *self, void *closure);
+/* __reduce_ex__ of a shared tensor: the handle (counted in flight). */
+PyObject *dlb__shared_reduce(dlb_module_state *st, dlb_TensorObject *self);
+/* Adds share, _rebuild_shared, _shm_cleanup, _shm_info to the module. */
+int dlb__share_init(PyObject *module, dlb_module_state *st);
 
 #endif /* DLB_PYTHON_DLBRIDGE_PY_H_ */

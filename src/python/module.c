@@ -38,6 +38,7 @@ static int module_exec(PyObject *module) {
   if (dlb__function_init(module, st) < 0) return -1;
   if (dlb__capi_init(module, st) < 0) return -1;
   if (dlb__testing_init(module, st) < 0) return -1;
+  if (dlb__pickle_init(module, st) < 0 || dlb__share_init(module, st) < 0) return -1;
   if (PyModule_AddStringConstant(module, "__version__", DLB_VERSION_STRING) < 0)
     return -1;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", DLB_MAX_NDIM) < 0) return -1;

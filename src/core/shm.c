@@ -1,0 +1,446 @@
+/* shm.c -- POSIX shared-memory segments that several processes map, freed
+ * when the last of them lets go.
+ *
+ * A segment is a file in /dev/shm named "dlb-<creator pid>-<serial>-<salt>".
+ * Its first DLB_SHM_HEADER_BYTES hold a header; the data follows, aligned to
+ * DLB_DATA_ALIGNMENT because the mapping itself is page-aligned.
+ *
+ * Lifetime.  The header holds one 64-bit atomic word: the low half counts
+ * live mappings (in every process), the high half counts handles "in
+ * flight" -- described to another process (pickled) but not yet opened
+ * there.  A handle in flight keeps the segment alive after its sender
+ * unmapped it, which is what `queue.put(share(x)); del x` needs.  Opening
+ * moves one in-flight count to the mapping count in the same atomic step.
+ * Whoever brings the word to zero unlinks the name; an open that finds the
+ * word at zero fails cleanly ("already released"), because the segment is
+ * then being unlinked.  Keeping both counts in one word makes every decision
+ * a single compare-and-swap, so no interleaving of processes can free a
+ * segment that an open is about to adopt.
+ *
+ * Lock-free atomics are address-free (C11 7.17.5 note), so they work across
+ * processes that map the same page at different addresses; the build stops
+ * on a platform where 64-bit atomics are not lock-free.
+ *
+ * A crashed process cannot decrement anything.  So each mapping also keeps
+ * its descriptor open with a shared flock(), which the kernel releases when
+ * the process dies; dlb_shm_cleanup removes the segments whose creator is
+ * dead and that it can lock exclusively (no live process maps them).
+ * Handles still in flight from a dead creator are given up then; see
+ * docs/scale-out.md.  Cost: one open descriptor per mapping.
+ */
+#if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
+#define _DEFAULT_SOURCE 1
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#define DLB_HAVE_SHM 1
+#endif
+
+#include "internal.h"
+
+#if DLB_HAVE_SHM
+
+#if ATOMIC_LLONG_LOCK_FREE != 2
+#error "shared-memory reference counts need lock-free 64-bit atomics"
+#endif
+
+static const char shm_magic[8] = {'D', 'L', 'B', 'S', 'H', 'M', '1', '\0'};
+#define SHM_PREFIX "dlb-"
+#define ONE_IN_FLIGHT ((uint64_t)1 << 32)
+#define MAPPINGS(word) ((uint32_t)((word) & 0xffffffffu))
+#define IN_FLIGHT(word) ((uint32_t)((word) >> 32))
+
+/* The first bytes of every segment.  Padded to DLB_SHM_HEADER_BYTES. */
+typedef struct shm_header {
+  char magic[8];
+  uint64_t data_bytes;      /* bytes after the header the creator asked for */
+  int64_t creator_pid;
+  _Atomic uint64_t counts;  /* mappings | in-flight handles << 32 */
+} shm_header;
+
+_Static_assert(sizeof(shm_header) <= DLB_SHM_HEADER_BYTES,
+               "the header must fit before the data");
+_Static_assert(DLB_SHM_HEADER_BYTES % DLB_DATA_ALIGNMENT == 0,
+               "the data must keep dlbridge's alignment");
+
+struct dlb_shm {
+  shm_header *header;   /* start of the mapping */
+  int fd;               /* kept open: holds a shared flock while mapped */
+  long pid;             /* the process whose mapping was counted */
+  size_t map_bytes;     /* header + data */
+  dlb_allocator allocator;  /* what allocated this struct */
+  char name[DLB_SHM_NAME_MAX];
+};
+
+/* A name fits "dlb-<digits>-<digits>-<hex>" and nothing else: handles come
+ * from pickles, which may be hostile, and shm_open must only ever see names
+ * of our own segments (no '/', no "..", bounded). */
+static bool name_is_ours(const char *name) {
+  size_t n = strnlen(name, DLB_SHM_NAME_MAX);
+  if (n == DLB_SHM_NAME_MAX || strncmp(name, SHM_PREFIX, 4) != 0) return false;
+  int dashes = 0;
+  for (size_t i = 4; i < n; i++) {
+    char c = name[i];
+    if (c == '-') {
+      if (name[i - 1] == '-') return false;
+      dashes++;
+    } else if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+      return false;
+    }
+  }
+  return dashes == 2 && name[n - 1] != '-';
+}
+
+/* shm_open wants a leading slash; our names are kept without it, as they
+ * appear in /dev/shm. */
+static int open_name(const char *name, int oflag, mode_t mode) {
+  char path[DLB_SHM_NAME_MAX + 1];
+  path[0] = '/';
+  memcpy(path + 1, name, strlen(name) + 1);
+  return shm_open(path, oflag, mode);
+}
+
+static void unlink_name(const char *name) {
+  char path[DLB_SHM_NAME_MAX + 1];
+  path[0] = '/';
+  memcpy(path + 1, name, strlen(name) + 1);
+  (void)shm_unlink(path);
+}
+
+/* Bytes of a mapping holding data_bytes of data; false on overflow. */
+static bool map_size(uint64_t data_bytes, size_t *out) {
+  if (data_bytes > (uint64_t)INT64_MAX - DLB_SHM_HEADER_BYTES) return false;
+  uint64_t total = data_bytes + DLB_SHM_HEADER_BYTES;
+  if (total > (uint64_t)SIZE_MAX) return false;
+  *out = (size_t)total;
+  return true;
+}
+
+static dlb_shm *handle_new(void) {
+  const dlb_allocator *a = dlb_get_allocator();
+  dlb_shm *s = (dlb_shm *)a->alloc(sizeof *s, a->ctx);
+  if (s == NULL) return NULL;
+  memset(s, 0, sizeof *s);
+  s->allocator = *a;
+  return s;
+}
+
+static void handle_free(dlb_shm *s) {
+  dlb_allocator a = s->allocator;
+  a.release(s, a.ctx);
+}
+
+int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
+  static _Atomic uint32_t serial;
+  int rc = DLB_OK, fd = -1;
+  bool created = false;
+  void *map = MAP_FAILED;
+  size_t total = 0;
+  dlb_shm *s = NULL;
+  if (out == NULL) return dlb_error_set(err, DLB_EINVAL, "dlb_shm_create: out is NULL");
+  *out = NULL;
+  if (!map_size(data_bytes, &total)) {
+    rc = dlb_error_set(err, DLB_EOVERFLOW,
+                       "shared memory of %zu bytes is more than this system can map",
+                       data_bytes);
+    goto done;
+  }
+  s = handle_new();
+  if (s == NULL) {
+    rc = dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
+    goto done;
+  }
+  /* pid + serial is unique among live processes; the salt keeps a name of a
+   * dead process (same pid reused) from colliding with a leftover. */
+  uintptr_t salt = (uintptr_t)s ^ (uintptr_t)time(NULL) ^ (uintptr_t)clock();
+  for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
+    snprintf(s->name, sizeof s->name, SHM_PREFIX "%ld-%u-%x", (long)getpid(),
+             (unsigned)atomic_fetch_add(&serial, 1u) & 0xffffffu,
+             (unsigned)(salt + (uintptr_t)attempt * 0x9e3779b9u) & 0xffffffffu);
+    fd = open_name(s->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    rc = dlb_error_set(err, DLB_EDEVICE, "cannot create shared memory /dev/shm/%s: %s",
+                       s->name, strerror(errno));
+    goto done;
+  }
+  created = true;
+  /* posix_fallocate, not only ftruncate: a tmpfs that is too small (64 MiB
+   * in a default container) must fail here with ENOSPC, not later with a
+   * SIGBUS on the first write to a page it cannot back. */
+  int falloc = posix_fallocate(fd, 0, (off_t)total);
+  if (falloc != 0) {
+    rc = dlb_error_set(err, falloc == ENOSPC ? DLB_ENOMEM : DLB_EDEVICE,
+                       "cannot reserve %zu bytes of shared memory in /dev/shm: %s "
+                       "(a container may need a larger --shm-size)",
+                       total, strerror(falloc));
+    goto done;
+  }
+  if (flock(fd, LOCK_SH) != 0) {
+    rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
+                       s->name, strerror(errno));
+    goto done;
+  }
+  map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    rc = dlb_error_set(err, DLB_ENOMEM, "cannot map %zu bytes of shared memory: %s",
+                       total, strerror(errno));
+    goto done;
+  }
+  shm_header *h = (shm_header *)map;
+  h->data_bytes = data_bytes;
+  h->creator_pid = (int64_t)getpid();
+  atomic_store(&h->counts, (uint64_t)1);
+  /* The magic last: an open that races with creation sees "not ours". */
+  atomic_thread_fence(memory_order_release);
+  memcpy(h->magic, shm_magic, sizeof shm_magic);
+  s->header = h;
+  s->map_bytes = total;
+  s->fd = fd;
+  s->pid = (long)getpid();
+  *out = s;
+  s = NULL;
+  map = MAP_FAILED;
+  fd = -1;
+done:
+  if (map != MAP_FAILED) munmap(map, total);
+  if (fd >= 0) close(fd);
+  if (s != NULL) {
+    if (created) unlink_name(s->name);
+    handle_free(s);
+  }
+  return rc;
+}
+
+int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
+  int rc = DLB_OK, fd = -1;
+  void *map = MAP_FAILED;
+  size_t total = 0;
+  dlb_shm *s = NULL;
+  struct stat st;
+  if (out == NULL || name == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "dlb_shm_open: name or out is NULL");
+  *out = NULL;
+  if (!name_is_ours(name)) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "'%.64s' is not the name of a dlbridge shared-memory segment",
+                       name);
+    goto done;
+  }
+  fd = open_name(name, O_RDWR, 0);
+  if (fd < 0) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       errno == ENOENT
+                           ? "shared memory /dev/shm/%s is gone: every process that "
+                             "held it released it (or its creator died and it was "
+                             "cleaned up) before this handle was opened"
+                           : "cannot open shared memory /dev/shm/%s: %s",
+                       name, strerror(errno));
+    goto done;
+  }
+  if (fstat(fd, &st) != 0 || st.st_size < (off_t)DLB_SHM_HEADER_BYTES) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "shared memory /dev/shm/%s is not a dlbridge segment (too small)",
+                       name);
+    goto done;
+  }
+  total = (size_t)st.st_size;
+  /* Held as long as the mapping: dlb_shm_cleanup only removes a segment it
+   * can lock exclusively, i.e. one no live process holds. */
+  if (flock(fd, LOCK_SH) != 0) {
+    rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
+                       name, strerror(errno));
+    goto done;
+  }
+  map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    rc = dlb_error_set(err, DLB_ENOMEM, "cannot map shared memory /dev/shm/%s: %s",
+                       name, strerror(errno));
+    goto done;
+  }
+  shm_header *h = (shm_header *)map;
+  size_t want = 0;
+  if (memcmp(h->magic, shm_magic, sizeof shm_magic) != 0 ||
+      !map_size(h->data_bytes, &want) || want != total) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "shared memory /dev/shm/%s is not a dlbridge segment "
+                       "(bad header or size)", name);
+    goto done;
+  }
+  atomic_thread_fence(memory_order_acquire);
+  /* Adopt: one more mapping, one fewer handle in flight (when any). */
+  uint64_t word = atomic_load(&h->counts);
+  for (;;) {
+    if (word == 0) {
+      rc = dlb_error_set(err, DLB_EINVAL,
+                         "shared memory /dev/shm/%s was already released by every "
+                         "process that held it", name);
+      goto done;
+    }
+    if (MAPPINGS(word) == UINT32_MAX) {
+      rc = dlb_error_set(err, DLB_EOVERFLOW,
+                         "shared memory /dev/shm/%s has too many mappings", name);
+      goto done;
+    }
+    uint64_t next = word + 1u - (IN_FLIGHT(word) > 0 ? ONE_IN_FLIGHT : 0u);
+    if (atomic_compare_exchange_weak(&h->counts, &word, next)) break;
+  }
+  /* Allocated only now, so that a load which reached the segment consumes
+   * its handle even when this fails: the mapping just counted is released
+   * as if the tensor had been loaded and dropped. */
+  s = handle_new();
+  if (s == NULL) {
+    if (atomic_fetch_sub(&h->counts, (uint64_t)1) == 1u) unlink_name(name);
+    rc = dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
+    goto done;
+  }
+  memcpy(s->name, name, strlen(name) + 1);
+  s->header = h;
+  s->map_bytes = total;
+  s->fd = fd;
+  s->pid = (long)getpid();
+  *out = s;
+  s = NULL;
+  map = MAP_FAILED;
+  fd = -1;
+done:
+  if (map != MAP_FAILED) munmap(map, total);
+  if (fd >= 0) close(fd);
+  if (s != NULL) handle_free(s);
+  return rc;
+}
+
+int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err) {
+  if (shm == NULL) return dlb_error_set(err, DLB_EINVAL, "dlb_shm_hand_out: NULL");
+  uint64_t word = atomic_load(&shm->header->counts);
+  for (;;) {
+    if (IN_FLIGHT(word) == UINT32_MAX)
+      return dlb_error_set(err, DLB_EOVERFLOW,
+                           "shared memory /dev/shm/%s has too many handles in flight",
+                           shm->name);
+    if (atomic_compare_exchange_weak(&shm->header->counts, &word, word + ONE_IN_FLIGHT))
+      return DLB_OK;
+  }
+}
+
+void dlb_shm_close(dlb_shm *shm) {
+  if (shm == NULL) return;
+  /* A child made by fork() inherits the mapping but was never counted: only
+   * the process that counted a mapping may uncount it. */
+  if (shm->pid == (long)getpid()) {
+    /* We hold a mapping, so the low half is at least 1. */
+    uint64_t left = atomic_fetch_sub(&shm->header->counts, (uint64_t)1) - 1u;
+    if (left == 0) unlink_name(shm->name);
+  }
+  munmap((void *)shm->header, shm->map_bytes);
+  close(shm->fd); /* drops our shared lock */
+  handle_free(shm);
+}
+
+void *dlb_shm_data(const dlb_shm *shm) {
+  return (char *)shm->header + DLB_SHM_HEADER_BYTES;
+}
+
+size_t dlb_shm_size(const dlb_shm *shm) { return (size_t)shm->header->data_bytes; }
+
+const char *dlb_shm_name(const dlb_shm *shm) { return shm->name; }
+
+void dlb_shm_counts(const dlb_shm *shm, uint32_t *mappings, uint32_t *in_flight) {
+  uint64_t word = atomic_load(&shm->header->counts);
+  if (mappings != NULL) *mappings = MAPPINGS(word);
+  if (in_flight != NULL) *in_flight = IN_FLIGHT(word);
+}
+
+/* The creator pid in a name of ours, or -1. */
+static long name_pid(const char *name) {
+  if (!name_is_ours(name)) return -1;
+  char *end = NULL;
+  long pid = strtol(name + 4, &end, 10);
+  return (end != NULL && *end == '-' && pid > 0) ? pid : -1;
+}
+
+/* Remove name if it is a leftover: its creator is dead and no live process
+ * holds it.  Every mapping holds a shared flock on its descriptor, which
+ * the kernel drops when a process dies, so an exclusive lock that succeeds
+ * proves nobody maps the segment -- whatever the counts in a header that a
+ * crash left behind say.  Handles still in flight from a dead creator are
+ * given up.  True when it was removed. */
+static bool remove_if_abandoned(const char *name) {
+  long pid = name_pid(name);
+  if (pid < 0 || pid == (long)getpid()) return false;
+  if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) return false;
+  int fd = open_name(name, O_RDWR, 0);
+  if (fd < 0) return false;
+  bool removed = false;
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    unlink_name(name);
+    removed = true;
+  }
+  close(fd);
+  return removed;
+}
+
+int dlb_shm_cleanup(int *removed, dlb_error *err) {
+  static const char dir[] = "/dev/shm";
+  int count = 0;
+  DIR *d = opendir(dir);
+  if (d == NULL) {
+    if (removed != NULL) *removed = 0;
+    /* No /dev/shm: nothing of ours can be there. */
+    if (errno == ENOENT) return DLB_OK;
+    return dlb_error_set(err, DLB_EDEVICE, "cannot list %s: %s", dir, strerror(errno));
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, SHM_PREFIX, 4) != 0) continue;
+    if (remove_if_abandoned(e->d_name)) count++;
+  }
+  closedir(d);
+  if (removed != NULL) *removed = count;
+  return DLB_OK;
+}
+
+#else /* no POSIX shared memory */
+
+int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
+  (void)data_bytes;
+  if (out != NULL) *out = NULL;
+  return dlb_error_set(err, DLB_EUNSUPPORTED, "shared memory needs a POSIX system");
+}
+int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
+  (void)name;
+  if (out != NULL) *out = NULL;
+  return dlb_error_set(err, DLB_EUNSUPPORTED, "shared memory needs a POSIX system");
+}
+int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err) {
+  (void)shm;
+  return dlb_error_set(err, DLB_EUNSUPPORTED, "shared memory needs a POSIX system");
+}
+void dlb_shm_close(dlb_shm *shm) { (void)shm; }
+void *dlb_shm_data(const dlb_shm *shm) { (void)shm; return NULL; }
+size_t dlb_shm_size(const dlb_shm *shm) { (void)shm; return 0; }
+const char *dlb_shm_name(const dlb_shm *shm) { (void)shm; return ""; }
+void dlb_shm_counts(const dlb_shm *shm, uint32_t *mappings, uint32_t *in_flight) {
+  (void)shm;
+  if (mappings != NULL) *mappings = 0;
+  if (in_flight != NULL) *in_flight = 0;
+}
+int dlb_shm_cleanup(int *removed, dlb_error *err) {
+  (void)err;
+  if (removed != NULL) *removed = 0;
+  return DLB_OK;
+}
+
+#endif

@@ -1,0 +1,384 @@
+/* pickle.c -- Tensor.__reduce_ex__ and the function that rebuilds a tensor
+ * from a pickle.
+ *
+ * Protocol 5 (PEP 574): the data leaves as one pickle.PickleBuffer, out of
+ * band when the pickler has a buffer_callback (Dask, Ray, mpi4py.util.pkl5
+ * use one), so the bytes are never copied by us; the receiver's buffer
+ * becomes the tensor's memory.  Protocols 0-4 carry the data in-band as
+ * bytes.  A shared-memory tensor pickles as a handle instead (share.c).
+ *
+ * What is sent: the byte span the elements occupy, with strides when the
+ * tensor is a dense permutation of its span (Fortran order, transposes: no
+ * copy); any other layout (gaps, negative or zero strides) is copied once to
+ * row-major first.  dtype travels as (code, bits, lanes) so any DLPack type
+ * goes, bfloat16, float8 and sub-byte ones included.
+ *
+ * The rebuild trusts nothing: a pickle may be hostile.  Shape, strides and
+ * dtype are validated as any imported tensor is, and the span they describe
+ * must lie inside the buffer received.  A read-only buffer (Ray's object
+ * store, bytes) is never exposed as writable: the tensor is read-only then.
+ */
+#include <string.h>
+
+#include "dlbridge_py.h"
+
+/* Which DLPack flags travel in a pickle; anything else is dropped. */
+#define PICKLED_FLAGS \
+  (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
+
+/* ---- a 1-D uint8 Tensor over part of another object's memory --------------- */
+
+static void release_owner(void *ctx) { dlb__release_ref((PyObject *)ctx, 0); }
+
+/* A new uint8 tensor of nbytes at data whose memory owner keeps alive.
+ * flags: READ_ONLY or 0. */
+static PyObject *byte_view(dlb_module_state *st, PyObject *owner, void *data,
+                           int64_t nbytes, uint64_t flags) {
+  DLTensor view;
+  int64_t shape[1] = {nbytes};
+  int64_t strides[1] = {1};
+  DLManagedTensorVersioned *m = NULL;
+  dlb_error err;
+  memset(&view, 0, sizeof view);
+  view.data = data;
+  view.device = (DLDevice){kDLCPU, 0};
+  view.ndim = 1;
+  view.dtype = (DLDataType){kDLUInt, 8, 1};
+  view.shape = shape;
+  view.strides = strides;
+  if (dlb_managed_wrap(&view, flags, release_owner, owner, &m, &err) != DLB_OK)
+    return dlb__raise(&err);
+  Py_INCREF(owner); /* now owned by m's release */
+  return dlb__tensor_from_managed(st, m);
+}
+
+/* ---- __reduce_ex__ ------------------------------------------------------------ */
+
+/* A dtype as the (code, bits, lanes) tuple the rebuild takes. */
+static PyObject *dtype_tuple(DLDataType d) {
+  return Py_BuildValue("(iii)", (int)d.code, (int)d.bits, (int)d.lanes);
+}
+
+static PyObject *int64_tuple(int32_t n, const int64_t *v) {
+  PyObject *t = PyTuple_New(n);
+  if (t == NULL) return NULL;
+  for (int32_t i = 0; i < n; i++) {
+    PyObject *x = PyLong_FromLongLong((long long)v[i]);
+    if (x == NULL) {
+      Py_DECREF(t);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(t, i, x);
+  }
+  return t;
+}
+
+/* True when t's elements fill their byte span exactly with non-negative
+ * strides: the span can be sent as is, strides alongside.  *span gets its
+ * length. */
+static bool dense_span(const DLTensor *t, bool padded, int64_t *span) {
+  int64_t lo = 0, hi = 0, nbytes = 0;
+  if (dlb_tensor_nbytes(t, padded, &nbytes, NULL) != DLB_OK) return false;
+  if (dlb_tensor_is_contiguous(t)) {
+    *span = nbytes;
+    return true;
+  }
+  if (dlb_dtype_is_subbyte(t->dtype)) return false;
+  if (dlb_tensor_byte_span(t, &lo, &hi, NULL) != DLB_OK) return false;
+  if (lo != 0 || hi != nbytes) return false;
+  for (int32_t i = 0; i < t->ndim; i++)
+    if (t->strides[i] < 0 || (t->strides[i] == 0 && t->shape[i] > 1)) return false;
+  *span = nbytes;
+  return true;
+}
+
+PyObject *dlb__tensor_reduce_ex(PyObject *op, PyObject *arg) {
+  dlb_TensorObject *self = (dlb_TensorObject *)op;
+  dlb_module_state *st = dlb__state_from_type(Py_TYPE(op));
+  PyObject *host = NULL, *module = NULL, *rebuild = NULL, *payload = NULL;
+  PyObject *pickle = NULL, *pb_type = NULL, *bytes_view = NULL;
+  PyObject *dtype = NULL, *shape = NULL, *strides = NULL, *res = NULL;
+  int64_t span = 0;
+  if (st == NULL) {
+    PyErr_SetString(PyExc_TypeError, "not a dlbridge.Tensor");
+    return NULL;
+  }
+  long protocol = PyLong_AsLong(arg);
+  if (protocol == -1 && PyErr_Occurred()) return NULL;
+
+  /* Device memory travels through the host: a copy, made by copy(). */
+  if (!dlb_device_is_host_accessible(self->t.device)) {
+    host = PyObject_CallMethod(op, "copy", "()");
+    if (host == NULL) goto cleanup;
+    /* copy() into host memory: pickle that one. */
+    res = dlb__tensor_reduce_ex(host, arg);
+    goto cleanup;
+  }
+  bool padded = (self->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
+  dlb_TensorObject *src = self;
+  if (!dense_span(&self->t, padded, &span)) {
+    /* Gaps, overlaps or negative strides: one copy to row-major. */
+    host = PyObject_CallMethod(op, "copy", "()");
+    if (host == NULL) goto cleanup;
+    src = (dlb_TensorObject *)host;
+    if (!dense_span(&src->t, padded, &span)) {
+      PyErr_SetString(PyExc_BufferError, "cannot describe the tensor's copy");
+      goto cleanup;
+    }
+  }
+  uint64_t flags = self->flags & PICKLED_FLAGS;
+  bool contiguous = dlb_tensor_is_contiguous(&src->t);
+  void *data = dlb_tensor_data(&src->t);
+
+  module = PyType_GetModule(st->TensorType);
+  if (module == NULL) goto cleanup;
+  rebuild = PyObject_GetAttrString(module, "_rebuild_tensor");
+  if (rebuild == NULL) goto cleanup;
+  if (protocol >= 5) {
+    /* The C API's PyPickleBuffer_FromObject is not in the limited API;
+     * the Python type is the same object. */
+    pickle = PyImport_ImportModule("pickle");
+    if (pickle == NULL) goto cleanup;
+    pb_type = PyObject_GetAttrString(pickle, "PickleBuffer");
+    if (pb_type == NULL) goto cleanup;
+    bytes_view = byte_view(st, (PyObject *)src, data, span,
+                           flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+    if (bytes_view == NULL) goto cleanup;
+    payload = PyObject_CallOneArg(pb_type, bytes_view);
+  } else {
+    payload = PyBytes_FromStringAndSize((const char *)data, (Py_ssize_t)span);
+  }
+  if (payload == NULL) goto cleanup;
+  dtype = dtype_tuple(src->t.dtype);
+  shape = int64_tuple(src->t.ndim, src->t.shape);
+  if (dtype == NULL || shape == NULL) goto cleanup;
+  if (contiguous) {
+    strides = Py_NewRef(Py_None);
+  } else {
+    strides = int64_tuple(src->t.ndim, src->t.strides);
+    if (strides == NULL) goto cleanup;
+  }
+  res = Py_BuildValue("(O(OOOOKO))", rebuild, payload, dtype, shape, strides,
+                      (unsigned long long)flags,
+                      protocol >= 5 ? Py_False : Py_True);
+
+cleanup:
+  Py_XDECREF(host);
+  Py_XDECREF(rebuild);
+  Py_XDECREF(payload);
+  Py_XDECREF(pickle);
+  Py_XDECREF(pb_type);
+  Py_XDECREF(bytes_view);
+  Py_XDECREF(dtype);
+  Py_XDECREF(shape);
+  Py_XDECREF(strides);
+  return res;
+}
+
+PyObject *dlb__tensor_deepcopy(PyObject *op, PyObject *memo) {
+  (void)memo;
+  /* Not the pickle route: a shared tensor pickles as a handle to the same
+   * pages, and a deep copy must not alias. */
+  return PyObject_CallMethod(op, "copy", "()");
+}
+
+/* ---- reading the pieces of a pickle ---------------------------------------- */
+
+int dlb__parse_dtype_tuple(PyObject *obj, DLDataType *out) {
+  long v[3];
+  if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 3) {
+    PyErr_SetString(PyExc_ValueError,
+                    "pickled tensor: dtype must be a (code, bits, lanes) tuple");
+    return -1;
+  }
+  for (int i = 0; i < 3; i++) {
+    v[i] = PyLong_AsLong(PyTuple_GET_ITEM(obj, i));
+    if (v[i] == -1 && PyErr_Occurred()) return -1;
+  }
+  if (v[0] < 0 || v[0] > 255 || v[1] < 0 || v[1] > 255 || v[2] < 0 || v[2] > 65535) {
+    PyErr_SetString(PyExc_ValueError, "pickled tensor: dtype out of range");
+    return -1;
+  }
+  out->code = (uint8_t)v[0];
+  out->bits = (uint8_t)v[1];
+  out->lanes = (uint16_t)v[2];
+  dlb_error err;
+  if (dlb_dtype_check(*out, &err) != DLB_OK) {
+    PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+    return -1;
+  }
+  return 0;
+}
+
+/* A tuple of at most DLB_MAX_NDIM ints into v; its length in *n. */
+int dlb__parse_dims(PyObject *obj, const char *what, int32_t *n, int64_t *v) {
+  if (!PyTuple_Check(obj)) {
+    PyErr_Format(PyExc_ValueError, "pickled tensor: %s must be a tuple", what);
+    return -1;
+  }
+  Py_ssize_t len = PyTuple_GET_SIZE(obj);
+  if (len > DLB_MAX_NDIM) {
+    PyErr_Format(PyExc_ValueError, "pickled tensor: %zd dimensions, more than %d",
+                 len, DLB_MAX_NDIM);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < len; i++) {
+    long long x = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, i));
+    if (x == -1 && PyErr_Occurred()) {
+      if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "pickled tensor: %s out of range", what);
+      }
+      return -1;
+    }
+    v[i] = (int64_t)x;
+  }
+  *n = (int32_t)len;
+  return 0;
+}
+
+/* Check a tensor described by a pickle and find the bytes [0, *need) it
+ * touches from element 0.  view->data is set (non-NULL) by the caller. */
+int dlb__check_pickled_layout(DLTensor *view, uint64_t flags, int64_t *need) {
+  dlb_error err;
+  int64_t lo = 0, hi = 0;
+  if (dlb_tensor_validate(view, 0, &err) != DLB_OK) {
+    PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+    return -1;
+  }
+  if (view->strides == NULL || dlb_tensor_is_contiguous(view)) {
+    if (dlb_tensor_nbytes(view, (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0,
+                          &hi, &err) != DLB_OK) {
+      PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+      return -1;
+    }
+  } else {
+    if (dlb_tensor_byte_span(view, &lo, &hi, &err) != DLB_OK) {
+      PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+      return -1;
+    }
+    if (lo < 0) {
+      PyErr_SetString(PyExc_ValueError,
+                      "pickled tensor: negative strides reach before the data");
+      return -1;
+    }
+  }
+  *need = hi;
+  return 0;
+}
+
+/* ---- _rebuild_tensor ------------------------------------------------------------ */
+
+/* _rebuild_tensor(buffer, dtype, shape, strides, flags, copy) */
+static PyObject *py_rebuild_tensor(PyObject *module, PyObject *const *args,
+                                   Py_ssize_t nargs) {
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  PyObject *mv = NULL, *flat = NULL, *base = NULL, *res = NULL;
+  DLManagedTensorVersioned *m = NULL;
+  DLTensor view;
+  int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
+  int32_t ndim = 0, nstrides = 0;
+  int64_t need = 0;
+  dlb_error err;
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "_rebuild_tensor takes 6 arguments");
+    return NULL;
+  }
+  memset(&view, 0, sizeof view);
+  if (dlb__parse_dtype_tuple(args[1], &view.dtype) < 0) return NULL;
+  if (dlb__parse_dims(args[2], "shape", &ndim, shape) < 0) return NULL;
+  if (args[3] != Py_None) {
+    if (dlb__parse_dims(args[3], "strides", &nstrides, strides) < 0) return NULL;
+    if (nstrides != ndim) {
+      PyErr_SetString(PyExc_ValueError,
+                      "pickled tensor: strides and shape differ in length");
+      return NULL;
+    }
+  }
+  unsigned long long flags_in = PyLong_AsUnsignedLongLong(args[4]);
+  if (flags_in == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  uint64_t flags = (uint64_t)flags_in & PICKLED_FLAGS;
+  int copy = PyObject_IsTrue(args[5]);
+  if (copy < 0) return NULL;
+
+  /* The bytes, whatever object carries them (PickleBuffer, memoryview,
+   * bytes, bytearray, Ray's read-only views): flattened to one uint8 run. */
+  mv = PyMemoryView_FromObject(args[0]);
+  if (mv == NULL) goto cleanup;
+  flat = PyObject_CallMethod(mv, "cast", "s", "B");
+  if (flat == NULL) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError,
+                    "pickled tensor: the data buffer is not one contiguous run");
+    goto cleanup;
+  }
+  base = dlb__import(st, flat, NULL, 0);
+  if (base == NULL) goto cleanup;
+  dlb_TensorObject *b = (dlb_TensorObject *)base;
+  int64_t have = b->t.ndim == 1 ? b->t.shape[0] : 0;
+  if (b->flags & DLPACK_FLAG_BITMASK_READ_ONLY) flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+
+  view.data = dlb_tensor_data(&b->t);
+  view.device = (DLDevice){kDLCPU, 0};
+  view.ndim = ndim;
+  view.shape = ndim > 0 ? shape : NULL;
+  view.strides = (ndim > 0 && args[3] != Py_None) ? strides : NULL;
+  if (view.data == NULL) view.data = (void *)shape; /* empty buffer: never read */
+  if (dlb__check_pickled_layout(&view, flags, &need) < 0) goto cleanup;
+  if (need > have) {
+    PyErr_Format(PyExc_ValueError,
+                 "pickled tensor: the data needs %lld bytes, the buffer has %lld",
+                 (long long)need, (long long)have);
+    goto cleanup;
+  }
+  /* An element must sit at an address its type can be read from; a buffer
+   * that arrives misaligned (some transports pack frames) is copied. */
+  int64_t align = dlb_dtype_itemsize(view.dtype);
+  if (align > 16) align = 16;
+  if (align < 1) align = 1;
+  if ((uintptr_t)view.data % (uintptr_t)align != 0 && need > 0) copy = 1;
+
+  if (copy) {
+    /* In-band data (bytes, immutable) or misaligned: one copy into fresh
+     * memory, which keeps the read-only flag the sender had. */
+    uint64_t sender_flags = (uint64_t)flags_in & PICKLED_FLAGS;
+    if (dlb_managed_empty(ndim, view.shape, view.dtype, view.device,
+                          (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0,
+                          &m, &err) != DLB_OK) {
+      dlb__raise(&err);
+      goto cleanup;
+    }
+    if (dlb_copy(&m->dl_tensor, &view, &err) != DLB_OK) {
+      dlb_managed_delete(m);
+      m = NULL;
+      dlb__raise(&err);
+      goto cleanup;
+    }
+    m->flags |= sender_flags & DLPACK_FLAG_BITMASK_READ_ONLY;
+  } else {
+    if (dlb_managed_wrap(&view, flags, release_owner, base, &m, &err) != DLB_OK) {
+      dlb__raise(&err);
+      goto cleanup;
+    }
+    base = NULL; /* m's release owns it now */
+  }
+  res = dlb__tensor_from_managed(st, m);
+
+cleanup:
+  Py_XDECREF(mv);
+  Py_XDECREF(flat);
+  Py_XDECREF(base);
+  return res;
+}
+
+static PyMethodDef pickle_methods[] = {
+    {"_rebuild_tensor", (PyCFunction)(void (*)(void))py_rebuild_tensor, METH_FASTCALL,
+     "_rebuild_tensor(buffer, dtype, shape, strides, flags, copy)\n--\n\n"
+     "Rebuild a pickled Tensor (used by pickle; validates everything)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int dlb__pickle_init(PyObject *module, dlb_module_state *st) {
+  (void)st;
+  return PyModule_AddFunctions(module, pickle_methods);
+}

@@ -1,0 +1,309 @@
+/* test_shm.c -- shared-memory segments: create/open/close, the mapping and
+ * in-flight counts that decide when a name is unlinked, hostile names and
+ * headers, allocation failure, and cleanup of a dead creator's leftovers. */
+#define _DEFAULT_SOURCE 1
+#define _POSIX_C_SOURCE 200809L
+#include <fcntl.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static bool exists(const char *name) {
+  char path[128];
+  snprintf(path, sizeof path, "/dev/shm/%s", name);
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+static void test_create_open_close(void) {
+  dlb_error err;
+  dlb_shm *a = NULL, *b = NULL;
+  CHECK_EQ(dlb_shm_create(1000, &a, &err), DLB_OK);
+  CHECK(a != NULL);
+  if (a == NULL) return;
+  char name[DLB_SHM_NAME_MAX];
+  strcpy(name, dlb_shm_name(a));
+  CHECK(strncmp(name, "dlb-", 4) == 0);
+  CHECK(exists(name));
+  CHECK_EQ(dlb_shm_size(a), 1000);
+  CHECK_EQ((uintptr_t)dlb_shm_data(a) % DLB_DATA_ALIGNMENT, 0);
+  memset(dlb_shm_data(a), 0x5a, 1000);
+
+  CHECK_EQ(dlb_shm_open(name, &b, &err), DLB_OK);
+  CHECK(b != NULL);
+  if (b == NULL) return;
+  /* Two mappings of the same pages: a write through one shows in the other. */
+  CHECK(dlb_shm_data(a) != dlb_shm_data(b));
+  ((unsigned char *)dlb_shm_data(b))[999] = 7;
+  CHECK_EQ(((unsigned char *)dlb_shm_data(a))[999], 7);
+  CHECK_EQ(((unsigned char *)dlb_shm_data(b))[0], 0x5a);
+  uint32_t maps = 0, flight = 0;
+  dlb_shm_counts(a, &maps, &flight);
+  CHECK_EQ(maps, 2);
+  CHECK_EQ(flight, 0);
+
+  dlb_shm_close(a);
+  CHECK(exists(name));  /* b still maps it */
+  dlb_shm_close(b);
+  CHECK(!exists(name)); /* last one out unlinks */
+  CHECK_EQ(dlb_shm_open(name, &b, &err), DLB_EINVAL);
+  CHECK(b == NULL);
+  CHECK_MSG(err, "gone");
+  dlb_shm_close(NULL);
+}
+
+/* A handle in flight keeps the segment after its sender unmapped it; the
+ * open adopts the handle, so closing that mapping frees it. */
+static void test_in_flight(void) {
+  dlb_error err;
+  dlb_shm *a = NULL, *b = NULL, *c = NULL;
+  CHECK_EQ(dlb_shm_create(0, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  char name[DLB_SHM_NAME_MAX];
+  strcpy(name, dlb_shm_name(a));
+  CHECK_EQ(dlb_shm_size(a), 0);
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
+  uint32_t maps = 0, flight = 0;
+  dlb_shm_counts(a, &maps, &flight);
+  CHECK_EQ(maps, 1);
+  CHECK_EQ(flight, 1);
+  dlb_shm_close(a);
+  CHECK(exists(name));
+
+  CHECK_EQ(dlb_shm_open(name, &b, &err), DLB_OK);
+  if (b == NULL) return;
+  dlb_shm_counts(b, &maps, &flight);
+  CHECK_EQ(maps, 1);
+  CHECK_EQ(flight, 0);
+  /* A second open of the same handle (a pickle loaded twice) maps it while
+   * it lives, and does not drive the in-flight count below zero. */
+  CHECK_EQ(dlb_shm_open(name, &c, &err), DLB_OK);
+  if (c == NULL) return;
+  dlb_shm_counts(c, &maps, &flight);
+  CHECK_EQ(maps, 2);
+  CHECK_EQ(flight, 0);
+  dlb_shm_close(b);
+  dlb_shm_close(c);
+  CHECK(!exists(name));
+}
+
+static void test_hostile_names_and_headers(void) {
+  dlb_error err;
+  dlb_shm *s = (dlb_shm *)(uintptr_t)1;
+  const char *bad[] = {"", "dlb-", "dlb-1-2", "dlb-1-2-", "dlb--1-2", "x-1-2-3",
+                       "dlb-1-2-3/../x", "dlb-1-2-zz", "../dlb-1-2-3",
+                       "dlb-1-2-3-4",
+                       "dlb-11111111111111111111111111111111111111111111111111111111-1-1"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    s = (dlb_shm *)(uintptr_t)1;
+    CHECK_EQ(dlb_shm_open(bad[i], &s, &err), DLB_EINVAL);
+    CHECK(s == NULL);
+    CHECK_MSG(err, "not the name");
+  }
+  CHECK_EQ(dlb_shm_open(NULL, &s, &err), DLB_EINVAL);
+  CHECK_EQ(dlb_shm_open("dlb-1-2-3", NULL, &err), DLB_EINVAL);
+  CHECK_EQ(dlb_shm_create(10, NULL, &err), DLB_EINVAL);
+  CHECK_EQ(dlb_shm_hand_out(NULL, &err), DLB_EINVAL);
+  CHECK_EQ(dlb_shm_create(SIZE_MAX - 8, &s, &err), DLB_EOVERFLOW);
+  CHECK(s == NULL);
+
+  /* Segments with names of our form but not made by us. */
+  char name[64];
+  snprintf(name, sizeof name, "dlb-%ld-999999-abc", (long)getpid());
+  char path[80];
+  snprintf(path, sizeof path, "/%s", name);
+  int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  CHECK_EQ(dlb_shm_open(name, &s, &err), DLB_EINVAL);  /* empty: too small */
+  CHECK_MSG(err, "too small");
+  CHECK_EQ(ftruncate(fd, 4096), 0);
+  CHECK_EQ(dlb_shm_open(name, &s, &err), DLB_EINVAL);  /* zeros: no magic */
+  CHECK_MSG(err, "not a dlbridge segment");
+  CHECK(s == NULL);
+
+  /* A real header whose size field disagrees with the file. */
+  dlb_shm *real = NULL;
+  CHECK_EQ(dlb_shm_create(64, &real, &err), DLB_OK);
+  if (real != NULL) {
+    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(m != MAP_FAILED);
+    if (m != MAP_FAILED) {
+      memcpy(m, (char *)dlb_shm_data(real) - DLB_SHM_HEADER_BYTES, DLB_SHM_HEADER_BYTES);
+      CHECK_EQ(dlb_shm_open(name, &s, &err), DLB_EINVAL);  /* 64 + header != 4096 */
+      CHECK_MSG(err, "bad header or size");
+      munmap(m, 4096);
+    }
+    dlb_shm_close(real);
+  }
+  close(fd);
+  shm_unlink(path);
+}
+
+static void test_allocation_failure(void) {
+  dlb_error err;
+  dlb_shm *s = NULL;
+  failing_allocator_install(0);
+  CHECK_EQ(dlb_shm_create(100, &s, &err), DLB_ENOMEM);
+  CHECK(s == NULL);
+  CHECK_EQ(failing_allocator_live(), 0);
+  failing_allocator_remove();
+
+  dlb_shm *a = NULL;
+  CHECK_EQ(dlb_shm_create(100, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
+  failing_allocator_install(0);
+  CHECK_EQ(dlb_shm_open(dlb_shm_name(a), &s, &err), DLB_ENOMEM);
+  CHECK(s == NULL);
+  failing_allocator_remove();
+  uint32_t maps = 0, flight = 0;
+  dlb_shm_counts(a, &maps, &flight);
+  CHECK_EQ(maps, 1);    /* the failed open left no mapping counted ... */
+  CHECK_EQ(flight, 0);  /* ... and consumed the handle it was given */
+
+  /* Freed through the allocator that made it, even after a change. */
+  failing_allocator_install(-1);
+  dlb_shm *b = NULL;
+  CHECK_EQ(dlb_shm_open(dlb_shm_name(a), &b, &err), DLB_OK);
+  CHECK_EQ(failing_allocator_live(), 1);
+  failing_allocator_remove();
+  dlb_shm_close(b);
+  CHECK_EQ(failing_allocator_live(), 0);
+  dlb_shm_close(a);
+}
+
+/* A child creates segments and dies without closing them: cleanup in the
+ * parent removes the unmapped one and keeps the one the parent still maps. */
+static void test_cleanup_after_crash(void) {
+  int pipefd[2];
+  CHECK_EQ(pipe(pipefd), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dlb_error err;
+    dlb_shm *x = NULL, *y = NULL;
+    if (dlb_shm_create(4096, &x, &err) != DLB_OK) _exit(1);
+    if (dlb_shm_create(4096, &y, &err) != DLB_OK) _exit(1);
+    char names[2 * DLB_SHM_NAME_MAX] = {0};
+    strcpy(names, dlb_shm_name(x));
+    strcpy(names + DLB_SHM_NAME_MAX, dlb_shm_name(y));
+    if (write(pipefd[1], names, sizeof names) != (ssize_t)sizeof names) _exit(1);
+    _exit(0);  /* "crash": nothing closed */
+  }
+  close(pipefd[1]);
+  char names[2 * DLB_SHM_NAME_MAX] = {0};
+  CHECK_EQ(read(pipefd[0], names, sizeof names), (ssize_t)sizeof names);
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const char *dead = names, *kept = names + DLB_SHM_NAME_MAX;
+  CHECK(exists(dead));
+  CHECK(exists(kept));
+  dlb_error err;
+  dlb_shm *held = NULL;
+  /* The header still counts the crashed child's mappings; only the locks
+   * tell that nobody holds `dead`, while we hold `kept`. */
+  CHECK_EQ(dlb_shm_open(kept, &held, &err), DLB_OK);
+  int removed = -1;
+  CHECK_EQ(dlb_shm_cleanup(&removed, &err), DLB_OK);
+  CHECK(removed >= 1);
+  CHECK(!exists(dead));
+  CHECK(exists(kept));
+  dlb_shm *late = NULL;
+  CHECK_EQ(dlb_shm_open(dead, &late, &err), DLB_EINVAL);  /* a late handle */
+  CHECK_MSG(err, "gone");
+  uint32_t maps = 0;
+  dlb_shm_counts(held, &maps, NULL);
+  CHECK_EQ(maps, 2);  /* the crashed creator's count never went down */
+  dlb_shm_close(held);
+  CHECK(exists(kept));  /* so closing ours does not unlink it ... */
+  CHECK_EQ(dlb_shm_cleanup(&removed, &err), DLB_OK);
+  CHECK(!exists(kept)); /* ... but cleanup does, now nobody holds it */
+}
+
+/* A creator that died half-way (name made, header never written) leaves a
+ * segment with no magic: cleanup removes it once the creator is dead. */
+static void test_cleanup_half_made(void) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  char name[64], path[80];
+  snprintf(name, sizeof name, "dlb-%ld-1-beef", (long)pid);
+  snprintf(path, sizeof path, "/%s", name);
+  int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  CHECK_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
+  /* And a finished segment of the same dead pid, with a handle in flight
+   * that will never be opened. */
+  dlb_shm *s = NULL;
+  dlb_error err;
+  CHECK_EQ(dlb_shm_create(16, &s, &err), DLB_OK);
+  char done_name[64], done_path[80];
+  snprintf(done_name, sizeof done_name, "dlb-%ld-2-beef", (long)pid);
+  snprintf(done_path, sizeof done_path, "/%s", done_name);
+  fd = shm_open(done_path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  CHECK(fd >= 0);
+  if (fd >= 0 && s != NULL) {
+    CHECK_EQ(ftruncate(fd, DLB_SHM_HEADER_BYTES + 16), 0);
+    void *m = mmap(NULL, DLB_SHM_HEADER_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(m != MAP_FAILED);
+    if (m != MAP_FAILED) {
+      memcpy(m, (char *)dlb_shm_data(s) - DLB_SHM_HEADER_BYTES, DLB_SHM_HEADER_BYTES);
+      /* counts word: zero mappings, one handle in flight (never opened) */
+      uint64_t word = (uint64_t)1 << 32;
+      memcpy((char *)m + 24, &word, sizeof word);
+      munmap(m, DLB_SHM_HEADER_BYTES);
+    }
+    close(fd);
+  }
+  dlb_shm_close(s);
+  int removed = -1;
+  CHECK_EQ(dlb_shm_cleanup(&removed, &err), DLB_OK);
+  CHECK(removed >= 2);
+  CHECK(!exists(name));
+  CHECK(!exists(done_name));
+}
+
+/* A forked child inherits the parent's mapping uncounted: closing it there
+ * must not uncount the parent's. */
+static void test_fork_inherits_uncounted(void) {
+  dlb_error err;
+  dlb_shm *a = NULL;
+  CHECK_EQ(dlb_shm_create(32, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dlb_shm_close(a);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  uint32_t maps = 0;
+  dlb_shm_counts(a, &maps, NULL);
+  CHECK_EQ(maps, 1);
+  CHECK(exists(dlb_shm_name(a)));
+  char name[DLB_SHM_NAME_MAX];
+  strcpy(name, dlb_shm_name(a));
+  dlb_shm_close(a);
+  CHECK(!exists(name));
+}
+
+int main(void) {
+  test_fork_inherits_uncounted();
+  test_create_open_close();
+  test_in_flight();
+  test_hostile_names_and_headers();
+  test_allocation_failure();
+  test_cleanup_after_crash();
+  test_cleanup_half_made();
+  return check_summary("shm");
+}

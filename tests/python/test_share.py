@@ -1,0 +1,271 @@
+"""dlbridge.share: tensors in POSIX shared memory, Tensor.is_shared, the
+handle a shared tensor pickles as, the segment's lifetime across processes,
+and cleanup after a crash."""
+
+import gc
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import dlbridge as dlb
+from dlbridge import _core
+
+SHM = "/dev/shm"
+
+
+def segment_exists(name):
+    return os.path.exists(os.path.join(SHM, name))
+
+
+def test_share_copies_once_and_is_shared():
+    a = np.arange(1000, dtype=np.float32)
+    s = dlb.share(a)
+    assert isinstance(s, dlb.Tensor) and s.is_shared
+    assert s.data_ptr != a.__array_interface__["data"][0]
+    assert not s.readonly and s.is_contiguous
+    np.testing.assert_array_equal(np.from_dlpack(s), a)
+    assert not dlb.from_dlpack(a).is_shared
+    name, maps, in_flight = _core._shm_info(s)
+    assert name.startswith("dlb-%d-" % os.getpid())
+    assert (maps, in_flight) == (1, 0)
+    assert segment_exists(name)
+
+
+def test_share_of_shared_makes_no_copy():
+    s = dlb.share(np.ones(16))
+    assert dlb.share(s) is s
+    torch = pytest.importorskip("torch")
+    x = dlb.convert(s, "torch")
+    s2 = dlb.share(x)  # a framework's view of shared memory: no copy
+    assert s2.is_shared and s2.data_ptr == s.data_ptr
+    assert _core._shm_info(s2)[1] == 1  # still one mapping
+    del torch
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(24, dtype=np.int16).reshape(4, 6)[:, ::2],
+    lambda: np.array(3.5),
+    lambda: np.zeros((0, 3)),
+    lambda: np.arange(6, dtype=np.complex64),
+])
+def test_share_any_layout(make):
+    a = make()
+    s = dlb.share(a)
+    assert s.shape == a.shape and s.is_shared
+    np.testing.assert_array_equal(np.from_dlpack(s), a)
+    r = pickle.loads(pickle.dumps(s))
+    np.testing.assert_array_equal(np.from_dlpack(r), a)
+
+
+def test_share_keeps_read_only():
+    a = np.arange(4.0)
+    a.flags.writeable = False
+    s = dlb.share(a)
+    assert s.readonly
+    assert pickle.loads(pickle.dumps(s)).readonly
+
+
+def test_share_rejects_non_tensors():
+    with pytest.raises(TypeError):
+        dlb.share("not a tensor")
+    with pytest.raises(TypeError):
+        dlb.share(None)
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_handle_pickles_small_and_maps_same_pages(protocol):
+    s = dlb.share(np.zeros(1 << 20, dtype=np.uint8))
+    bufs = []
+    data = pickle.dumps(s, protocol=protocol,
+                        **({"buffer_callback": bufs.append} if protocol >= 5 else {}))
+    assert len(data) < 400 and bufs == []  # a handle, not the megabyte
+    assert _core._shm_info(s)[2] == 1  # one handle in flight
+    r = pickle.loads(data)
+    assert r.is_shared and r.data_ptr != s.data_ptr  # a second mapping
+    assert _core._shm_info(s)[1:] == (2, 0)  # adopted: mapped, not in flight
+    np.from_dlpack(r)[123] = 77
+    assert np.from_dlpack(s)[123] == 77
+
+
+def test_lifetime_last_release_unlinks():
+    s = dlb.share(np.arange(10))
+    name = _core._shm_info(s)[0]
+    r = pickle.loads(pickle.dumps(s))
+    del s
+    gc.collect()
+    assert segment_exists(name)  # r still maps it
+    del r
+    gc.collect()
+    assert not segment_exists(name)
+
+
+def test_handle_in_flight_keeps_segment_then_late_open_fails():
+    s = dlb.share(np.arange(10))
+    name = _core._shm_info(s)[0]
+    h = pickle.dumps(s)
+    del s
+    gc.collect()
+    assert segment_exists(name)  # the handle in flight keeps it
+    r = pickle.loads(h)
+    assert r.tolist() == list(range(10))
+    del r
+    gc.collect()
+    assert not segment_exists(name)  # adopted, then released
+    with pytest.raises(ValueError, match="gone"):
+        pickle.loads(h)  # a second load after everyone let go
+
+
+@pytest.mark.parametrize("args", [
+    ("../etc/passwd", 0, (2, 32, 1), (1,), (1,), 0),
+    ("dlb-1-1-zz", 0, (2, 32, 1), (1,), (1,), 0),
+    (b"dlb-1-1-1", 0, (2, 32, 1), (1,), (1,), 0),
+    ("dlb-1-1-1", 0, (2, 32, 1), (1,), (1,), 0),  # no such segment
+])
+def test_hostile_handles(args):
+    with pytest.raises(ValueError):
+        _core._rebuild_shared(*args)
+
+
+def test_hostile_handle_layouts():
+    s = dlb.share(np.zeros(4, dtype=np.float32))
+    name = _core._shm_info(s)[0]
+    bad = [
+        (name, 0, (2, 32, 1), (5,), (1,), 0),          # past the end
+        (name, 8, (2, 32, 1), (4,), (1,), 0),          # offset + size too big
+        (name, -8, (2, 32, 1), (1,), (1,), 0),
+        (name, 1 << 40, (2, 32, 1), (1,), (1,), 0),
+        (name, 0, (2, 32, 1), (2,), (-1,), 0),         # before the data
+        (name, 0, (2, 32, 1), (1 << 62, 4), (4, 1), 0),
+        (name, 0, (2, 32, 1), (2,), (1, 1), 0),
+        (name, 0, (2, 31, 1), (2,), (1,), 0),
+    ]
+    for args in bad:
+        with pytest.raises(ValueError):
+            _core._rebuild_shared(*args)
+    assert _core._shm_info(s)[1:] == (1, 0)  # failed opens left no mapping
+    with pytest.raises(TypeError):
+        _core._rebuild_shared(name, 0)
+
+
+def test_deepcopy_does_not_alias():
+    import copy
+    s = dlb.share(np.arange(4.0))
+    d = copy.deepcopy(s)
+    assert not d.is_shared and d.tolist() == s.tolist()
+
+
+def test_device_tensors_refused_with_reasons(tp):
+    # The test producer describes memory on any device without touching it.
+    cuda = tp.Producer(shape=(4,), dtype=(2, 32, 1), device=(2, 0))
+    with pytest.raises(BufferError, match="sharing CUDA tensors needs CUDA IPC"):
+        dlb.share(cuda)
+    other = tp.Producer(shape=(4,), dtype=(2, 32, 1), device=(4, 0))  # OpenCL
+    with pytest.raises(BufferError, match="cannot be put in shared memory"):
+        dlb.share(other)
+
+
+def _run(code, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def test_other_process_writes_are_visible():
+    s = dlb.share(np.zeros(8, dtype=np.int64))
+    h = pickle.dumps(s).hex()
+    res = _run("""
+        import pickle, numpy as np, dlbridge
+        t = pickle.loads(bytes.fromhex(%r))
+        np.from_dlpack(t)[:] = np.arange(8) * 3
+    """ % h, env={**os.environ})
+    assert res.returncode == 0, res.stderr
+    assert np.from_dlpack(s).tolist() == [i * 3 for i in range(8)]
+    assert _core._shm_info(s)[1:] == (1, 0)  # the child's mapping is gone
+
+
+def test_crashed_creator_is_cleaned_up():
+    res = _run("""
+        import os, pickle, numpy as np, dlbridge as dlb
+        from dlbridge import _core
+        s = dlb.share(np.arange(5))
+        unmapped = dlb.share(np.arange(6))
+        h = pickle.dumps(unmapped)   # in flight, never opened
+        print(_core._shm_info(s)[0], _core._shm_info(unmapped)[0], flush=True)
+        os._exit(3)                  # crash: nothing released
+    """, env={**os.environ})
+    assert res.returncode == 3, res.stderr
+    names = res.stdout.split()
+    assert all(segment_exists(n) for n in names)
+    held = pickle.loads(pickle.dumps(None))  # noqa: F841
+    removed = _core._shm_cleanup()
+    assert removed >= 2
+    assert not any(segment_exists(n) for n in names)
+
+
+def _our_segments():
+    prefix = "dlb-%d-" % os.getpid()
+    return sorted(n for n in os.listdir(SHM) if n.startswith(prefix))
+
+
+def _alloc_sweep(op):
+    """op() with the core allocator refusing the k-th allocation, k = 0, 1,
+    ...: it succeeds or raises MemoryError, and leaves no core block and no
+    segment behind."""
+    op()
+    gc.collect()
+    base, segments = _core._allocation_stats()["live"], _our_segments()
+    for k in range(100):
+        _core._fail_allocations(k)
+        try:
+            res = op()
+            outcome = "ok"
+        except MemoryError:
+            res, outcome = None, "MemoryError"
+        finally:
+            stats = _core._allocation_stats()
+            _core._reset_allocations()
+        del res
+        gc.collect()
+        assert _core._allocation_stats()["live"] == base, (op, k)
+        assert _our_segments() == segments, (op, k)
+        if stats["failed"] == 0:
+            assert outcome == "ok" and k > 0
+            return k
+    pytest.fail("still allocating after 100 steps")
+
+
+def test_allocation_failures_share_and_pickle():
+    a = np.arange(100, dtype=np.float32)
+    s = dlb.share(a)
+    h = pickle.dumps(s)
+    plain = dlb.from_dlpack(a)
+
+    def share():
+        return dlb.share(a)
+
+    def handle_round_trip():
+        r = pickle.loads(pickle.dumps(s))
+        assert r.tolist() == s.tolist()
+        return r
+
+    def pickle5_round_trip():
+        bufs = []
+        d = pickle.dumps(plain, protocol=5, buffer_callback=bufs.append)
+        return pickle.loads(d, buffers=bufs)
+
+    def in_band_round_trip():
+        return pickle.loads(pickle.dumps(plain, protocol=4))
+
+    for op in (share, handle_round_trip, pickle5_round_trip, in_band_round_trip):
+        _alloc_sweep(op)
+    # The first pickle's handle is still in flight: load it, and all is freed.
+    name = _core._shm_info(s)[0]
+    r = pickle.loads(h)
+    del r, s
+    gc.collect()
+    assert not segment_exists(name)
