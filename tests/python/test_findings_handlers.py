@@ -12,7 +12,7 @@ def test_class_named_numpy_ndarray_is_not_read_as_numpy():
     check("""
     base = np.ndarray.__basicsize__
     nslots = (base - object.__basicsize__) // 8
-    Fake = type("ndarray", (), {"__slots__": tuple("s%d" % i for i in range(nslots)),
+    Fake = type("numpy.ndarray", (), {"__slots__": tuple("s%d" % i for i in range(nslots)),
                                 "__module__": "numpy"})
     Fake.__qualname__ = "ndarray"
     assert Fake.__basicsize__ == base, (Fake.__basicsize__, base)
