@@ -14,8 +14,8 @@ KERNELS = os.environ.get("DLB_EXAMPLE_KERNELS")
 """
 
 
-def run(code, timeout=60, prelude=True):
-    src = (PRELUDE if prelude else "") + textwrap.dedent(code)
+def run(code, timeout=60, prelude=True, pre=""):
+    src = (PRELUDE if prelude else "") + pre + textwrap.dedent(code)
     try:
         p = subprocess.run([sys.executable, "-c", src], capture_output=True,
                            text=True, timeout=timeout, env=dict(os.environ))
@@ -24,9 +24,10 @@ def run(code, timeout=60, prelude=True):
     return p
 
 
-def check(code, expect="OK", timeout=60):
-    """The child must exit 0 and print `expect` as its last line."""
-    p = run(code, timeout)
+def check(code, expect="OK", timeout=60, pre=""):
+    """The child must exit 0 and print `expect` as its last line; `pre`
+    (unindented helper source such as CAPSULE) runs before `code`."""
+    p = run(code, timeout, pre=pre)
     tail = (p.stdout.strip().splitlines() or [""])[-1]
     assert p.returncode == 0 and tail == expect, (
         "rc=%d stdout=%r stderr=%s" % (p.returncode, p.stdout[-500:], p.stderr[-1500:]))
