@@ -1,0 +1,190 @@
+"""Regression tests for issue 7 findings owned by dlbridge.Function."""
+import pytest
+
+from _findings_util import check
+
+pytest.importorskip("torch")
+
+SAXPY = '"saxpy(a: float32, x: float32[n], y: mut float32[n])"'
+
+
+def test_later_producer_resizes_earlier_torch_argument():
+    """Finding: a later argument's __dlpack__ calls resize_()/set_() on an
+    earlier torch argument -> the kernel reads/writes freed memory."""
+    check("""
+    import torch
+    n = 1 << 20
+    x = torch.ones(n)
+    ybuf = np.zeros(n, dtype=np.float32)
+    keep = []
+    class Later:
+        def __dlpack__(self, **kw):
+            x.set_(torch.full((n,), 5.0)); gc.collect()   # frees x's storage
+            keep.extend(np.full(n, 7, dtype=np.float32) for _ in range(4))
+            return ybuf.__dlpack__(**kw)
+        def __dlpack_device__(self):
+            return (1, 0)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy", %s)
+    try:
+        f(2.0, x, Later())
+    except (BufferError, ValueError, TypeError, RuntimeError):
+        print("OK"); sys.exit(0)
+    # Old view kept alive (2.0) or the new storage read (10.0), uniformly.
+    vals = set(ybuf.tolist())
+    print(sorted(vals)[:4])
+    print("OK" if vals in ({2.0}, {10.0}) else "WRONG")
+    """ % SAXPY)
+
+
+def test_output_checked_against_prototype():
+    """Finding: Function outputs -- the framework allocator's result is never
+    checked against the prototype (shape, dtype, device, contiguity)."""
+    check("""
+    import torch
+    P = ctypes.c_void_p
+    class DLDevice(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+    class DLDataType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", P), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                    ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                    ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    class API(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev", P),
+                    ("alloc", P), ("from_py", P), ("to_py", P), ("dltensor", P), ("stream", P)]
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = P; get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    torch_api = API.from_address(get(torch.Tensor.__dlpack_c_exchange_api__, b"dlpack_exchange_api"))
+    ALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(DLTensor), ctypes.POINTER(P), P, P)
+    real = ALLOC(torch_api.alloc)
+    small = (ctypes.c_int64 * 1)(1)
+    @ALLOC
+    def alloc(proto, out, ctx, seterr):
+        t = DLTensor.from_buffer_copy(proto.contents)
+        t.shape = small               # one element where n were asked for
+        return real(ctypes.pointer(t), out, ctx, seterr)
+    mine = API.from_buffer_copy(torch_api)
+    mine.alloc = ctypes.cast(alloc, P).value
+    mine.dltensor = None               # force the managed (allocating) route
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object; new.argtypes = [P, ctypes.c_char_p, P]
+    cap = new(ctypes.addressof(mine), b"dlpack_exchange_api", None)
+    class Sub(torch.Tensor):
+        __dlpack_c_exchange_api__ = cap
+    n = 1 << 16
+    x = torch.ones(n).as_subclass(Sub)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy_out",
+                 "saxpy(a: float32, x: float32[n], y: float32[n]) -> float32[n]")
+    try:
+        r = f(2.0, x, x)
+    except (BufferError, ValueError, RuntimeError):
+        print("OK"); sys.exit(0)
+    print(tuple(r.shape))
+    print("OK" if tuple(r.shape) == (n,) else "WRONG SHAPE")
+    """)
+
+
+def test_mut_argument_from_copying_producer():
+    """Finding: a mut argument from a producer that copies by default is
+    written into the copy, the caller's data is unchanged and no error is
+    raised.  dlbridge must ask copy=False and honour IS_COPIED."""
+    check("""
+    x = np.ones(4, dtype=np.float32)
+    y = np.zeros(4, dtype=np.float32)
+    class Copier:
+        def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+            return y.__dlpack__(max_version=max_version,
+                                copy=True if copy is None else copy)
+        def __dlpack_device__(self): return (1, 0)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy", %s)
+    try:
+        f(2.0, x, Copier())
+    except (BufferError, ValueError, TypeError):
+        print("OK"); sys.exit(0)
+    print(y)
+    print("OK" if y.tolist() == [2.0] * 4 else "LOST WRITE")
+    """ % SAXPY)
+
+
+def test_mut_requires_grad_not_written_behind_autograd():
+    """Finding: a mut argument that requires grad is written behind
+    autograd's back.  Either an error, or the write is visible and autograd
+    notices (the tensor's version counter moves)."""
+    check("""
+    import torch
+    x = np.ones(4, dtype=np.float32)
+    y = torch.zeros(4, requires_grad=True)
+    v0 = y._version
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy", %s)
+    try:
+        f(2.0, x, y)
+    except (BufferError, ValueError, TypeError, RuntimeError):
+        print("OK"); sys.exit(0)
+    wrote = y.detach().tolist() == [2.0] * 4
+    print("wrote", wrote, "version", v0, y._version)
+    print("OK" if wrote and y._version > v0 else "SILENT")
+    """ % SAXPY)
+
+
+def test_result_framework_refused_before_kernel_runs():
+    """Finding: a Function result the caller's framework cannot hold fails
+    only after the kernel ran.  NumPy cannot hold bfloat16: the refusal must
+    come before the kernel (dlb_kernel_fail) is called."""
+    check("""
+    x = np.ones(4, dtype=np.float32)
+    f = dlb.load(KERNELS, "dlb_kernel_fail", "f(x: float32[n]) -> bfloat16[n]")
+    try:
+        r = f(x)
+        print("returned", type(r))
+    except Exception as e:
+        print(type(e).__name__, str(e)[:200])
+        print("KERNEL RAN" if "fail was given" in str(e) else "OK")
+    """)
+
+
+def test_torch_allocator_failure_is_short_buffer_error():
+    """New finding (seen while writing these): an output dtype torch cannot
+    hold (float32x4, int4) fails in torch's allocator as MemoryError with a
+    C++ backtrace; it must be a BufferError with a short message."""
+    check("""
+    import torch
+    x = torch.ones(4)
+    f = dlb.load(KERNELS, "dlb_kernel_noop", "f(x: float32[n]) -> float32x4[n]")
+    try:
+        f(x)
+    except BufferError as e:
+        print("OK" if len(str(e)) < 400 else "LONG %d" % len(str(e)))
+    except Exception as e:
+        print(type(e).__name__, len(str(e)))
+    """)
+
+
+@pytest.mark.parametrize("raise_expr,check_expr", [
+    ("MyError('boom')", "type(e) is MyError and e.args == ('boom',)"),
+    ("SystemExit(3)", "type(e) is SystemExit and e.code == 3"),
+    ("KeyError('k')", "type(e) is KeyError and e.args == ('k',)"),
+])
+def test_producer_exception_preserved(raise_expr, check_expr):
+    """Finding: exceptions from an argument's producer are rebuilt as
+    type(exc)(msg) -- custom exceptions become TypeError, SystemExit.code
+    changes.  The original exception must reach the caller (or be chained as
+    __cause__/__context__)."""
+    check("""
+    class MyError(Exception):
+        def __init__(self, a, b=None):   # cannot be rebuilt from one message
+            super().__init__(a) if b is None else super().__init__(a, b)
+            self.marker = 1
+    class Bad:
+        def __dlpack__(self, **kw): raise %s
+        def __dlpack_device__(self): return (1, 0)
+    x = np.ones(4, dtype=np.float32)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy", %s)
+    try:
+        f(2.0, x, Bad())
+    except BaseException as exc:
+        chain = [exc, exc.__cause__, exc.__context__]
+        ok = any(e is not None and (%s) for e in chain)
+        print(repr(exc), repr(exc.__cause__), repr(exc.__context__))
+        print("OK" if ok else "LOST")
+    """ % (raise_expr, SAXPY, check_expr))

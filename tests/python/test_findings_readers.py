@@ -1,0 +1,170 @@
+"""Regression tests for issue 7 findings owned by the readers of foreign
+objects (array interfaces, buffers, legacy producers, capsules)."""
+import pytest
+
+from _findings_util import check
+
+
+def test_array_interface_dict_mutated_by_index():
+    """Finding: __array_interface__ dict mutated by a shape item's __index__
+    -> use-after-free of borrowed dict values."""
+    check("""
+    buf = np.arange(16, dtype=np.float32)
+    class Evil:
+        def __index__(self):
+            d.clear(); d["junk"] = [object() for _ in range(100)]
+            gc.collect(); return 4
+    d = {"version": 3, "typestr": "<f4", "data": (buf.ctypes.data, False),
+         "shape": (Evil(), Evil()), "strides": (Evil(), Evil())}
+    class Obj:
+        __array_interface__ = property(lambda self: d)
+    o = Obj(); o.keep = buf
+    for _ in range(3):
+        d.update({"version": 3, "typestr": "<f4", "data": (buf.ctypes.data, False),
+                  "shape": (Evil(), Evil()), "strides": (Evil(), Evil())})
+        try:
+            dlb.from_dlpack(o)
+        except (TypeError, ValueError, BufferError, KeyError):
+            pass
+    print("OK")
+    """)
+
+
+def _ai(data, shape, strides=None, offset=None, typestr="<f8"):
+    return ("""
+    class AI:
+        def __init__(self, data, shape, strides, offset, typestr):
+            self.__array_interface__ = {"version": 3, "typestr": typestr,
+                "data": data, "shape": shape, "strides": strides}
+            if offset is not None:
+                self.__array_interface__["offset"] = offset
+    o = AI(%s, %r, %r, %r, %r)
+    """ % (data, shape, strides, offset, typestr))
+
+
+@pytest.mark.parametrize("shape,strides,offset", [
+    ((1 << 27,), None, None),        # 1 GiB described over 8 bytes
+    ((2,), (-8,), None),             # negative stride walks before the buffer
+    ((1,), None, 8),                 # offset == len
+    ((2,), None, 8),                 # offset + extent past the end
+])
+def test_array_interface_buffer_data_bounds_checked(shape, strides, offset):
+    """Finding: __array_interface__ with a buffer as data -- shape/strides/
+    offset never checked against the buffer's length (1 GiB over 8 bytes is
+    accepted and copy() crashes; negative strides and offset == len read
+    outside).  Must be refused (BufferError/ValueError)."""
+    check(_ai("bytearray(8)", shape, strides, offset) + """
+    try:
+        t = dlb.from_dlpack(o)
+    except (BufferError, ValueError):
+        print("OK"); sys.exit(0)
+    t.copy()
+    print("accepted", t.shape, t.strides)
+    """)
+
+
+def test_array_interface_noncontiguous_buffer_data():
+    """Finding: __array_interface__ with a non-contiguous buffer as data is
+    read as if it were contiguous (wrong values, no error)."""
+    check(_ai("memoryview(np.arange(8, dtype=np.float64))[::2]", (4,)) + """
+    try:
+        t = dlb.from_dlpack(o)
+    except (BufferError, ValueError):
+        print("OK"); sys.exit(0)
+    got = np.asarray(t.copy().tolist())
+    print(got)
+    print("OK" if list(got) == [0.0, 2.0, 4.0, 6.0] else "WRONG")
+    """)
+
+
+@pytest.mark.parametrize("typestr", ["<f 8", "<f+8"])
+def test_loose_typestr_rejected(typestr):
+    """Finding: loose typestrs such as "<f 8" are accepted."""
+    check("""
+    a = np.arange(4, dtype=np.float64)
+    class AI: pass
+    o = AI(); o.a = a
+    o.__array_interface__ = {"version": 3, "typestr": %r,
+        "data": (a.ctypes.data, False), "shape": (4,)}
+    try:
+        dlb.from_dlpack(o)
+    except (ValueError, BufferError, TypeError):
+        print("OK"); sys.exit(0)
+    print("accepted")
+    """ % typestr)
+
+
+@pytest.mark.parametrize("method", ["to_dlpack", "to_dlpack_for_read",
+                                    "to_dlpack_for_write"])
+def test_legacy_producer_methods_recognised(method):
+    """Finding: objects with to_dlpack() (cuDF) or MXNet's
+    to_dlpack_for_read()/to_dlpack_for_write() are not recognised."""
+    check("""
+    a = np.arange(4, dtype=np.float32)
+    class P:
+        def %s(self):
+            return a.__dlpack__(max_version=None) if False else a.__dlpack__()
+    t = dlb.from_dlpack(P())
+    print("OK" if t.tolist() == [0.0, 1.0, 2.0, 3.0] else t.tolist())
+    """ % method)
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_copy_keyword_retried_with_old_producer(copy):
+    """Finding: from_dlpack(p, copy=True|False) with a producer whose
+    __dlpack__ rejects the new keywords raises its TypeError instead of
+    retrying; for copy=True dlbridge must copy itself."""
+    check("""
+    a = np.arange(4, dtype=np.float32)
+    class Old:
+        def __dlpack__(self, stream=None):
+            return a.__dlpack__()
+        def __dlpack_device__(self):
+            return (1, 0)
+    t = dlb.from_dlpack(Old(), copy=%r)
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    if %r:
+        a[0] = 42
+        assert t.tolist()[0] == 0.0, "copy=True shares memory"
+    print("OK")
+    """ % (copy, copy))
+
+
+def test_reimport_chain_does_not_overflow_stack():
+    """Finding: freeing a chain of 200k re-imports
+    (t = dlb.from_dlpack(t.__dlpack__())) overflows the C stack; dlbridge
+    must recognise its own exports (or use the trashcan)."""
+    check("""
+    import threading
+    threading.stack_size(1 << 20)   # a modest 1 MiB stack, so it fails fast
+    def work():
+        t = dlb.zeros((4,))
+        for _ in range(200000):
+            t = dlb.from_dlpack(t.__dlpack__())
+        del t
+        gc.collect()
+        print("OK")
+    th = threading.Thread(target=work); th.start(); th.join()
+    """, timeout=120)
+
+
+def test_convert_round_trip_does_not_grow_memory():
+    """Finding: convert(convert(x, "torch"), "numpy") round trips grow memory
+    (~1.3 KB each)."""
+    check("""
+    import torch
+    x = np.arange(16, dtype=np.float32)
+    for _ in range(2000):
+        x = dlb.convert(dlb.convert(x, "torch"), "numpy")
+    gc.collect()
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    r0 = rss()
+    for _ in range(20000):
+        x = dlb.convert(dlb.convert(x, "torch"), "numpy")
+    gc.collect()
+    grow = (rss() - r0) / 20000
+    print("bytes per round trip", grow)
+    print("OK" if grow < 200 else "GROWS")
+    """, timeout=120)

@@ -1,0 +1,77 @@
+"""Regression tests for issue 7 findings owned by dlb.tensor/empty/zeros,
+dtype/device parsing and the shared scalar conversion."""
+import pytest
+
+from _findings_util import check
+
+
+@pytest.mark.parametrize("ctor", ["tensor", "empty", "zeros"])
+def test_list_shrunk_by_index_does_not_crash(ctor):
+    """Finding: dlb.tensor/empty/zeros(list) -- an element's __index__ that
+    shrinks the list makes tensor.c read past the old length (SIGSEGV)."""
+    check("""
+    lst = []
+    class Evil:
+        def __index__(self):
+            lst.clear(); gc.collect(); return 2
+        def __float__(self):
+            lst.clear(); gc.collect(); return 2.0
+    lst.extend([Evil() for _ in range(4)])
+    try:
+        dlb.%s(lst if "%s" == "tensor" else lst, dtype="int64")
+    except (TypeError, ValueError, BufferError, IndexError, RuntimeError):
+        pass
+    print("OK")
+    """ % (ctor, ctor))
+
+
+def test_tensor_nested_list_shrunk_by_float():
+    """Finding: dlb.tensor(nested list) -- __float__ that shrinks a row
+    while filling reads freed items (SIGSEGV)."""
+    check("""
+    rows = []
+    class Evil:
+        def __float__(self):
+            for r in rows: r.clear()
+            rows.clear(); gc.collect(); return 1.0
+    rows.extend([[Evil(), 2.0, 3.0] for _ in range(50)])
+    try:
+        dlb.tensor(rows, dtype="float64")
+    except (TypeError, ValueError, BufferError, IndexError, RuntimeError):
+        pass
+    print("OK")
+    """)
+
+
+@pytest.mark.parametrize("spec", ["float32\x00junk", "float32\x00"])
+def test_dtype_with_nul_is_rejected(spec):
+    """Finding: dlb.dtype("float32\\x00junk") is accepted (C string cut at NUL)."""
+    import dlbridge as dlb
+    with pytest.raises((ValueError, TypeError)):
+        dlb.dtype(spec)
+
+
+@pytest.mark.parametrize("spec", ["cuda:1\x00:2", "cpu\x00junk"])
+def test_device_with_nul_is_rejected(spec):
+    """Finding: dlb.device("cuda:1\\x00:2") is accepted (C string cut at NUL)."""
+    import dlbridge as dlb
+    with pytest.raises((ValueError, TypeError)):
+        dlb.device(spec)
+
+
+def test_tensor_and_function_agree_on_float_to_int32():
+    """Finding (scalars): dlb.tensor(1.5, dtype="int32") truncates while a 0-d
+    int32 Function parameter raises; one conversion rule must give the same
+    answer in both places."""
+    p = check("""
+    def outcome(f):
+        try:
+            return ("value", f())
+        except Exception as e:
+            return ("error", type(e).__name__)
+    t = outcome(lambda: dlb.tensor(1.5, dtype="int32").tolist())
+    fn = dlb.load(KERNELS, "dlb_kernel_noop", "f(a: int32)")
+    f = outcome(lambda: fn(1.5))
+    print(t, f)
+    print("OK" if t[0] == f[0] == "error" or (t[0] == f[0] == "value") else "DIFFER")
+    """)
