@@ -12,7 +12,7 @@ PYTEST  := $(PY) -m pytest
 # The test producer extension lives in the build tree, never installed.
 TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
-.PHONY: all bootstrap build test test-c test-valgrind test-python sanitize \
+.PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
         test-install sanitize-python demo bench clean
 
 all: build
@@ -25,7 +25,19 @@ build: bootstrap
 	    -Cbuild-dir=$(BUILD) . 2>&1 | grep -v '^$$' || true
 	@$(PY) -c 'import dlbridge' || { echo "build failed: see above"; exit 1; }
 
-test: build test-c test-valgrind sanitize test-install test-python sanitize-python
+test: build test-layering test-c test-valgrind sanitize fuzz-short test-install test-python sanitize-python
+
+# libFuzzer targets (tests/fuzz) built with clang, ASan and UBSan: `make
+# fuzz` runs each for FUZZ_SECONDS (60), `make test` a 10-second pass.
+fuzz: bootstrap
+	@scripts/fuzz
+
+fuzz-short: bootstrap
+	@FUZZ_SECONDS=10 scripts/fuzz
+
+# src/python's files form a DAG in the order of dlbridge_py.h's file map.
+test-layering:
+	@python3 scripts/check-layering
 
 test-c: build
 	@$(MESON) test -C $(BUILD) --suite c --print-errorlogs -q

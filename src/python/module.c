@@ -16,7 +16,23 @@ static int intern_name(PyObject **slot, const char *name) {
   return *slot == NULL ? -1 : 0;
 }
 
+/* dlbridge runs in the main interpreter only.  Deleters may run on any
+ * thread and take the GIL with PyGILState_Ensure, which always attaches to
+ * the main interpreter: a deleter of a tensor made in a sub-interpreter
+ * would deadlock or run Python code in the wrong interpreter, and the C
+ * exchange table is process wide.  Until each of those is per-interpreter,
+ * importing dlbridge in a sub-interpreter is refused with ImportError. */
+static int refuse_subinterpreter(void) {
+  if (PyInterpreterState_Get() == PyInterpreterState_Main()) return 0;
+  PyErr_SetString(PyExc_ImportError,
+                  "dlbridge._core cannot be imported in a sub-interpreter: "
+                  "its deleters and its DLPack exchange table belong to the "
+                  "main interpreter; use dlbridge from the main interpreter");
+  return -1;
+}
+
 static int module_exec(PyObject *module) {
+  if (refuse_subinterpreter() < 0) return -1;
   dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
   if (intern_name(&st->str_dlpack, "__dlpack__") < 0 ||
       intern_name(&st->str_dlpack_device, "__dlpack_device__") < 0 ||
@@ -115,6 +131,9 @@ static PyMethodDef module_methods[] = {
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, module_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
     {0, NULL},
 };
 

@@ -1,7 +1,16 @@
 """Regression tests for issue 7: the C API's raise_error with a message
 that is not NUL-terminated or not UTF-8.  The table is called through
 ctypes (as test_capi.py does), so no extra C hook is needed."""
+import pytest
+
 from _findings_util import check
+
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
 
 RAISE = """
 import ctypes
@@ -82,3 +91,6 @@ def test_raise_error_non_utf8_message():
         print(want.__name__, type(e).__name__, e)
         print("OK" if type(e) is want and "bad" in str(e) else "WRONG TYPE")
     """)
+
+
+pytestmark = pytestmark_open_finding

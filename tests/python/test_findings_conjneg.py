@@ -5,6 +5,13 @@ import pytest
 
 from _findings_util import check
 
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
+
 pytest.importorskip("torch")
 
 CASES = {
@@ -72,3 +79,6 @@ def test_lazy_conj_not_dropped_in_function_mut():
     print(y.tolist())
     print("OK" if y.tolist() == [1.0, 1.0] else "BIT DROPPED")
     """)
+
+
+pytestmark = pytestmark_open_finding

@@ -4,6 +4,13 @@ import pytest
 
 from _findings_util import CAPSULE, check
 
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
+
 TORCH_CASES = {
     "sparse": "torch.eye(3).to_sparse()",
     "meta": "torch.empty(4, device='meta')",
@@ -97,3 +104,6 @@ def test_huge_dlpack_device(device):
             print(type(e).__name__, e); sys.exit(0)
     print("OK")
     """ % device)
+
+
+pytestmark = pytestmark_open_finding

@@ -4,6 +4,13 @@ import pytest
 
 from _findings_util import CAPSULE, check
 
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
+
 
 def test_exchange_table_borrowed_entry_respects_read_only():
     """Finding: dlb.Tensor's own exchange table publishes the borrowed entry
@@ -83,3 +90,6 @@ def test_convert_to_torch_of_unsupported_device_refused():
     # t is left to interpreter shutdown: today the process dies there.
     print("OK", flush=True)
     """)
+
+
+pytestmark = pytestmark_open_finding

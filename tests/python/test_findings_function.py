@@ -3,6 +3,13 @@ import pytest
 
 from _findings_util import check
 
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
+
 pytest.importorskip("torch")
 
 SAXPY = '"saxpy(a: float32, x: float32[n], y: mut float32[n])"'
@@ -188,3 +195,6 @@ def test_producer_exception_preserved(raise_expr, check_expr):
         print(repr(exc), repr(exc.__cause__), repr(exc.__context__))
         print("OK" if ok else "LOST")
     """ % (raise_expr, SAXPY, check_expr))
+
+
+pytestmark = pytestmark_open_finding

@@ -1,6 +1,15 @@
 """Regression tests for issue 7: a Tensor -> owner -> Tensor cycle through a
 buffer or __array_interface__ import must be collected (GC traversal)."""
+import pytest
+
 from _findings_util import check
+
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
 
 
 def test_cycle_through_buffer_import_collected():
@@ -37,3 +46,6 @@ def test_cycle_through_array_interface_import_collected():
     for _ in range(3): gc.collect()
     print("OK" if r() is None else "LEAKED")
     """)
+
+
+pytestmark = pytestmark_open_finding

@@ -4,6 +4,13 @@ import pytest
 
 from _findings_util import check
 
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
+
 
 def test_class_named_numpy_ndarray_is_not_read_as_numpy():
     """Finding: a Python class named numpy.ndarray with the right __module__
@@ -107,3 +114,6 @@ def test_capi_export_readonly_refusal_does_not_depend_on_list():
     c = Counted(backing, flags=READ_ONLY)
     with pytest.raises(BufferError):
         Table().export(c.m, "torch")
+
+
+pytestmark = pytestmark_open_finding

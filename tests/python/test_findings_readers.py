@@ -4,6 +4,13 @@ import pytest
 
 from _findings_util import check
 
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
+
 
 def test_array_interface_dict_mutated_by_index():
     """Finding: __array_interface__ dict mutated by a shape item's __index__
@@ -168,3 +175,6 @@ def test_convert_round_trip_does_not_grow_memory():
     print("bytes per round trip", grow)
     print("OK" if grow < 200 else "GROWS")
     """, timeout=120)
+
+
+pytestmark = pytestmark_open_finding

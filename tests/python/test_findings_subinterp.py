@@ -9,8 +9,10 @@ import pytest
 
 from _findings_util import check
 
-pytestmark = pytest.mark.skipif(sys.version_info < (3, 11),
-                                reason="needs _xxsubinterpreters")
+
+
+pytestmark = [pytest.mark.skipif(sys.version_info < (3, 11),
+                                 reason="needs _xxsubinterpreters")]
 
 BODIES = {
     "buffer": """

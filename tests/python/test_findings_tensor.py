@@ -4,6 +4,13 @@ import pytest
 
 from _findings_util import check
 
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
+
 
 @pytest.mark.parametrize("ctor", ["tensor", "empty", "zeros"])
 def test_list_shrunk_by_index_does_not_crash(ctor):
@@ -75,3 +82,6 @@ def test_tensor_and_function_agree_on_float_to_int32():
     print(t, f)
     print("OK" if t[0] == f[0] == "error" or (t[0] == f[0] == "value") else "DIFFER")
     """)
+
+
+pytestmark = pytestmark_open_finding

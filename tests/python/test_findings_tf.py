@@ -5,6 +5,13 @@ import pytest
 
 from _findings_util import check
 
+# Known open defect of issue 7: each test fails on the current code and
+# must start passing when its finding is fixed (strict: an unexpected pass
+# fails the run, so the marker is removed together with the bug).
+pytestmark_open_finding = pytest.mark.xfail(
+    strict=True, reason="issue 7 finding not fixed yet")
+
+
 pytest.importorskip("tensorflow")
 
 
@@ -26,3 +33,6 @@ def test_convert_unaligned_to_tensorflow(offset):
     s = float(tf.reduce_sum(t * 1.0))
     print("OK" if s == 120.0 else "WRONG %%r" %% s)
     """ % (offset, offset), timeout=120)
+
+
+pytestmark = pytestmark_open_finding
