@@ -123,8 +123,9 @@ void dlb__error_discard(dlb__saved_error *s);
 /* Make the saved exception prev the __context__ of the pending one, as
  * `except: raise ...` does in Python.  Consumes prev. */
 void dlb__error_chain_context(dlb__saved_error *prev);
-/* Re-raise the pending exception (same type) as "<fname>() argument
- * '<argname>': <message>". */
+/* Name the argument in the pending exception: dlbridge's own refusals are
+ * re-raised as "<fname>() argument '<argname>': <message>" (the original as
+ * __cause__); any other exception is kept as it is, with a note. */
 void dlb__error_prefix_argument(PyObject *fname, PyObject *argname);
 
 /* Whether the calling thread holds the GIL (of the interpreter it is
@@ -200,6 +201,11 @@ typedef struct {
 } dlb_DeviceObject;
 
 int dlb__types_init(PyObject *module, dlb_module_state *st);
+
+/* s's UTF-8 text for a C parser; NULL with ValueError when it holds a NUL
+ * (the parser would stop there and read a prefix).  what names the value
+ * in the message ("dtype name", "typestr"). */
+const char *dlb__text_of_name(PyObject *s, const char *what);
 
 /* New DType / Device objects (new references, NULL with an exception). */
 PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype);

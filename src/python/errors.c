@@ -76,14 +76,49 @@ void dlb__error_chain_context(dlb__saved_error *prev) {
 #endif
 }
 
-/* Re-raise the pending exception (same type) as "<fname>() argument
- * '<argname>': <message>". */
+/* Say which argument the pending exception is about.  dlbridge's own
+ * refusals -- the exact built-in types it raises -- are re-raised as
+ * "<fname>() argument '<argname>': <message>", the original chained as
+ * __cause__.  Anything else came from the argument's own code (a producer's
+ * __dlpack__, a property): its type, arguments and attributes must reach
+ * the caller untouched (a custom exception may not be rebuildable from a
+ * message; SystemExit carries a code), so it only gains a note. */
+static int is_own_refusal(PyObject *type) {
+  return type == PyExc_TypeError || type == PyExc_ValueError ||
+         type == PyExc_BufferError || type == PyExc_OverflowError;
+}
+
 void dlb__error_prefix_argument(PyObject *fname, PyObject *argname) {
+  /* PEP 678 notes: 3.11+, the oldest Python dlbridge supports. */
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
+  if (type == NULL) return;
   PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+  if (!is_own_refusal(type)) {
+    PyObject *r, *note = PyUnicode_FromFormat("in %U() argument '%U'", fname,
+                                          argname);
+    if (note != NULL) {
+      r = PyObject_CallMethod(value, "add_note", "O", note);
+      if (r == NULL) PyErr_Clear();
+      Py_XDECREF(r);
+      Py_DECREF(note);
+    } else {
+      PyErr_Clear();
+    }
+    PyErr_Restore(type, value, tb);
+    return;
+  }
   PyErr_Format(type, "%U() argument '%U': %S", fname, argname,
                value ? value : Py_None);
+  PyObject *ntype, *nvalue, *ntb;
+  PyErr_Fetch(&ntype, &nvalue, &ntb);
+  PyErr_NormalizeException(&ntype, &nvalue, &ntb);
+  if (nvalue != NULL && value != NULL) {
+    Py_INCREF(value);
+    PyException_SetCause(nvalue, value); /* steals */
+  }
+  PyErr_Restore(ntype, nvalue, ntb);
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(tb);

@@ -126,7 +126,7 @@ unsupported:
 
 /* dtype from a typestr such as '<f4', '|b1', '=i8'. */
 int dlb__typestr_dtype(PyObject *ts, DLDataType *out) {
-  const char *s = PyUnicode_Check(ts) ? PyUnicode_AsUTF8(ts) : NULL;
+  const char *s = PyUnicode_Check(ts) ? dlb__text_of_name(ts, "typestr") : NULL;
   if (s == NULL) {
     if (!PyErr_Occurred())
       PyErr_Format(PyExc_TypeError,
@@ -138,8 +138,12 @@ int dlb__typestr_dtype(PyObject *ts, DLDataType *out) {
   size_t n = strlen(s);
   if (n < 3) goto bad;
   char order = s[0], kind = s[1];
+  /* The size is plain decimal digits: strtol alone would also take
+   * leading spaces and a sign ("<f 8", "<f+8"). */
+  for (size_t i = 2; i < n; i++)
+    if (s[i] < '0' || s[i] > '9') goto bad;
   char *end = NULL;
-  long size = strtol(s + 2, &end, 10);
+  long size = n > 4 ? 0 : strtol(s + 2, &end, 10);
   if (end == NULL || *end != '\0' || size <= 0 || size > 32) goto bad;
 #if PY_LITTLE_ENDIAN
   int foreign = order == '>';

@@ -42,6 +42,20 @@ static int type_has_base_named(PyTypeObject *type, const char *name) {
   return 0;
 }
 
+/* s as UTF-8 text for a C parser, or NULL with an exception.  A name with
+ * an embedded NUL is refused (ValueError): the C parsers stop at the first
+ * NUL, so "float32\0junk" would otherwise be read as "float32". */
+const char *dlb__text_of_name(PyObject *s, const char *what) {
+  Py_ssize_t len = 0;
+  const char *text = PyUnicode_AsUTF8AndSize(s, &len);
+  if (text == NULL) return NULL;
+  if (strlen(text) != (size_t)len) {
+    PyErr_Format(PyExc_ValueError, "%s %R contains a NUL character", what, s);
+    return NULL;
+  }
+  return text;
+}
+
 /* ---- DType ------------------------------------------------------------------ */
 
 static void dtype_dealloc(PyObject *self) {
@@ -177,7 +191,7 @@ static PyType_Spec dtype_spec = {
 
 /* Parse a UTF-8 name with the core, ValueError naming it on failure. */
 static int dtype_from_str(PyObject *s, DLDataType *out) {
-  const char *name = PyUnicode_AsUTF8(s);
+  const char *name = dlb__text_of_name(s, "dtype name");
   if (name == NULL) return -1;
   dlb_error err;
   if (dlb_dtype_from_name(name, out, &err) != DLB_OK) {
@@ -536,7 +550,7 @@ int dlb__device_converter(dlb_module_state *st, PyObject *obj,
     return 0;
   }
   if (PyUnicode_Check(obj)) {
-    const char *s = PyUnicode_AsUTF8(obj);
+    const char *s = dlb__text_of_name(obj, "device name");
     if (s == NULL) return -1;
     dlb_error err;
     if (dlb_device_from_name(s, out, &err) != DLB_OK) {

@@ -2,6 +2,7 @@
 cannot take pytest down; the child inherits PYTHONPATH and
 DLB_EXAMPLE_KERNELS from os.environ."""
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -14,11 +15,28 @@ KERNELS = os.environ.get("DLB_EXAMPLE_KERNELS")
 """
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def child_env():
+    """os.environ, plus DLB_EXAMPLE_KERNELS pointing at the Meson build's
+    kernels library when the caller did not set it (as conftest's `lib`
+    fixture finds it), so Function snippets fail only for real reasons."""
+    env = dict(os.environ)
+    if not env.get("DLB_EXAMPLE_KERNELS"):
+        for build in ("build", "build-sanitize"):
+            p = ROOT / build / "libdlb_example_kernels.so"
+            if p.exists():
+                env["DLB_EXAMPLE_KERNELS"] = str(p)
+                break
+    return env
+
+
 def run(code, timeout=60, prelude=True, pre=""):
     src = (PRELUDE if prelude else "") + pre + textwrap.dedent(code)
     try:
         p = subprocess.run([sys.executable, "-c", src], capture_output=True,
-                           text=True, timeout=timeout, env=dict(os.environ))
+                           text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
         raise AssertionError("child hung (> %d s)" % timeout) from None
     return p

@@ -1,0 +1,70 @@
+"""Issue 7 findings that are fixed: regression tests moved here from the
+strict-xfail test_findings_*.py files when their fix landed."""
+import pytest
+
+from _findings_util import check
+
+SAXPY = '"saxpy(a: float32, x: float32[n], y: mut float32[n])"'
+
+
+@pytest.mark.parametrize("spec", ["float32\x00junk", "float32\x00"])
+def test_dtype_with_nul_is_rejected(spec):
+    """Finding: dlb.dtype("float32\\x00junk") is accepted (C string cut at NUL)."""
+    import dlbridge as dlb
+    with pytest.raises((ValueError, TypeError)):
+        dlb.dtype(spec)
+
+
+@pytest.mark.parametrize("spec", ["cuda:1\x00:2", "cpu\x00junk"])
+def test_device_with_nul_is_rejected(spec):
+    """Finding: dlb.device("cuda:1\\x00:2") is accepted (C string cut at NUL)."""
+    import dlbridge as dlb
+    with pytest.raises((ValueError, TypeError)):
+        dlb.device(spec)
+
+
+@pytest.mark.parametrize("typestr", ["<f 8", "<f+8"])
+def test_loose_typestr_rejected(typestr):
+    """Finding: loose typestrs such as "<f 8" are accepted."""
+    check("""
+    a = np.arange(4, dtype=np.float64)
+    class AI: pass
+    o = AI(); o.a = a
+    o.__array_interface__ = {"version": 3, "typestr": %r,
+        "data": (a.ctypes.data, False), "shape": (4,)}
+    try:
+        dlb.from_dlpack(o)
+    except (ValueError, BufferError, TypeError):
+        print("OK"); sys.exit(0)
+    print("accepted")
+    """ % typestr)
+
+
+@pytest.mark.parametrize("raise_expr,check_expr", [
+    ("MyError('boom')", "type(e) is MyError and e.args == ('boom',)"),
+    ("SystemExit(3)", "type(e) is SystemExit and e.code == 3"),
+    ("KeyError('k')", "type(e) is KeyError and e.args == ('k',)"),
+])
+def test_producer_exception_preserved(raise_expr, check_expr):
+    """Finding: exceptions from an argument's producer are rebuilt as
+    type(exc)(msg) -- custom exceptions become TypeError, SystemExit.code
+    changes.  The original exception must reach the caller (or be chained as
+    __cause__/__context__)."""
+    check("""
+    class MyError(Exception):
+        def __init__(self, a, b=None):   # cannot be rebuilt from one message
+            super().__init__(a) if b is None else super().__init__(a, b)
+            self.marker = 1
+    class Bad:
+        def __dlpack__(self, **kw): raise %s
+        def __dlpack_device__(self): return (1, 0)
+    x = np.ones(4, dtype=np.float32)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy", %s)
+    try:
+        f(2.0, x, Bad())
+    except BaseException as exc:
+        chain = [exc, exc.__cause__, exc.__context__]
+        ok = any(e is not None and (%s) for e in chain)
+        print(repr(exc), repr(exc.__cause__), repr(exc.__context__))
+        print("OK" if ok else "LOST")
+    """ % (raise_expr, SAXPY, check_expr))
