@@ -558,7 +558,9 @@ int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src, void *stream,
                   dlb_error *err) {
   static const char what[] = "dlb_cuda_copy";
   copy_plan plan;
-  side_kind dk, sk;
+  /* Set by side_of; initialised because -O3 cannot see that through its
+   * error returns (-Wmaybe-uninitialized in release builds). */
+  side_kind dk = SIDE_HOST, sk = SIDE_HOST;
   dlb__cuda_scope scope = {NULL, NULL, false};
   size_t width, height, dpitch, spitch;
 
