@@ -127,6 +127,10 @@ void dlb__error_chain_context(dlb__saved_error *prev);
  * re-raised as "<fname>() argument '<argname>': <message>" (the original as
  * __cause__); any other exception is kept as it is, with a note. */
 void dlb__error_prefix_argument(PyObject *fname, PyObject *argname);
+/* o as an int64 (o must be an int or have __index__): an integer outside
+ * int64 is a BufferError naming what ("from_dlpack: __array_interface__
+ * shape entry"), not an OverflowError.  0, or -1 with an exception. */
+int dlb__read_int64(PyObject *o, const char *what, int64_t *out);
 
 /* Whether the calling thread holds the GIL (of the interpreter it is
  * attached to).  Not PyGILState_Check(): on 3.11 that answers 1 for every

@@ -124,6 +124,24 @@ void dlb__error_prefix_argument(PyObject *fname, PyObject *argname) {
   Py_XDECREF(tb);
 }
 
+/* ---- integers that describe a tensor ------------------------------------------- */
+
+/* An int from a producer's description (a shape entry, a device id, an
+ * address) that does not fit in 64 bits describes no tensor dlbridge can
+ * hold: that is a BufferError, the error of every other undescribable
+ * tensor, not the OverflowError int conversion raises. */
+int dlb__read_int64(PyObject *o, const char *what, int64_t *out) {
+  long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+    PyErr_Clear();
+    PyErr_Format(PyExc_BufferError, "%s %R does not fit in 64 bits", what, o);
+    return -1;
+  }
+  *out = (int64_t)v;
+  return 0;
+}
+
 /* ---- references and deleters, keeping the pending exception ------------------ */
 
 /* Drop a reference without letting the object's destructor see or clobber

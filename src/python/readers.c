@@ -236,15 +236,18 @@ static int parse_device_pair(PyObject *r, DLDevice *out) {
                  Py_TYPE(r)->tp_name);
     return -1;
   }
-  long type = PyLong_AsLong(PyTuple_GET_ITEM(r, 0));
-  if (type == -1 && PyErr_Occurred()) return -1;
-  long id = PyLong_AsLong(PyTuple_GET_ITEM(r, 1));
-  if (id == -1 && PyErr_Occurred()) return -1;
+  int64_t type, id;
+  if (dlb__read_int64(PyTuple_GET_ITEM(r, 0),
+                      "from_dlpack: __dlpack_device__() device type",
+                      &type) < 0 ||
+      dlb__read_int64(PyTuple_GET_ITEM(r, 1),
+                      "from_dlpack: __dlpack_device__() device id", &id) < 0)
+    return -1;
   if (type < INT32_MIN || type > INT32_MAX || id < 0 || id > INT32_MAX) {
     PyErr_Format(PyExc_BufferError,
-                 "from_dlpack: __dlpack_device__() returned (%ld, %ld), "
+                 "from_dlpack: __dlpack_device__() returned (%lld, %lld), "
                  "which is not a valid device",
-                 type, id);
+                 (long long)type, (long long)id);
     return -1;
   }
   out->device_type = (DLDeviceType)type;
@@ -462,9 +465,9 @@ static int int_tuple(PyObject *o, int64_t *arr, const char *key) {
     return -1;
   }
   for (Py_ssize_t i = 0; i < n; i++) {
-    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(o, i));
-    if (v == -1 && PyErr_Occurred()) return -1;
-    arr[i] = (int64_t)v;
+    if (dlb__read_int64(PyTuple_GET_ITEM(o, i), "from_dlpack: array interface entry",
+                        &arr[i]) < 0)
+      return -1;
   }
   return (int)n;
 }
@@ -558,7 +561,14 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
       goto error;
     }
     void *p = PyLong_AsVoidPtr(PyTuple_GET_ITEM(v, 0));
-    if (p == NULL && PyErr_Occurred()) goto error;
+    if (p == NULL && PyErr_Occurred()) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto error;
+      PyErr_Clear();
+      PyErr_Format(PyExc_BufferError,
+                   "from_dlpack: %s data address %R is not an address", which,
+                   PyTuple_GET_ITEM(v, 0));
+      goto error;
+    }
     int ro = PyObject_IsTrue(PyTuple_GET_ITEM(v, 1));
     if (ro < 0) goto error;
     t.data = p;
@@ -574,13 +584,14 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
     PyObject *off;
     if (ai_item(ai, "offset", &off) < 0) goto error;
     if (off != NULL && off != Py_None) {
-      long long o = PyLong_AsLongLong(off);
-      if (o == -1 && PyErr_Occurred()) goto error;
+      int64_t o;
+      if (dlb__read_int64(off, "from_dlpack: array interface offset", &o) < 0)
+        goto error;
       if (o < 0 || o > (long long)k->view.len) {
         PyErr_Format(PyExc_BufferError,
                      "from_dlpack: %s offset %lld is outside the %zd-byte "
                      "buffer",
-                     which, o, k->view.len);
+                     which, (long long)o, k->view.len);
         goto error;
       }
       t.byte_offset = (uint64_t)o;

@@ -68,3 +68,65 @@ def test_producer_exception_preserved(raise_expr, check_expr):
         print(repr(exc), repr(exc.__cause__), repr(exc.__context__))
         print("OK" if ok else "LOST")
     """ % (raise_expr, SAXPY, check_expr))
+
+
+def test_huge_data_address_in_array_interface():
+    """Finding: __array_interface__ with data=(2**70, False) raises
+    OverflowError instead of BufferError/ValueError."""
+    check("""
+    class AI: pass
+    o = AI()
+    o.__array_interface__ = {"version": 3, "typestr": "<f4",
+                             "data": (2**70, False), "shape": (4,)}
+    try:
+        dlb.from_dlpack(o)
+    except (BufferError, ValueError) as e:
+        print("OK"); sys.exit(0)
+    except Exception as e:
+        print(type(e).__name__, e)
+    """)
+
+
+@pytest.mark.parametrize("where", ["shape", "strides"])
+def test_huge_extent_in_array_interface(where):
+    """Finding: an __array_interface__ shape/strides entry of 2**70 raises
+    OverflowError instead of BufferError/ValueError."""
+    check("""
+    a = np.zeros(4, dtype=np.float32)
+    class AI: pass
+    o = AI(); o.a = a
+    d = {"version": 3, "typestr": "<f4", "data": (a.ctypes.data, False),
+         "shape": (4,), "strides": (4,)}
+    d[%r] = (2**70,)
+    o.__array_interface__ = d
+    try:
+        dlb.from_dlpack(o)
+    except (BufferError, ValueError) as e:
+        print("OK"); sys.exit(0)
+    except Exception as e:
+        print(type(e).__name__, e)
+    """ % where)
+
+
+@pytest.mark.parametrize("device", ["(1, 2**63)", "(2**64, 0)"])
+def test_huge_dlpack_device(device):
+    """Finding: a __dlpack_device__ with a huge device id/type raises
+    OverflowError instead of BufferError/ValueError ((2, 2**40) is already a
+    BufferError; ids/types past 2**63 are not)."""
+    check("""
+    a = np.zeros(4, dtype=np.float32)
+    class P:
+        def __dlpack__(self, **kw): return a.__dlpack__()
+        def __dlpack_device__(self): return %s
+    for call in (lambda: dlb.from_dlpack(P()),
+                 lambda: dlb.load(KERNELS, "dlb_kernel_noop", "f(x: float32[n])")(P())):
+        try:
+            call()
+        except (BufferError, ValueError):
+            continue
+        except Exception as e:
+            print(type(e).__name__, e); sys.exit(0)
+    print("OK")
+    """ % device)
+
+
