@@ -697,10 +697,12 @@ static int parse_shape(PyObject *obj, int32_t *ndim, int64_t *shape) {
                  Py_TYPE(obj)->tp_name);
     goto cleanup;
   } else {
-    seq = PySequence_Fast(obj, "shape must be an int or a sequence of ints");
+    /* A tuple copy, not PySequence_Fast (which hands back a list itself):
+     * an item's __index__ may change the list while the items are read. */
+    seq = PySequence_Tuple(obj);
   }
   if (seq == NULL) goto cleanup;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  Py_ssize_t n = PyTuple_GET_SIZE(seq);
   if (n > DLB_MAX_NDIM) {
     PyErr_Format(PyExc_BufferError,
                  "shape has %zd dimensions; dlbridge handles at most %d "
@@ -709,7 +711,7 @@ static int parse_shape(PyObject *obj, int32_t *ndim, int64_t *shape) {
     goto cleanup;
   }
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+    PyObject *item = PyTuple_GET_ITEM(seq, i);
     if (!PyIndex_Check(item)) {
       PyErr_Format(PyExc_TypeError,
                    "shape[%zd] must be an int, not %.200s", i,
@@ -784,6 +786,16 @@ PyObject *dlb__py_zeros(PyObject *module, PyObject *const *args,
 
 static int is_nested(PyObject *o) { return PyList_Check(o) || PyTuple_Check(o); }
 
+/* A list of data shrank or grew while its items were being read (an
+ * item's __float__ or __index__ changed it). */
+static int changed_while_read(int32_t dim) {
+  PyErr_Format(PyExc_ValueError,
+               "tensor() data changed while it was read: a list at depth %d "
+               "changed length",
+               (int)dim);
+  return -1;
+}
+
 static int ragged(int32_t dim) {
   PyErr_Format(PyExc_ValueError,
                "tensor() data is ragged: the lists at depth %d do not all "
@@ -806,6 +818,8 @@ static int infer_rec(PyObject *o, int32_t dim, int32_t ndim,
     return ragged(dim);
   Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
   for (Py_ssize_t i = 0; i < n; i++) {
+    /* The previous item's conversion ran Python code. */
+    if (PySequence_Fast_GET_SIZE(o) != n) return changed_while_read(dim);
     PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(o, i));
     int r = infer_rec(item, dim + 1, ndim, shape, cls);
     Py_DECREF(item);
@@ -832,6 +846,8 @@ static int fill_rec(PyObject *o, int32_t dim, int32_t ndim,
     return ragged(dim);
   Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
   for (Py_ssize_t i = 0; i < n; i++) {
+    /* The previous item's conversion ran Python code. */
+    if (PySequence_Fast_GET_SIZE(o) != n) return changed_while_read(dim);
     PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(o, i));
     int r = fill_rec(item, dim + 1, ndim, shape, k, name, itemsize, dst);
     Py_DECREF(item);

@@ -130,3 +130,41 @@ def test_huge_dlpack_device(device):
     """ % device)
 
 
+
+
+@pytest.mark.parametrize("ctor", ["tensor", "empty", "zeros"])
+def test_list_shrunk_by_index_does_not_crash(ctor):
+    """Finding: dlb.tensor/empty/zeros(list) -- an element's __index__ that
+    shrinks the list makes tensor.c read past the old length (SIGSEGV)."""
+    check("""
+    lst = []
+    class Evil:
+        def __index__(self):
+            lst.clear(); gc.collect(); return 2
+        def __float__(self):
+            lst.clear(); gc.collect(); return 2.0
+    lst.extend([Evil() for _ in range(4)])
+    try:
+        dlb.%s(lst if "%s" == "tensor" else lst, dtype="int64")
+    except (TypeError, ValueError, BufferError, IndexError, RuntimeError):
+        pass
+    print("OK")
+    """ % (ctor, ctor))
+
+
+def test_tensor_nested_list_shrunk_by_float():
+    """Finding: dlb.tensor(nested list) -- __float__ that shrinks a row
+    while filling reads freed items (SIGSEGV)."""
+    check("""
+    rows = []
+    class Evil:
+        def __float__(self):
+            for r in rows: r.clear()
+            rows.clear(); gc.collect(); return 1.0
+    rows.extend([[Evil(), 2.0, 3.0] for _ in range(50)])
+    try:
+        dlb.tensor(rows, dtype="float64")
+    except (TypeError, ValueError, BufferError, IndexError, RuntimeError):
+        pass
+    print("OK")
+    """)
