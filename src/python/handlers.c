@@ -208,6 +208,44 @@ int dlb__type_has(PyTypeObject *type, PyObject *name) {
   return _PyType_Lookup(type, name) != NULL;
 }
 
+/* numpy.ndarray from the numpy module, or NULL when it has none (0), or -1
+ * with an exception.  (PyObject_GetOptionalAttr is 3.13+.) */
+static int numpy_ndarray_of(PyObject *module, PyObject **out) {
+  *out = PyObject_GetAttrString(module, "ndarray");
+  if (*out != NULL) return 1;
+  if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+  PyErr_Clear();
+  return 0;
+}
+
+/* Whether type IS numpy.ndarray: its fields are then read directly, so a
+ * name is not enough (a Python class can call itself "numpy.ndarray").  The
+ * type must be the static type numpy's already-imported module publishes;
+ * numpy is never imported here.  1, 0, or -1 with an exception. */
+static int is_numpy_ndarray(PyTypeObject *type) {
+  if (strcmp(type->tp_name, "numpy.ndarray") != 0 ||
+      (type->tp_flags & Py_TPFLAGS_HEAPTYPE) != 0 ||
+      type->tp_basicsize < (Py_ssize_t)sizeof(np_array_head))
+    return 0;
+  int result = -1;
+  PyObject *name = NULL, *numpy = NULL, *ndarray = NULL;
+  name = PyUnicode_FromString("numpy");
+  if (name == NULL) goto cleanup;
+  numpy = PyImport_GetModule(name); /* never imports */
+  if (numpy == NULL) {
+    result = PyErr_Occurred() ? -1 : 0;
+    goto cleanup;
+  }
+  if (numpy_ndarray_of(numpy, &ndarray) < 0) goto cleanup;
+  result = ndarray == (PyObject *)type;
+
+cleanup:
+  Py_XDECREF(ndarray);
+  Py_XDECREF(numpy);
+  Py_XDECREF(name);
+  return result;
+}
+
 static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
                      PyTypeObject *type, dlb_handler *h) {
   if (PyType_IsSubtype(type, st->TensorType)) {
@@ -230,9 +268,9 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
       return;
     }
   }
-  if (strcmp(type->tp_name, "numpy.ndarray") == 0 &&
-      PyUnicode_CompareWithASCIIString(h->framework, "numpy") == 0 &&
-      type->tp_basicsize >= (Py_ssize_t)sizeof(np_array_head)) {
+  int numpy = is_numpy_ndarray(type);
+  if (numpy < 0) return;
+  if (numpy) {
     h->kind = DLB_KIND_NUMPY;
     return;
   }
@@ -262,6 +300,7 @@ static const dlb_handler *classify_and_insert(dlb_module_state *st,
   e->h.framework = framework_of(c, type);
   if (e->h.framework == NULL) goto error;
   classify(st, c, type, &e->h);
+  if (PyErr_Occurred()) goto error; /* classify's numpy check failed */
   e->weakref = PyWeakref_NewRef((PyObject *)type, c->callback);
   if (e->weakref == NULL) goto error;
   if (cache_insert(c, e) < 0) goto error;

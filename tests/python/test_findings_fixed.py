@@ -168,3 +168,25 @@ def test_tensor_nested_list_shrunk_by_float():
         pass
     print("OK")
     """)
+
+
+def test_class_named_numpy_ndarray_is_not_read_as_numpy():
+    """Finding: a Python class named numpy.ndarray with the right __module__
+    and size is read as a NumPy struct (raw memory from pure Python).  NumPy
+    must be identified by identity, not by name."""
+    check("""
+    base = np.ndarray.__basicsize__
+    nslots = (base - object.__basicsize__) // 8
+    Fake = type("numpy.ndarray", (), {"__slots__": tuple("s%d" % i for i in range(nslots)),
+                                "__module__": "numpy"})
+    Fake.__qualname__ = "ndarray"
+    assert Fake.__basicsize__ == base, (Fake.__basicsize__, base)
+    o = Fake()
+    for i in range(nslots):
+        setattr(o, "s%d" % i, 12345 + i)
+    try:
+        t = dlb.from_dlpack(o)
+    except TypeError:
+        print("OK"); sys.exit(0)
+    print("read as numpy", t.shape, t.dtype)
+    """)
