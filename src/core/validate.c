@@ -86,6 +86,14 @@ static int validate_slow(const DLTensor *t, unsigned options,
                          "byte_offset %" PRIu64 " plus the byte span end %"
                          PRId64 " exceeds INT64_MAX",
                          t->byte_offset, hi);
+  /* hi >= 0 >= lo, so hi - INT64_MAX cannot overflow; a span of more than
+   * INT64_MAX bytes is no memory and would overflow every consumer's
+   * hi - lo (found by tests/fuzz/fuzz_validate). */
+  if (lo < hi - INT64_MAX)
+    return dlb_error_set(err, DLB_EOVERFLOW,
+                         "the byte span [%" PRId64 ", %" PRId64
+                         ") is longer than INT64_MAX bytes",
+                         lo, hi);
 
   if (t->data == NULL && numel > 0)
     return dlb_error_set(err, DLB_EINVAL,
@@ -159,6 +167,8 @@ static inline bool validate_ok(const DLTensor *t, unsigned options,
                dlb__mul_ovf(lo_e, itemsize, &lo_b) |
                dlb__mul_ovf(hi_e, itemsize, &hi_b)) {
       return false;
+    } else if (lo_b < hi_b - INT64_MAX) {
+      return false; /* a span longer than INT64_MAX bytes */
     }
   } else {
     /* Sub-byte: contiguous only, and the span is the packed storage. */

@@ -300,6 +300,14 @@ static void test_data_and_offset(void) {
   OK(&t, 0);
   t.byte_offset = (uint64_t)INT64_MAX - 23;
   FAIL(&t, 0, DLB_EOVERFLOW, "plus the byte span");
+  /* Both ends of the span fit in int64 but its length does not (found by
+   * tests/fuzz/fuzz_validate): no memory is that long. */
+  int64_t two2[] = {2, 2};
+  int64_t apart[] = {(int64_t)1 << 60, -((int64_t)1 << 60)};
+  t = tensor(2, two2, apart);
+  FAIL(&t, 0, DLB_EOVERFLOW, "is longer than INT64_MAX bytes");
+  apart[1] = -((int64_t)1 << 59);
+  OK(&t, 0);
   /* With no elements there is no span to add. */
   t = tensor(2, s0, wild);
   t.byte_offset = (uint64_t)INT64_MAX;
@@ -357,6 +365,7 @@ static void test_hostile_metadata(void) {
     CHECK_EQ(dlb_tensor_byte_span(&t, &lo, &hi, &err), DLB_OK);
     CHECK(lo <= 0 && hi >= 0 && (n == 0 ? hi == 0 : hi > 0));
     CHECK(hi <= INT64_MAX - (int64_t)t.byte_offset);
+    CHECK(lo >= hi - INT64_MAX); /* the span's length fits */
     CHECK(n == 0 || t.data != NULL);
     int64_t scratch[DLB_MAX_NDIM];
     CHECK(t.ndim == 0 || dlb_tensor_strides(&t, scratch) != NULL);
@@ -732,6 +741,11 @@ static int ref_validate(const DLTensor *t, unsigned options, dlb_error *err) {
                          "byte_offset %" PRIu64 " plus the byte span end %"
                          PRId64 " exceeds INT64_MAX",
                          t->byte_offset, hi);
+  if (lo < hi - INT64_MAX)
+    return dlb_error_set(err, DLB_EOVERFLOW,
+                         "the byte span [%" PRId64 ", %" PRId64
+                         ") is longer than INT64_MAX bytes",
+                         lo, hi);
 
   if (t->data == NULL && numel > 0)
     return dlb_error_set(err, DLB_EINVAL,
