@@ -62,6 +62,14 @@ def element_strides(shape, strides_bytes, itemsize):
     return tuple(s // itemsize for s in strides_bytes)
 
 
+def _cupy_or_none():
+    try:
+        import cupy
+        return cupy
+    except ImportError:
+        return None
+
+
 class Adapter:
     """One framework.  `zero_copy_in`: whether its importer promises to share
     the memory it is given (JAX does not: it may copy, see JaxAdapter)."""
@@ -179,7 +187,12 @@ class NumbaAdapter(Adapter):
         return obj.__cuda_array_interface__["data"][0]
 
     def to_numpy(self, obj):
-        return obj.copy_to_host()
+        if obj.is_c_contiguous() or not _cupy_or_none():
+            return obj.copy_to_host()
+        # numba copies a strided array's whole span; CuPy reads any strides
+        # (including negative ones) through the same CAI.
+        cp = _cupy_or_none()
+        return cp.asnumpy(cp.asarray(obj))
 
     def consume(self, obj):
         return self.cuda.as_cuda_array(obj)

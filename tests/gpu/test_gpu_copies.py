@@ -49,11 +49,16 @@ def _bytes(a):
 
 
 def _check_device_result(request, t, want):
-    """t: a compact CUDA dlbridge.Tensor; want: the host array it must equal."""
+    """t: a CUDA dlbridge.Tensor made by a copy; want: the host array it must
+    equal.  Its memory is also read raw with cudaMemcpy when it is compact
+    (a copy into a new tensor is expected to be, but only the values are
+    promised)."""
     assert t.device == "cuda:0"
-    assert t.shape == want.shape and t.is_contiguous
+    assert t.shape == want.shape
     back = np.asarray(t.copy(device="cpu"))
-    assert back.tobytes() == _bytes(want)
+    assert _bytes(back) == _bytes(want)
+    if not t.is_contiguous:
+        return
     try:
         cupy = request.getfixturevalue("cupy")
     except pytest.skip.Exception:
