@@ -110,13 +110,19 @@ def test_html_report_in_chromium(report, tmp_path):
     if browser is None:
         pytest.skip("chromium not installed (scripts/bootstrap installs it)")
     flags = ["--headless", "--no-sandbox", "--disable-gpu"]
+    # The browser is not ours to sanitize: under `make sanitize-python` the
+    # ASan runtime is preloaded into this interpreter, and chromium started
+    # with it preloaded hangs.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
     dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=60).stdout
+                         capture_output=True, text=True, timeout=60,
+                         env=env).stdout
     assert 'id="grid-own"' in dom and 'id="grid-dlb"' in dom
     assert "negative strides" in dom          # a tooltip (title) filled by script
     assert 'class="cell"' in dom
     shot = tmp_path / "grid.png"
     subprocess.run([browser, *flags, f"--screenshot={shot}",
                     "--window-size=1000,900", page.as_uri()],
-                   capture_output=True, timeout=60)
+                   capture_output=True, timeout=60, env=env)
     assert shot.exists() and shot.stat().st_size > 1000
