@@ -455,6 +455,14 @@ int dlb_cuda_stream_is_capturing(int device_id, void *stream, bool *out,
 int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
                           dlb_error *err);
 
+/* Block the calling thread until everything queued on stream (of device_id)
+ * has run: cuStreamSynchronize.  The one host wait dlbridge makes, for a
+ * copy into host memory that the host reads next (Tensor.copy(device="cpu"),
+ * tolist); never for ordering between streams.  A stream being captured
+ * into a graph cannot be waited for: DLB_EUNSUPPORTED, without asking the
+ * driver to (which would invalidate the capture). */
+int dlb_cuda_stream_synchronize(int device_id, void *stream, dlb_error *err);
+
 /* Copy src's elements into dst, asynchronously on stream: same dtype and
  * shape, any layouts (strides, negative strides, byte_offset), either side
  * kDLCPU/kDLCUDAHost (host) or kDLCUDA/kDLCUDAManaged (device).  Nothing

@@ -66,6 +66,7 @@ static const entry_spec entries[] = {
     ENTRY(cuEventRecord, 2000),
     ENTRY(cuEventDestroy, 4000),
     ENTRY(cuStreamWaitEvent, 3020),
+    ENTRY(cuStreamSynchronize, 2000),
     ENTRY(cuModuleLoadData, 2000),
     ENTRY(cuModuleGetFunction, 2000),
     ENTRY(cuLaunchKernel, 4000),

@@ -280,6 +280,7 @@ typedef struct dlb__cuda_api {
   dlb__CUresult (*cuEventDestroy)(dlb__CUevent event);
   dlb__CUresult (*cuStreamWaitEvent)(dlb__CUstream stream, dlb__CUevent event,
                                      unsigned flags);
+  dlb__CUresult (*cuStreamSynchronize)(dlb__CUstream stream);
   dlb__CUresult (*cuModuleLoadData)(dlb__CUmodule *module, const void *image);
   dlb__CUresult (*cuModuleGetFunction)(dlb__CUfunction *fn,
                                        dlb__CUmodule module, const char *name);

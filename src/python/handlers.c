@@ -379,6 +379,7 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->callback);
   Py_CLEAR(c->cache_capsule);
   Py_CLEAR(c->converters);
+  Py_CLEAR(c->framework_stream);
   Py_CLEAR(c->str_module);
   Py_CLEAR(c->str_exchange);
   Py_CLEAR(c->str_exchange_legacy);
