@@ -220,6 +220,13 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     *out = finish(st, m, target, copy);
     return *out != NULL ? 1 : -1;
   }
+  if (h->kind == DLB_KIND_CUDA_ARRAY_INTERFACE &&
+      dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
+    /* A DLPack producer read through its CAI instead (handlers.c: CuPy). */
+    if (dlb__array_interface_managed(st, obj, 1, &m) < 0) return -1;
+    *out = finish(st, m, target, copy);
+    return *out != NULL ? 1 : -1;
+  }
   if (h->kind == DLB_KIND_NUMPY) {
     dlb_view v;
     if (dlb__view_get_with(st, h, obj, 0, &v) < 0) return -1;
