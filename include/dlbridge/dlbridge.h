@@ -394,10 +394,13 @@ int dlb_cuda_host_free(void *ptr, dlb_error *err);
  * padded).  device.device_type:
  *   kDLCUDA      data from dlb_cuda_alloc on stream; zeros clears it with
  *                cuMemsetD8Async on the same stream.  The deleter frees it
- *                exactly once with cuMemFreeAsync on that same stream, in the
- *                device's primary context, restoring the caller's context:
- *                the stream must outlive the tensor (the legacy and
- *                per-thread streams always do).
+ *                exactly once with cuMemFreeAsync on the LEGACY stream (which
+ *                outlives every other stream; `stream` may be destroyed
+ *                before the tensor), in the device's primary context,
+ *                restoring the caller's context.  Work on a non-blocking
+ *                stream still using the memory when the tensor is deleted
+ *                must be ordered by the caller (as with PyTorch's caching
+ *                allocator).
  *   kDLCUDAHost  data from dlb_cuda_host_alloc (stream unused; zeros clears
  *                it on the host); the deleter calls cuMemFreeHost.
  * On failure nothing is left allocated. */

@@ -270,7 +270,15 @@ static int make_cuda_owned(const char *what, int32_t ndim,
   owner->allocator = *allocator;
   owner->device = device;
   owner->data = NULL;
-  owner->stream = stream;
+  /* Freed on the legacy stream, not on `stream`: a framework's stream
+   * object may be destroyed before the tensor (a CuPy or torch stream
+   * dropped while its results live on), and freeing on a destroyed stream
+   * is undefined behaviour (it crashed, seen with CuPy 14 on an H100).
+   * The legacy stream exists for the life of the context and orders
+   * itself after every blocking stream; work on a non-blocking stream that
+   * still uses the memory when the tensor is dropped is the caller's to
+   * order, as with PyTorch's caching allocator. */
+  owner->stream = DLB_CUDA_STREAM_LEGACY;
   if (device.device_type == kDLCUDAHost) {
     rc = dlb_cuda_host_alloc((size_t)nbytes, &owner->data, err);
     if (rc != DLB_OK) goto cleanup;
