@@ -10,6 +10,7 @@
  *                          parameter received from a Python number
  */
 #include "dlbridge/dlbridge.h"
+#include <string.h>
 
 #if defined(_WIN32)
 #define EXPORT __declspec(dllexport)
@@ -58,4 +59,17 @@ EXPORT int dlb_kernel_copy(DLTensor *const *args, int32_t nargs, void *stream,
   (void)stream;
   if (nargs != 2) return dlb_error_set(err, DLB_EINVAL, "copy takes 2 arguments");
   return dlb_copy(args[1], args[0], err);
+}
+
+/* probe(x: T[...]) -> int64[1]: writes the stream it was given into its
+ * output with a plain host store.  For tests with the fake CUDA driver,
+ * whose "device memory" is host memory: they check which stream Function
+ * passes and where it allocated the output. */
+EXPORT int dlb_kernel_stream_probe(DLTensor *const *args, int32_t nargs,
+                                   void *stream, dlb_error *err) {
+  if (nargs != 2)
+    return dlb_error_set(err, DLB_EINVAL, "stream_probe takes 2 arguments");
+  int64_t value = (int64_t)(uintptr_t)stream;
+  memcpy((char *)args[1]->data + args[1]->byte_offset, &value, sizeof value);
+  return DLB_OK;
 }

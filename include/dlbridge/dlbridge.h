@@ -394,10 +394,13 @@ int dlb_cuda_host_free(void *ptr, dlb_error *err);
  * padded).  device.device_type:
  *   kDLCUDA      data from dlb_cuda_alloc on stream; zeros clears it with
  *                cuMemsetD8Async on the same stream.  The deleter frees it
- *                exactly once with cuMemFreeAsync on that same stream, in the
- *                device's primary context, restoring the caller's context:
- *                the stream must outlive the tensor (the legacy and
- *                per-thread streams always do).
+ *                exactly once with cuMemFreeAsync on the LEGACY stream (which
+ *                outlives every other stream; `stream` may be destroyed
+ *                before the tensor), in the device's primary context,
+ *                restoring the caller's context.  Work on a non-blocking
+ *                stream still using the memory when the tensor is deleted
+ *                must be ordered by the caller (as with PyTorch's caching
+ *                allocator).
  *   kDLCUDAHost  data from dlb_cuda_host_alloc (stream unused; zeros clears
  *                it on the host); the deleter calls cuMemFreeHost.
  * On failure nothing is left allocated. */
@@ -454,6 +457,14 @@ int dlb_cuda_stream_is_capturing(int device_id, void *stream, bool *out,
  * joined back before the capture ends (CUDA's rule). */
 int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
                           dlb_error *err);
+
+/* Block the calling thread until everything queued on stream (of device_id)
+ * has run: cuStreamSynchronize.  The one host wait dlbridge makes, for a
+ * copy into host memory that the host reads next (Tensor.copy(device="cpu"),
+ * tolist); never for ordering between streams.  A stream being captured
+ * into a graph cannot be waited for: DLB_EUNSUPPORTED, without asking the
+ * driver to (which would invalidate the capture). */
+int dlb_cuda_stream_synchronize(int device_id, void *stream, dlb_error *err);
 
 /* Copy src's elements into dst, asynchronously on stream: same dtype and
  * shape, any layouts (strides, negative strides, byte_offset), either side

@@ -24,6 +24,7 @@ from ._core import (  # noqa: F401  (re-exported public API)
     zeros,
 )
 from ._frameworks import convert  # noqa: F401
+from ._streams import stream  # noqa: F401
 
 
 def get_include():
@@ -48,6 +49,7 @@ __all__ = [
     "from_dlpack",
     "load",
     "share",
+    "stream",
     "tensor",
     "zeros",
     "MAX_NDIM",

@@ -45,7 +45,8 @@ from . import _core
 __all__ = ["convert", "framework_of", "FRAMEWORKS"]
 
 #: The names ``convert`` accepts as ``to``.
-FRAMEWORKS = ("numpy", "torch", "cupy", "jax", "tensorflow", "dlbridge")
+FRAMEWORKS = ("numpy", "torch", "cupy", "jax", "tensorflow", "numba",
+              "cuda.core", "dlbridge")
 
 # Per-call cost matters here: convert is a few hundred ns of Python around
 # importers that cost 0.2-1 us, so everything that can be worked out once is
@@ -64,6 +65,8 @@ _ROOTS = {
     "jax": "jax",
     "jaxlib": "jax",
     "tensorflow": "tensorflow",
+    "numba": "numba",
+    "cuda": "cuda.core",
     "dlbridge": "dlbridge",
 }
 
@@ -225,7 +228,53 @@ def _load_tensorflow():
     return to_tensorflow
 
 
+# kDLCUDA and kDLCUDAManaged: the memory numba and cuda.core take on a GPU.
+_CUDA_TYPES = (2, 13)
+
+
+def _load_numba():
+    cuda = importlib.import_module("numba.cuda")
+
+    def to_numba(t):
+        # numba's device arrays are CUDA memory, read through
+        # __cuda_array_interface__ (whose stream numba synchronises on).
+        if t.__dlpack_device__()[0] not in _CUDA_TYPES:
+            raise BufferError(
+                f"convert: numba device arrays hold CUDA memory, and this "
+                f"tensor is on {t.device}; copy it first: convert("
+                "dlbridge.from_dlpack(x, device='cuda:0'), 'numba')")
+        return cuda.as_cuda_array(t)
+
+    return to_numba
+
+
+def _load_cuda_core():
+    smv = None
+    for name in ("cuda.core", "cuda.core.utils", "cuda.core.experimental.utils"):
+        try:
+            smv = getattr(importlib.import_module(name), "StridedMemoryView")
+            break
+        except (ImportError, AttributeError):
+            continue
+    if smv is None:
+        raise ImportError("convert: cuda.core has no StridedMemoryView")
+    from_dlpack = getattr(smv, "from_dlpack", None)
+
+    def to_cuda_core(t):
+        # The consumer stream: dlbridge's current one on a GPU (the view's
+        # users work on it), -1 (no stream) on the host.
+        on_gpu = t.__dlpack_device__()[0] in _CUDA_TYPES
+        stream = _core._current_stream() if on_gpu else -1
+        if from_dlpack is not None:
+            return from_dlpack(t, stream_ptr=stream)
+        return smv(t, stream_ptr=stream)
+
+    return to_cuda_core
+
+
 _LOADERS = {
+    "numba": _load_numba,
+    "cuda.core": _load_cuda_core,
     "numpy": _load_numpy,
     "torch": _load_torch,
     "cupy": _load_cupy,

@@ -34,14 +34,20 @@ typedef dlb__CUresult (*get_proc_v2_fn)(const char *symbol, void **pfn,
 typedef dlb__CUresult (*get_proc_v1_fn)(const char *symbol, void **pfn,
                                         int version, uint64_t flags);
 
-/* Entry name, ABI version pinned, and offset of its slot in the table. */
+/* Entry name, ABI version pinned, offset of its slot in the table, and
+ * whether dlbridge works without it (the slot is then NULL and the feature
+ * that needs it is skipped or reported by its caller). */
 typedef struct entry_spec {
   const char *name;
   int version;
   size_t offset;
+  bool optional;
 } entry_spec;
 
-#define ENTRY(name, version) {#name, version, offsetof(dlb__cuda_api, name)}
+#define ENTRY(name, version) \
+  {#name, version, offsetof(dlb__cuda_api, name), false}
+#define OPTIONAL(name, version) \
+  {#name, version, offsetof(dlb__cuda_api, name), true}
 static const entry_spec entries[] = {
     ENTRY(cuGetErrorName, 6000),
     ENTRY(cuInit, 2000),
@@ -66,11 +72,18 @@ static const entry_spec entries[] = {
     ENTRY(cuEventRecord, 2000),
     ENTRY(cuEventDestroy, 4000),
     ENTRY(cuStreamWaitEvent, 3020),
+    ENTRY(cuStreamSynchronize, 2000),
+    /* Memory-pool tuning (cuda_memory.c): without them allocations work,
+     * only slower (the pool then gives memory back at every sync). */
+    OPTIONAL(cuDeviceGetDefaultMemPool, 11020),
+    OPTIONAL(cuMemPoolSetAttribute, 11020),
+    OPTIONAL(cuMemPoolTrimTo, 11020),
     ENTRY(cuModuleLoadData, 2000),
     ENTRY(cuModuleGetFunction, 2000),
     ENTRY(cuLaunchKernel, 4000),
 };
 #undef ENTRY
+#undef OPTIONAL
 
 /* The newest version any entry needs: a driver older than this lacks
  * cuMemAllocAsync, so it is reported as too old rather than one entry at a
@@ -135,7 +148,9 @@ static int resolve_entries(void *library, const char *path, dlb_error *err) {
                      CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status)
             : get_v1(entries[i].name, &fn, entries[i].version,
                      CU_GET_PROC_ADDRESS_LEGACY_STREAM);
-    if (rc != DLB__CUDA_SUCCESS || fn == NULL) {
+    if ((rc != DLB__CUDA_SUCCESS || fn == NULL) && entries[i].optional) {
+      fn = NULL;
+    } else if (rc != DLB__CUDA_SUCCESS || fn == NULL) {
       return dlb_error_set(err, DLB_EDEVICE,
                            "CUDA driver %s has no %s (ABI of CUDA %d.%d; "
                            "cuGetProcAddress returned %d): the driver is "

@@ -153,3 +153,28 @@ cleanup:
   dlb__cuda_leave(&scope);
   return rc;
 }
+
+int dlb_cuda_stream_synchronize(int device_id, void *stream, dlb_error *err) {
+  static const char what[] = "dlb_cuda_stream_synchronize";
+  dlb__cuda_scope scope;
+  bool is_capturing = false;
+  int rc = dlb__cuda_enter(what, device_id, &scope, err);
+  if (rc != DLB_OK) goto cleanup;
+  rc = capturing(&scope, what, stream, &is_capturing, err);
+  if (rc != DLB_OK) goto cleanup;
+  if (is_capturing) {
+    rc = dlb_error_set(err, DLB_EUNSUPPORTED,
+                       "%s: the stream is being captured into a CUDA graph; "
+                       "the host cannot wait for it (copy to the host after "
+                       "the capture ends)",
+                       what);
+    goto cleanup;
+  }
+  dlb__CUresult cu = scope.api->cuStreamSynchronize(stream);
+  if (cu != DLB__CUDA_SUCCESS)
+    rc = dlb__cuda_fail(err, what, "cuStreamSynchronize", cu);
+
+cleanup:
+  dlb__cuda_leave(&scope);
+  return rc;
+}

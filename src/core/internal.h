@@ -205,6 +205,7 @@ typedef void *dlb__CUstream;
 typedef void *dlb__CUevent;
 typedef void *dlb__CUmodule;
 typedef void *dlb__CUfunction;
+typedef void *dlb__CUmemoryPool;
 
 #define DLB__CUDA_SUCCESS 0
 #define DLB__CUDA_ERROR_OUT_OF_MEMORY 2
@@ -228,6 +229,8 @@ typedef void *dlb__CUfunction;
 #define DLB__CU_DEVICE_ATTRIBUTE_CC_MINOR 76
 /* CUstreamCaptureStatus */
 #define DLB__CU_STREAM_CAPTURE_STATUS_NONE 0
+/* CUmemPool_attribute: bytes a pool keeps when it could release memory */
+#define DLB__CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 
 /* CUDA_MEMCPY2D (the _v2 layout, CUDA >= 3.2). */
 typedef struct dlb__CUDA_MEMCPY2D {
@@ -280,6 +283,13 @@ typedef struct dlb__cuda_api {
   dlb__CUresult (*cuEventDestroy)(dlb__CUevent event);
   dlb__CUresult (*cuStreamWaitEvent)(dlb__CUstream stream, dlb__CUevent event,
                                      unsigned flags);
+  dlb__CUresult (*cuStreamSynchronize)(dlb__CUstream stream);
+  /* optional (NULL when the driver lacks them) */
+  dlb__CUresult (*cuDeviceGetDefaultMemPool)(dlb__CUmemoryPool *pool,
+                                             dlb__CUdevice device);
+  dlb__CUresult (*cuMemPoolSetAttribute)(dlb__CUmemoryPool pool, int attr,
+                                         void *value);
+  dlb__CUresult (*cuMemPoolTrimTo)(dlb__CUmemoryPool pool, size_t keep);
   dlb__CUresult (*cuModuleLoadData)(dlb__CUmodule *module, const void *image);
   dlb__CUresult (*cuModuleGetFunction)(dlb__CUfunction *fn,
                                        dlb__CUmodule module, const char *name);
@@ -345,5 +355,8 @@ typedef struct dlb__cuda_copy_params {
  * thread-safe; never called by the library. */
 void dlb__cuda_reset_for_tests(void); /* cuda_copy.c: all of the below */
 void dlb__cuda_driver_reset(void);    /* cuda_driver.c: table, contexts */
+/* cuda_memory.c: forget which devices' pools were tuned (kept by the reset
+ * above, so call sequences of other tests stay exact) */
+void dlb__cuda_pool_reset_for_tests(void);
 
 #endif /* DLB_CORE_INTERNAL_H_ */

@@ -11,6 +11,8 @@
  *   scalars.c  Python numbers <-> elements of every dtype
  *   formats.c  struct format / typestr / NumPy descr <-> dtype,
  *              Py_buffer -> DLTensor
+ *   cuda.c     dlbridge's current CUDA stream (dlb.stream), stream
+ *              ordering, copies between host and CUDA memory
  *   tensor.c   Tensor heap type: attributes, buffer protocol,
  *              __array_interface__, tolist, copy, repr, empty/zeros/tensor
  *   export.c   what dlb.Tensor gives consumers: __dlpack__,
@@ -321,6 +323,45 @@ int dlb__numpy_descr_dtype(dlb_descr_entry *cache, PyObject *descr,
                            DLDataType *out);
 void dlb__numpy_descr_cache_clear(dlb_descr_entry *cache);
 
+/* ---- CUDA streams and copies (cuda.c) --------------------------------------- */
+
+/* This thread's current CUDA stream: what dlb.stream(...) set, else the
+ * legacy default stream (DLB_CUDA_STREAM_LEGACY); and the same as the int a
+ * DLPack producer is given (1 legacy, 2 per-thread, else the handle). */
+void *dlb__stream_current(void);
+int64_t dlb__stream_current_value(void);
+/* Make stream the current one (C callers that run dlbridge work on a
+ * framework's stream); returns the previous one, to swap back. */
+void *dlb__stream_swap(void *stream);
+/* A CUstream as a DLPack stream value: NULL (the legacy stream) is 1. */
+int64_t dlb__cuda_stream_value(void *stream);
+
+/* kDLCUDA or kDLCUDAManaged: memory whose pending work is on a stream. */
+int dlb__is_cuda_device(DLDevice device);
+
+/* Order everything queued on producer before later work on consumer
+ * (dlb_cuda_stream_order; no host wait).  No-op for devices that are not
+ * CUDA.  0, or -1 with an exception. */
+int dlb__stream_order(DLDevice device, void *producer, void *consumer);
+
+/* A new contiguous tensor on target (CPU, cuda:N or cuda_host) holding a
+ * copy of src's elements (any layout; host or CUDA memory), made on the
+ * current stream; a host result is complete when this returns.  what
+ * names the caller in messages.  0, or -1 with BufferError (devices that
+ * cannot be copied between), MemoryError, or BufferError for a driver failure. */
+int dlb__copy_managed(const DLTensor *src, uint64_t flags, DLDevice target,
+                      const char *what, DLManagedTensorVersioned **out);
+
+/* A new compact tensor on device (CPU, cuda:N on the current stream, or
+ * cuda_host), zero-filled when zero; what ("zeros") names the caller in
+ * messages.  0, or -1 with an exception. */
+int dlb__empty_managed(int32_t ndim, const int64_t *shape, DLDataType dtype,
+                       DLDevice device, bool zero, const char *what,
+                       DLManagedTensorVersioned **out);
+
+/* Adds _swap_stream and _current_stream to the module. */
+int dlb__cuda_init(PyObject *module);
+
 /* ---- Tensor (tensor.c) ------------------------------------------------------ */
 
 typedef struct {
@@ -453,6 +494,8 @@ struct dlb_handler_cache {
   int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */
   dlb_descr_entry dtypes[DLB_DESCR_CACHE_SIZE];
   PyObject *converters; /* dict framework name -> from_dlpack callable */
+  /* dlbridge._streams.framework_stream, imported on first use (outputs.c) */
+  PyObject *framework_stream;
   PyObject *str_module; /* "__module__" */
   PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
   PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
@@ -544,7 +587,11 @@ void dlb__view_release(dlb_view *view);
 /* ---- Streams, allocation, results (outputs.c) ------------------------------- */
 
 /* The framework's current work stream for device (NULL on CPU, and NULL for
- * the legacy default stream on CUDA).  0, or -1 with an exception. */
+ * the legacy default stream on CUDA): its exchange table's
+ * current_work_stream; for dlbridge, its current stream (dlb.stream); for
+ * CUDA tensors of other frameworks, dlbridge._streams.framework_stream
+ * (torch's or CuPy's current stream, else dlbridge's).  0, or -1 with an
+ * exception. */
 int dlb__current_stream(dlb_module_state *st, const dlb_handler *h,
                         DLDevice device, void **stream);
 

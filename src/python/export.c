@@ -27,15 +27,21 @@
  *    synchronisation") are accepted as no-ops; any other int is a ValueError
  *    (NumPy raises ValueError for stream=1 on CPU).  A non-int stream is a
  *    TypeError.  On CUDA: 0 is a ValueError (disallowed by the spec), other
- *    values >= -1 are accepted; on ROCm 1 and 2 are ValueError.  A dlbridge
- *    Tensor has no work of its own in flight (its producer's work was
- *    ordered when it was imported), so no event is ever recorded and
- *    nothing here can break CUDA graph capture.
- *  - dl_device equal to the tensor's device: no copy.  (1, 0) for a tensor
- *    in other host-accessible memory: a copy to the CPU (BufferError with
- *    copy=False).  Any other device: BufferError naming it.
- *  - copy=True always copies into a new contiguous CPU tensor (IS_COPIED set,
- *    writable); copy=False never copies.  copy must be a bool or None.
+ *    values >= -1 are accepted; on ROCm 1 and 2 are ValueError.  A CUDA
+ *    tensor's pending work is taken to be on dlbridge's current stream
+ *    (cuda.c, dlb.stream); unless the consumer passed -1 it is ordered
+ *    before the consumer's stream (None: the legacy stream) with an event
+ *    record + cuStreamWaitEvent -- never a host wait, and nothing when the
+ *    two streams are the same.  During graph capture that ordering is
+ *    legal between two non-legacy streams only (the core refuses the rest).
+ *  - dl_device equal to the tensor's device: no copy.  Another device
+ *    (CPU, cuda:N, cuda_host) is a copy (BufferError with copy=False):
+ *    host <-> CUDA and CUDA <-> CUDA on the current stream (cuda.c), a host
+ *    result complete before the capsule is returned.  Devices dlbridge
+ *    cannot copy between are a BufferError naming both.
+ *  - copy=True copies into a new contiguous tensor on the target device
+ *    (IS_COPIED set, writable); copy=False never copies.  copy must be a
+ *    bool or None.
  *  - byte_offset is folded into data for CPU, CUDA and ROCm memory kinds
  *    (their data pointers are plain addresses); for other devices (OpenCL
  *    handles and the like) it is passed on unchanged.
@@ -59,10 +65,11 @@
  *      same of every foreign table (the callee took it) and never delete
  *      after a failed call: at worst a non-stealing producer leaks one
  *      tensor on an error path, never frees it twice.
- *  -   The allocator makes CPU tensors only (dlbridge has no device
- *      runtime yet); any other device is a BufferError through SetError.
- *  -   current_work_stream writes NULL for every device: a dlb.Tensor has no
- *      stream of its own; its producer's stream is whatever the caller uses.
+ *  -   The allocator makes CPU, CUDA (stream-ordered, on the current
+ *      stream) and pinned tensors; any other device is a BufferError
+ *      through SetError.
+ *  -   current_work_stream writes dlbridge's current stream for CUDA
+ *      (NULL for the legacy stream) and NULL for every other device.
  *  -   Borrowed views through a foreign table's dltensor_from_py_object_no_sync
  *      carry flags 0: the table has no way to say read-only on that path.
  *      A framework whose tensors can be read-only must leave that entry NULL
@@ -229,25 +236,6 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
   return rc;
 }
 
-/* A new contiguous owning CPU copy of self, IS_COPIED and writable. */
-static int export_copy(dlb_TensorObject *self, DLManagedTensorVersioned **out,
-                       dlb_error *err) {
-  DLManagedTensorVersioned *m = NULL;
-  DLDevice cpu = {kDLCPU, 0};
-  bool padded = (self->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
-  int rc = dlb_managed_empty(self->t.ndim, self->t.shape, self->t.dtype, cpu,
-                             padded, &m, err);
-  if (rc != DLB_OK) return rc;
-  rc = dlb_copy(&m->dl_tensor, &self->t, err);
-  if (rc != DLB_OK) {
-    dlb_managed_delete(m); /* owns its data, touches no Python */
-    return rc;
-  }
-  m->flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
-  *out = m;
-  return DLB_OK;
-}
-
 /* ---- capsules ------------------------------------------------------------------------ */
 
 /* The managed tensor of a capsule nobody consumed, or NULL (a consumer
@@ -339,7 +327,7 @@ static PyObject *capsule_of(void *m, int versioned) {
   return cap;
 }
 
-/* Wrap an owning copy m (made by export_copy) in a capsule of the right
+/* Wrap an owning copy m (made by dlb__copy_managed) in a capsule of the right
  * kind; m is consumed on every path. */
 static PyObject *copy_capsule(DLManagedTensorVersioned *m, int versioned) {
   if (versioned) return capsule_of(m, 1);
@@ -470,13 +458,33 @@ static int check_stream(PyObject *stream, DLDevice d) {
   return -1;
 }
 
+/* The producer's half of DLPack's stream contract: the tensor's pending
+ * work is on dlbridge's current stream (cuda.c); order it before the
+ * stream the consumer named (already checked by check_stream), GPU-side.
+ * -1 asks for no ordering; None means the legacy stream. */
+static int order_for_consumer(PyObject *stream, DLDevice device) {
+  int64_t v;
+  bool order = false;
+  void *consumer = NULL;
+  dlb_error err;
+  if (stream != Py_None &&
+      dlb__read_int64(stream, "__dlpack__(): stream", &v) < 0)
+    return -1;
+  if (dlb_cuda_stream_from_dlpack(stream == Py_None ? NULL : &v, &consumer,
+                                  &order, &err) != DLB_OK) {
+    dlb__raise(&err);
+    return -1;
+  }
+  if (!order) return 0;
+  return dlb__stream_order(device, dlb__stream_current(), consumer);
+}
+
 PyObject *dlb__tensor_dlpack(PyObject *op, PyObject *const *args,
                              Py_ssize_t nargs, PyObject *kwnames) {
   dlb_TensorObject *self = AS_TENSOR(op);
   PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None,
            *copy = Py_None;
   DLManagedTensorVersioned *m = NULL;
-  dlb_error err;
 
   if (nargs != 0) {
     PyErr_Format(PyExc_TypeError,
@@ -544,42 +552,15 @@ PyObject *dlb__tensor_dlpack(PyObject *op, PyObject *const *args,
     if (parse_dl_device(dl_device, &target) < 0) return NULL;
     cross_device = target.device_type != self->t.device.device_type ||
                    target.device_id != self->t.device.device_id;
-    if (cross_device) {
-      /* The only other place we can put data is the CPU, by a host copy. */
-      int reachable = target.device_type == kDLCPU && target.device_id == 0 &&
-                      dlb_device_is_host_accessible(self->t.device);
-      if (!reachable) {
-        PyObject *to = dlb__device_text(target), *from = dlb__device_text(self->t.device);
-        if (to != NULL && from != NULL)
-          PyErr_Format(PyExc_BufferError,
-                       "cannot export a tensor on %U to device %U "
-                       "(dl_device=%R): dlbridge only copies host-accessible "
-                       "memory to the CPU",
-                       from, to, dl_device);
-        Py_XDECREF(to);
-        Py_XDECREF(from);
-        return NULL;
-      }
-      if (want_copy == 0) {
-        PyErr_Format(PyExc_BufferError,
-                     "dl_device=%R needs a copy but copy=False", dl_device);
-        return NULL;
-      }
+    if (cross_device && want_copy == 0) {
+      PyErr_Format(PyExc_BufferError,
+                   "dl_device=%R needs a copy but copy=False", dl_device);
+      return NULL;
     }
   }
   if (check_stream(stream, target) < 0) return NULL;
 
   int do_copy = want_copy == 1 || cross_device;
-  if (do_copy && !dlb_device_is_host_accessible(self->t.device)) {
-    PyObject *from = dlb__device_text(self->t.device);
-    if (from != NULL)
-      PyErr_Format(PyExc_BufferError,
-                   "copy=True on %U is not supported yet: dlbridge copies "
-                   "only host-accessible memory",
-                   from);
-    Py_XDECREF(from);
-    return NULL;
-  }
   if (!versioned && !do_copy &&
       (self->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
     PyErr_SetString(PyExc_BufferError,
@@ -590,9 +571,22 @@ PyObject *dlb__tensor_dlpack(PyObject *op, PyObject *const *args,
     return NULL;
   }
 
-  if (!do_copy) return view_capsule(self, versioned);
-  if (export_copy(self, &m, &err) != DLB_OK) return dlb__raise(&err);
-  return copy_capsule(m, versioned);
+  PyObject *cap;
+  if (!do_copy) {
+    cap = view_capsule(self, versioned);
+  } else {
+    /* Host <-> CUDA and CUDA <-> CUDA copies run on dlbridge's current
+     * stream (cuda.c); a copy to the host is complete when it returns. */
+    if (dlb__copy_managed(&self->t, self->flags, target, "__dlpack__()",
+                          &m) < 0)
+      return NULL;
+    m->flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
+    cap = copy_capsule(m, versioned);
+  }
+  if (cap != NULL && dlb__is_cuda_device(target) &&
+      order_for_consumer(stream, target) < 0)
+    Py_CLEAR(cap); /* the capsule's destructor frees the unconsumed export */
+  return cap;
 }
 
 PyObject *dlb__tensor_dlpack_device(PyObject *op, PyObject *unused) {
@@ -638,22 +632,29 @@ static int tx_allocator(DLTensor *prototype, DLManagedTensorVersioned **out,
              "be NULL");
     return -1;
   }
-  if (prototype->device.device_type != kDLCPU) {
-    const char *name = dlb_device_type_name((int32_t)prototype->device.device_type);
+  DLDeviceType type = prototype->device.device_type;
+  int rc;
+  if (type == kDLCPU) {
+    rc = dlb_managed_empty(prototype->ndim, prototype->shape, prototype->dtype,
+                           prototype->device, false, out, &err);
+  } else if (type == kDLCUDA || type == kDLCUDAHost) {
+    /* On dlbridge's current stream: the stream current_work_stream names. */
+    rc = dlb_cuda_managed_empty(prototype->ndim, prototype->shape,
+                                prototype->dtype, prototype->device, false,
+                                dlb__stream_current(), out, &err);
+  } else {
+    const char *name = dlb_device_type_name((int32_t)type);
     PyOS_snprintf(msg, sizeof msg,
-                  "dlbridge.Tensor can only be allocated on the CPU, not on "
-                  "%s (device type %d): dlbridge has no device runtime yet",
-                  name != NULL ? name : "an unknown device",
-                  (int)prototype->device.device_type);
+                  "dlbridge.Tensor can be allocated on the CPU, CUDA devices "
+                  "and pinned host memory, not on %s (device type %d)",
+                  name != NULL ? name : "an unknown device", (int)type);
     SetError(error_ctx, "BufferError", msg);
     return -1;
   }
-  int rc = dlb_managed_empty(prototype->ndim, prototype->shape,
-                             prototype->dtype, prototype->device, false, out,
-                             &err);
   if (rc != DLB_OK) {
     const char *kind = rc == DLB_ENOMEM   ? "MemoryError"
                        : rc == DLB_EINVAL || rc == DLB_EOVERFLOW ? "ValueError"
+                       : rc == DLB_EDEVICE                       ? "RuntimeError"
                                                                  : "BufferError";
     PyOS_snprintf(msg, sizeof msg, "dlbridge managed_tensor_allocator: %s",
                   err.message);
@@ -733,13 +734,19 @@ static int tx_dltensor(void *py_object, DLTensor *out) {
 
 static int tx_stream(DLDeviceType device_type, int32_t device_id,
                      void **out_current_stream) {
-  (void)device_type;
   (void)device_id;
   if (out_current_stream == NULL) {
     PyErr_SetString(PyExc_ValueError, "current_work_stream: out is NULL");
     return -1;
   }
-  *out_current_stream = NULL;
+  /* dlbridge's current stream (dlb.stream) on CUDA; NULL (the legacy
+   * stream, or no stream) otherwise. */
+  void *s = dlb__stream_current();
+  *out_current_stream =
+      (device_type == kDLCUDA || device_type == kDLCUDAManaged) &&
+              dlb__cuda_stream_value(s) != 1
+          ? s
+          : NULL;
   return 0;
 }
 

@@ -274,8 +274,18 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
     h->kind = DLB_KIND_NUMPY;
     return;
   }
-  if (dlb__type_has(type, st->str_dlpack)) {
+  if (dlb__type_has(type, st->str_dlpack) &&
+      !(PyUnicode_CompareWithASCIIString(h->framework, "cupy") == 0 &&
+        dlb__type_has(type, st->str_cuda_array_interface))) {
     h->kind = DLB_KIND_DLPACK;
+  } else if (dlb__type_has(type, st->str_cuda_array_interface) &&
+             dlb__type_has(type, st->str_dlpack)) {
+    /* CuPy through __cuda_array_interface__: its __dlpack__ (14.x) exports
+     * negative strides divided as unsigned numbers (known-bugs B27,
+     * cupy#10172), which validation refuses; the interface's byte strides
+     * are signed and right, and its 'stream' orders the work the same
+     * way. */
+    h->kind = DLB_KIND_CUDA_ARRAY_INTERFACE;
   } else if (type->tp_as_buffer != NULL &&
              type->tp_as_buffer->bf_getbuffer != NULL) {
     h->kind = DLB_KIND_BUFFER;
@@ -379,6 +389,7 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->callback);
   Py_CLEAR(c->cache_capsule);
   Py_CLEAR(c->converters);
+  Py_CLEAR(c->framework_stream);
   Py_CLEAR(c->str_module);
   Py_CLEAR(c->str_exchange);
   Py_CLEAR(c->str_exchange_legacy);

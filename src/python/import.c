@@ -28,15 +28,22 @@
  *   3.6 legacy ("dltensor") capsules import as WRITABLE (readers.c).
  *   3.7 raw capsules are accepted by from_dlpack.
  * Other choices:
- *   - device=: only the CPU can be a target today.  device=None or the
- *     object's own device keeps the data where it is.  CPU from pinned or
- *     managed host memory is a copy (BufferError with copy=False).  Any
- *     other move is a BufferError saying no device runtime is available.
- *   - copy=True gives a new, writable, CPU tensor owned by dlbridge.  The
+ *   - device=: None or the object's own device keeps the data where it
+ *     is.  Another device -- the CPU, 'cuda:N', 'cuda_host' -- is a copy
+ *     (BufferError with copy=False), made by dlbridge (cuda.c) on its
+ *     current stream: producers of CUDA data are asked for a view, never
+ *     for dl_device or copy=True, so every framework's data moves the same
+ *     way.  Devices dlbridge cannot copy between are a BufferError.
+ *   - copy=True gives a new, writable tensor owned by dlbridge, on the
+ *     CUDA device for CUDA data, else on the CPU (or on device=).  A host
  *     producer is asked to copy too (copy=True is passed on); when the
  *     capsule it returns carries IS_COPIED and not READ_ONLY we keep it as
  *     the copy, otherwise we copy again, because some producers copy
  *     without saying so and a copy that might alias is worse than two.
+ *   - Streams: a CUDA tensor imported through an exchange table (which
+ *     exports without synchronising) has the producer's current_work_stream
+ *     ordered before dlbridge's current stream; __dlpack__ producers are
+ *     given that stream (readers.c).
  */
 #include "dlbridge_py.h"
 
@@ -44,62 +51,31 @@
 
 /* ---- finishing: device and copy requests ----------------------------------- */
 
-/* dtype used to copy src's elements: padded sub-byte elements are whole
- * bytes each, which dlb_copy handles only when told they are bytes. */
-static DLDataType copy_dtype(DLDataType dt, uint64_t flags) {
-  if ((flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) &&
-      dlb_dtype_is_subbyte(dt)) {
-    DLDataType u = {kDLUInt, 8, (uint16_t)dlb_dtype_itemsize(dt)};
-    return u;
-  }
-  return dt;
+/* Where a copy of data on src goes when the caller named no device: CUDA
+ * device memory stays on its device, everything else lands on the CPU. */
+static DLDevice copy_target(const DLDevice *target, DLDevice src) {
+  if (target != NULL) return *target;
+  if (src.device_type == kDLCUDA) return src;
+  DLDevice cpu = {kDLCPU, 0};
+  return cpu;
 }
 
-/* A new writable CPU Tensor holding a copy of src (host-accessible). */
-static PyObject *copy_to_cpu(dlb_module_state *st, const DLTensor *src,
-                             uint64_t flags) {
+/* A new writable Tensor on target holding a copy of src (cuda.c copies
+ * between host and CUDA memory on dlbridge's current stream). */
+static PyObject *copy_to(dlb_module_state *st, const DLTensor *src,
+                         uint64_t flags, DLDevice target) {
   DLManagedTensorVersioned *n = NULL;
-  dlb_error err;
-  DLDevice cpu = {kDLCPU, 0};
-  char dev[64];
-  if (!dlb_device_is_host_accessible(src->device)) {
-    PyErr_Format(PyExc_BufferError,
-                 "from_dlpack: cannot copy from %s: no device runtime is "
-                 "available to dlbridge yet (device memory support is not "
-                 "implemented); copy it to the CPU in its own framework first",
-                 dlb__device_str(src->device, dev, sizeof dev));
+  if (dlb__copy_managed(src, flags, target, "from_dlpack", &n) < 0)
     return NULL;
-  }
-  bool padded = (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
-  int rc = dlb_managed_empty(src->ndim, src->shape, src->dtype, cpu, padded,
-                             &n, &err);
-  if (rc != DLB_OK) return dlb__raise_import("cannot allocate the copy", &err);
-  DLTensor s = *src, d = n->dl_tensor;
-  s.dtype = copy_dtype(src->dtype, flags);
-  d.dtype = copy_dtype(d.dtype, flags);
-  rc = dlb_copy(&d, &s, &err);
-  if (rc != DLB_OK) {
-    dlb_managed_delete(n);
-    return dlb__raise_import("cannot copy the tensor", &err);
-  }
   return dlb__tensor_from_managed(st, n);
 }
 
 /* What the caller's device/copy request means for a tensor on `src` with
- * `flags`: 0 use as is, 1 copy to CPU, -1 error raised. */
+ * `flags`: 0 use as is, 1 copy (to copy_target), -1 error raised. */
 static int plan(const DLDevice *target, int copy, DLDevice src,
                 uint64_t flags) {
   char a[64], b[64];
   if (target != NULL && !dlb__same_device(*target, src)) {
-    if (target->device_type != kDLCPU) {
-      PyErr_Format(PyExc_BufferError,
-                   "from_dlpack: cannot move data from %s to %s: dlbridge "
-                   "has no device runtime yet, so only the CPU can be a "
-                   "target; use device=None to keep the data where it is",
-                   dlb__device_str(src, a, sizeof a),
-                   dlb__device_str(*target, b, sizeof b));
-      return -1;
-    }
     if (copy == 0) {
       PyErr_Format(PyExc_BufferError,
                    "from_dlpack: moving data from %s to %s needs a copy, "
@@ -108,7 +84,7 @@ static int plan(const DLDevice *target, int copy, DLDevice src,
                    dlb__device_str(*target, b, sizeof b));
       return -1;
     }
-    return 1; /* copy_to_cpu reports non-host memory */
+    return 1; /* dlb__copy_managed reports devices it cannot copy between */
   }
   if (copy == 1) {
     /* A producer's own fresh, writable copy is as good as ours. */
@@ -130,7 +106,8 @@ static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
     return NULL;
   }
   if (p == 0) return dlb__tensor_from_managed(st, m);
-  PyObject *res = copy_to_cpu(st, &m->dl_tensor, m->flags);
+  PyObject *res = copy_to(st, &m->dl_tensor, m->flags,
+                          copy_target(target, m->dl_tensor.device));
   if (res == NULL)
     dlb__delete_keep_error(m);
   else
@@ -204,7 +181,9 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     dlb_TensorObject *self = (dlb_TensorObject *)obj;
     int p = plan(target, copy, self->t.device, 0);
     if (p < 0) return -1;
-    *out = p == 0 ? Py_NewRef(obj) : copy_to_cpu(st, &self->t, self->flags);
+    *out = p == 0 ? Py_NewRef(obj)
+                  : copy_to(st, &self->t, self->flags,
+                            copy_target(target, self->t.device));
     return *out != NULL ? 1 : -1;
   }
   if (h->kind == DLB_KIND_EXCHANGE) {
@@ -227,6 +206,24 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
       dlb__raise_import("the exchange table's tensor cannot be imported", &err);
       return -1;
     }
+    /* The table exports without synchronising: order the producer's
+     * current stream before dlbridge's, as __dlpack__ would have. */
+    if (dlb__is_cuda_device(m->dl_tensor.device)) {
+      void *producer = NULL;
+      if (dlb__current_stream(st, h, m->dl_tensor.device, &producer) < 0 ||
+          dlb__stream_order(m->dl_tensor.device, producer,
+                            dlb__stream_current()) < 0) {
+        dlb__delete_keep_error(m);
+        return -1;
+      }
+    }
+    *out = finish(st, m, target, copy);
+    return *out != NULL ? 1 : -1;
+  }
+  if (h->kind == DLB_KIND_CUDA_ARRAY_INTERFACE &&
+      dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
+    /* A DLPack producer read through its CAI instead (handlers.c: CuPy). */
+    if (dlb__array_interface_managed(st, obj, 1, &m) < 0) return -1;
     *out = finish(st, m, target, copy);
     return *out != NULL ? 1 : -1;
   }

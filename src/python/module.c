@@ -48,6 +48,7 @@ static int module_exec(PyObject *module) {
                                         DLPACK_MINOR_VERSION);
   if (st->max_version_tuple == NULL) return -1;
   if (dlb__types_init(module, st) < 0) return -1;
+  if (dlb__cuda_init(module) < 0) return -1;
   if (dlb__tensor_init(module, st) < 0) return -1;
   if (dlb__export_init(st) < 0) return -1;
   if (dlb__handlers_init(st) < 0) return -1;

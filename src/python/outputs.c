@@ -14,26 +14,58 @@
 #include <string.h>
 
 
+/* framework_stream(h->framework, device_id) as a stream. */
+static int python_framework_stream(dlb_module_state *st, const dlb_handler *h,
+                                   DLDevice device, void **stream) {
+  struct dlb_handler_cache *c = st->handlers;
+  int64_t v;
+  if (c->framework_stream == NULL) {
+    PyObject *m = PyImport_ImportModule("dlbridge._streams");
+    if (m == NULL) return -1;
+    c->framework_stream = PyObject_GetAttrString(m, "framework_stream");
+    Py_DECREF(m);
+    if (c->framework_stream == NULL) return -1;
+  }
+  PyObject *fn = Py_NewRef(c->framework_stream); /* the call runs Python */
+  PyObject *r = PyObject_CallFunction(fn, "Oi",
+                                      h->framework ? h->framework : Py_None,
+                                      (int)device.device_id);
+  Py_DECREF(fn);
+  if (r == NULL) return -1;
+  int rc = dlb__read_int64(r, "the framework's current stream", &v);
+  Py_DECREF(r);
+  if (rc < 0) return -1;
+  *stream = v == 1 ? NULL : (void *)(uintptr_t)(uint64_t)v;
+  return 0;
+}
+
 int dlb__current_stream(dlb_module_state *st, const dlb_handler *h,
                         DLDevice device, void **stream) {
-  (void)st;
   *stream = NULL;
   if (device.device_type == kDLCPU || device.device_type == kDLCUDAHost ||
       device.device_type == kDLROCMHost)
     return 0;
-  if (h->kind != DLB_KIND_EXCHANGE || h->api->current_work_stream == NULL)
+  if (h->kind == DLB_KIND_TENSOR) {
+    void *s = dlb__stream_current();
+    *stream = dlb__cuda_stream_value(s) == 1 ? NULL : s;
     return 0;
-  void *s = NULL;
-  if (h->api->current_work_stream(device.device_type, device.device_id, &s) != 0) {
-    if (!PyErr_Occurred())
-      PyErr_Format(PyExc_RuntimeError,
-                   "the exchange table of '%.200s' could not give its current "
-                   "stream",
-                   h->type->tp_name);
-    return -1;
   }
-  *stream = s;
-  return 0;
+  if (h->kind == DLB_KIND_EXCHANGE && h->api->current_work_stream != NULL) {
+    void *s = NULL;
+    if (h->api->current_work_stream(device.device_type, device.device_id,
+                                    &s) != 0) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError,
+                     "the exchange table of '%.200s' could not give its "
+                     "current stream",
+                     h->type->tp_name);
+      return -1;
+    }
+    *stream = s;
+    return 0;
+  }
+  if (!dlb__is_cuda_device(device)) return 0;
+  return python_framework_stream(st, h, device, stream);
 }
 
 /* What a producer's allocator told SetError. */
@@ -72,8 +104,6 @@ static void raise_named(const alloc_error *e, PyTypeObject *type) {
 
 int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
                     const DLTensor *prototype, DLManagedTensorVersioned **out) {
-  (void)st;
-  dlb_error err;
   if ((h->kind == DLB_KIND_EXCHANGE || h->kind == DLB_KIND_TENSOR) &&
       h->api->managed_tensor_allocator != NULL) {
     alloc_error e = {0, "", ""};
@@ -101,21 +131,16 @@ int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
     *out = m;
     return 0;
   }
-  if (prototype->device.device_type != kDLCPU) {
-    const char *name = dlb_device_type_name((int32_t)prototype->device.device_type);
-    PyErr_Format(PyExc_BufferError,
-                 "cannot allocate an output on %s for '%.200s': dlbridge "
-                 "allocates only on the CPU and the type publishes no "
-                 "DLPack exchange table with an allocator",
-                 name ? name : "an unknown device", h->type->tp_name);
-    return -1;
-  }
-  if (dlb_managed_empty(prototype->ndim, prototype->shape, prototype->dtype,
-                        prototype->device, false, out, &err) != DLB_OK) {
-    dlb__raise(&err);
-    return -1;
-  }
-  return 0;
+  /* No allocator of the framework's: dlbridge's own, on the stream the
+   * framework works on (a CUDA output is then ordered like its work). */
+  void *stream = NULL;
+  if (dlb__current_stream(st, h, prototype->device, &stream) < 0) return -1;
+  void *prev = dlb__stream_swap(stream);
+  int rc = dlb__empty_managed(prototype->ndim, prototype->shape,
+                              prototype->dtype, prototype->device, false,
+                              "allocating an output", out);
+  dlb__stream_swap(prev);
+  return rc;
 }
 
 /* The callable that turns a dlb.Tensor into framework fw's type, cached. */
@@ -159,6 +184,14 @@ int dlb__to_framework(dlb_module_state *st, const dlb_handler *h,
     *out = (PyObject *)obj;
     return 0;
   }
+  /* m's pending work (a kernel's writes) is on the framework's stream:
+   * make that dlbridge's current stream while the framework imports it, so
+   * the export orders it before whatever stream the importer names. */
+  void *stream = NULL;
+  if (dlb__current_stream(st, h, m->dl_tensor.device, &stream) < 0) {
+    dlb__delete_keep_error(m);
+    return -1;
+  }
   PyObject *conv = converter_for(st->handlers, h->framework);
   if (conv == NULL) {
     dlb__delete_keep_error(m);
@@ -181,7 +214,9 @@ int dlb__to_framework(dlb_module_state *st, const dlb_handler *h,
       return -1;
     }
   }
+  void *prev = dlb__stream_swap(stream);
   res = PyObject_CallOneArg(conv, arg);
+  dlb__stream_swap(prev);
   if (arg != t) Py_DECREF(arg);
   Py_DECREF(conv);
   Py_DECREF(t);

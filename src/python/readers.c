@@ -34,9 +34,12 @@
  *       (lenient): the data is unambiguous and older NumPy sent exactly that.
  *   3.6 legacy ("dltensor") capsules import as WRITABLE (DESIGN.md).
  * Streams: a CPU producer is never passed a stream.  A CUDA producer is
- * passed stream=1 (the legacy default stream: the producer orders its work
- * before it) and ROCm stream=0, until the device layer can give the
- * consumer's current stream.  Other devices get no stream.
+ * passed dlbridge's current stream (cuda.c: dlb.stream, else 1, the legacy
+ * default stream), before which it orders its work; ROCm gets stream=0.
+ * Other devices get no stream.  A __cuda_array_interface__ v3 'stream' is
+ * ordered before dlbridge's current stream on the GPU (never a host wait),
+ * and its pointer is asked of the driver: the device is the pointer's own,
+ * and host memory claimed as CUDA memory is a BufferError.
  */
 #include "dlbridge_py.h"
 
@@ -284,12 +287,16 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
   }
 
   /* The stream: nothing for the CPU and stream-less devices. */
-  if (have_src && src.device_type == kDLCUDA) {
-    stream = PyLong_FromLong(1); /* legacy default stream */
+  if (have_src && (src.device_type == kDLCUDA ||
+                   src.device_type == kDLCUDAManaged)) {
+    /* dlbridge's current stream (dlb.stream; 1, the legacy stream, by
+     * default): the producer orders its work before it. */
+    stream = PyLong_FromLongLong(dlb__stream_current_value());
   } else if (have_src && src.device_type == kDLROCM) {
     stream = PyLong_FromLong(0); /* ROCm's default stream */
   }
-  if (have_src && (src.device_type == kDLCUDA || src.device_type == kDLROCM) &&
+  if (have_src && (src.device_type == kDLCUDA || src.device_type == kDLCUDAManaged ||
+                   src.device_type == kDLROCM) &&
       stream == NULL)
     goto cleanup;
 
@@ -301,8 +308,15 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
     names[nkw++] = st->str_stream;
   }
   /* dl_device only when the data has to move: asking a producer for the
-   * device it is already on gains nothing and trips old producers. */
-  int asked_device = target != NULL && !(have_src && dlb__same_device(*target, src));
+   * device it is already on gains nothing and trips old producers.  Moves
+   * from or to CUDA memory, and copies of it, are dlbridge's own (import.c
+   * finishes them on its current stream): such a producer is asked for a
+   * view where its data is. */
+  int we_copy = (have_src && dlb__is_cuda_device(src)) ||
+                (target != NULL && dlb__is_cuda_device(*target));
+  if (we_copy && copy == 1) copy = -1;
+  int asked_device = !we_copy && target != NULL &&
+                     !(have_src && dlb__same_device(*target, src));
   if (asked_device) {
     dl_device = Py_BuildValue("(ii)", (int)target->device_type,
                               (int)target->device_id);
@@ -472,6 +486,43 @@ static int int_tuple(PyObject *o, int64_t *arr, const char *key) {
   return (int)n;
 }
 
+/* The device of a __cuda_array_interface__ pointer, from the driver
+ * (cuPointerGetAttributes: the owning GPU's ordinal, or managed / pinned
+ * memory; host memory claimed as CUDA is a BufferError), and the ordering
+ * its v3 'stream' asks for: the producer's stream before dlbridge's current
+ * one, on the GPU.  A NULL pointer (an empty array) is taken as cuda:0
+ * without asking.  0, or -1 with an exception. */
+static int cai_device_and_order(PyObject *ai, void *data, DLDevice *device) {
+  dlb_error err;
+  PyObject *v;
+  int64_t value;
+  void *producer = NULL;
+  bool order = false;
+  device->device_type = kDLCUDA;
+  device->device_id = 0;
+  if (data != NULL &&
+      dlb_cuda_device_of_pointer(data, device, &err) != DLB_OK) {
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: __cuda_array_interface__ data %p is not CUDA "
+                 "memory: %s",
+                 data, err.message);
+    return -1;
+  }
+  if (ai_item(ai, "stream", &v) < 0) return -1;
+  if (v != NULL && v != Py_None &&
+      dlb__read_int64(v, "from_dlpack: __cuda_array_interface__ stream",
+                      &value) < 0)
+    return -1;
+  if (dlb_cuda_stream_from_cai(v != NULL && v != Py_None ? &value : NULL,
+                               &producer, &order, &err) != DLB_OK) {
+    PyErr_Format(PyExc_BufferError, "from_dlpack: %s", err.message);
+    return -1;
+  }
+  if (order && device->device_type != kDLCUDAHost)
+    return dlb__stream_order(*device, producer, dlb__stream_current());
+  return 0;
+}
+
 /* Import a v3 __array_interface__ (cuda == 0) or __cuda_array_interface__
  * (cuda == 1) dictionary whose owner is obj. */
 int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
@@ -603,15 +654,7 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
     goto error;
   }
   if (cuda) {
-    /* The owning device cannot be recovered from the pointer without the
-     * CUDA runtime (cuPointerGetAttribute), which dlbridge does not load
-     * yet: record device 0.  The interface's 'stream' (v3) asks the
-     * consumer to synchronise before use; with no CUDA runtime we cannot,
-     * and we never touch the memory ourselves -- the Tensor is a view whose
-     * users must order their work themselves (device support is a later
-     * issue). */
-    t.device.device_type = kDLCUDA;
-    t.device.device_id = 0;
+    if (cai_device_and_order(ai, t.data, &t.device) < 0) goto error;
   } else {
     t.device.device_type = kDLCPU;
     t.device.device_id = 0;

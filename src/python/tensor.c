@@ -31,11 +31,11 @@
  *    never a silently wrong numeric type.  strides is None when the tensor
  *    is C-contiguous.  Only host-accessible tensors have the attribute
  *    (AttributeError otherwise, so hasattr() is False on CUDA tensors).
- *  - __cuda_array_interface__ (v3): CUDA and CUDA-managed tensors only.  No
- *    "stream" key: a dlbridge Tensor has no work of its own in flight (its
- *    producer's work was ordered when it was imported), so there is nothing
- *    for the consumer to wait on.
- *  - tolist() converts bool, ints, float16/32/64, bfloat16 (exactly, via
+ *  - __cuda_array_interface__ (v3): CUDA and CUDA-managed tensors only.
+ *    "stream" is dlbridge's current stream (cuda.c: dlb.stream, else 1, the
+ *    legacy default stream): the stream whose queued work the consumer must
+ *    order its own after (numba synchronises on it, CuPy waits on it).
+ *  - tolist() of a CUDA tensor reads a host copy (cuda.c).  tolist() converts bool, ints, float16/32/64, bfloat16 (exactly, via
  *    float32) and complex32/64/128; other dtypes (fp8/fp6/fp4, int4,
  *    vectors) raise BufferError, since no Python scalar holds them exactly.
  *  - tensor(data): inference as NumPy: all bool -> bool, ints -> int64,
@@ -43,8 +43,10 @@
  *    Conversions are range checked: an int out of range for the dtype is
  *    OverflowError; a float stored into an int dtype is truncated toward
  *    zero (as NumPy and PyTorch do) when in range, NaN/inf are ValueError.
- *  - Allocation (empty/zeros/tensor/copy) is CPU only for now: any other
- *    device is a BufferError naming it.
+ *  - Allocation (empty/zeros/tensor/copy) on the CPU, on 'cuda:N'
+ *    (stream-ordered on the current stream) and in pinned host memory
+ *    ('cuda_host'); any other device is a BufferError naming it.  copy()
+ *    stays on the tensor's device unless device= says otherwise.
  */
 #include "dlbridge_py.h"
 
@@ -348,7 +350,18 @@ static PyObject *tensor_get_cuda_array_interface(PyObject *op, void *c) {
                     "CUDA memory");
     return NULL;
   }
-  return interface_dict(self);
+  PyObject *d = interface_dict(self);
+  if (d == NULL) return NULL;
+  /* v3: the stream the data's pending work is on -- dlbridge's current
+   * stream -- which a consumer orders its own work after. */
+  PyObject *s = PyLong_FromLongLong(dlb__stream_current_value());
+  if (s == NULL || PyDict_SetItemString(d, "stream", s) < 0) {
+    Py_XDECREF(s);
+    Py_DECREF(d);
+    return NULL;
+  }
+  Py_DECREF(s);
+  return d;
 }
 
 static PyGetSetDef tensor_getset[] = {
@@ -408,6 +421,20 @@ static PyObject *tensor_tolist(PyObject *op, PyObject *unused) {
   (void)unused;
   dlb_TensorObject *self = AS_TENSOR(op);
   const DLTensor *t = &self->t;
+  if (self->t.device.device_type == kDLCUDA) {
+    /* Device memory: read through a host copy (one host wait). */
+    dlb_module_state *st = tensor_state(op);
+    DLManagedTensorVersioned *m = NULL;
+    DLDevice cpu = {kDLCPU, 0};
+    if (st == NULL) return NULL;
+    if (dlb__copy_managed(t, self->flags, cpu, "tolist()", &m) < 0)
+      return NULL;
+    PyObject *host = dlb__tensor_from_managed(st, m);
+    if (host == NULL) return NULL;
+    PyObject *res = tensor_tolist(host, NULL);
+    Py_DECREF(host);
+    return res;
+  }
   if (require_host(self, "tolist()") < 0) return NULL;
   scalar_kind k = dlb__scalar_kind(t->dtype);
   if (k == K_NONE) {
@@ -477,19 +504,6 @@ static int parse_args(const char *fname, PyObject *const *args,
   return 0;
 }
 
-/* Only CPU memory can be allocated so far. */
-static int require_cpu_target(const char *fname, DLDevice d) {
-  if (d.device_type == kDLCPU) return 0;
-  PyObject *s = dlb__device_text(d);
-  if (s == NULL) return -1;
-  PyErr_Format(PyExc_BufferError,
-               "%s(): cannot allocate on device '%U': dlbridge can only "
-               "allocate CPU memory so far (device='cpu')",
-               fname, s);
-  Py_DECREF(s);
-  return -1;
-}
-
 /* ---- copy ----------------------------------------------------------------------------- */
 
 static PyObject *tensor_copy(PyObject *op, PyObject *const *args,
@@ -497,25 +511,24 @@ static PyObject *tensor_copy(PyObject *op, PyObject *const *args,
   static const char *const names[] = {"device"};
   dlb_TensorObject *self = AS_TENSOR(op);
   PyObject *a[1];
-  DLDevice target = {kDLCPU, 0};
   DLManagedTensorVersioned *m = NULL;
-  dlb_error err;
   dlb_module_state *st = tensor_state(op);
   if (st == NULL) return NULL;
   if (parse_args("copy", args, nargs, kwnames, names, 1, 0, 0, a) < 0)
     return NULL;
-  if (a[0] != NULL && dlb__device_converter(st, a[0], &target) < 0)
-    return NULL;
-  if (require_cpu_target("copy", target) < 0) return NULL;
-  if (require_host(self, "copy()") < 0) return NULL;
-  bool padded = (self->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
-  if (dlb_managed_empty(self->t.ndim, self->t.shape, self->t.dtype, target,
-                        padded, &m, &err) != DLB_OK)
-    return dlb__raise(&err);
-  if (dlb_copy(&m->dl_tensor, &self->t, &err) != DLB_OK) {
-    dlb_managed_delete(m); /* ours, frees without touching Python */
-    return dlb__raise(&err);
+  /* By default the copy stays on the tensor's device; memory dlbridge
+   * cannot allocate itself (managed, other host kinds) is copied to the
+   * CPU, as before the device layer existed. */
+  DLDevice target = self->t.device;
+  if (target.device_type != kDLCUDA && target.device_type != kDLCUDAHost) {
+    target.device_type = kDLCPU;
+    target.device_id = 0;
   }
+  if (a[0] != NULL && a[0] != Py_None &&
+      dlb__device_converter(st, a[0], &target) < 0)
+    return NULL;
+  if (dlb__copy_managed(&self->t, self->flags, target, "copy()", &m) < 0)
+    return NULL;
   return dlb__tensor_from_managed(st, m);
 }
 
@@ -755,7 +768,6 @@ static PyObject *make_filled(const char *fname, PyObject *module,
   DLDataType dtype = {kDLFloat, 32, 1};
   DLDevice device = {kDLCPU, 0};
   DLManagedTensorVersioned *m = NULL;
-  dlb_error err;
 
   if (parse_args(fname, args, nargs, kwnames, names, 3, 3, 1, a) < 0)
     return NULL;
@@ -765,10 +777,8 @@ static PyObject *make_filled(const char *fname, PyObject *module,
     return NULL;
   if (a[2] != NULL && dlb__device_converter(st, a[2], &device) < 0)
     return NULL;
-  if (require_cpu_target(fname, device) < 0) return NULL;
-  int rc = zero ? dlb_managed_zeros(ndim, shape, dtype, device, false, &m, &err)
-                : dlb_managed_empty(ndim, shape, dtype, device, false, &m, &err);
-  if (rc != DLB_OK) return dlb__raise(&err);
+  if (dlb__empty_managed(ndim, shape, dtype, device, zero, fname, &m) < 0)
+    return NULL;
   return dlb__tensor_from_managed(st, m);
 }
 
@@ -875,7 +885,6 @@ PyObject *dlb__py_tensor(PyObject *module, PyObject *const *args,
   PyObject *data = a[0];
   if (a[2] != NULL && dlb__device_converter(st, a[2], &device) < 0)
     goto cleanup;
-  if (require_cpu_target("tensor", device) < 0) goto cleanup;
 
   /* The shape is read down the first elements; every other element is
    * checked against it while inferring / filling. */
@@ -914,8 +923,9 @@ PyObject *dlb__py_tensor(PyObject *module, PyObject *const *args,
                  "tensor() cannot convert Python numbers to %s", name);
     goto cleanup;
   }
-  if (dlb_managed_empty(ndim, shape, dtype, device, false, &m, &err) !=
-      DLB_OK) {
+  /* Filled on the CPU, then copied once to any other device. */
+  DLDevice cpu = {kDLCPU, 0};
+  if (dlb_managed_empty(ndim, shape, dtype, cpu, false, &m, &err) != DLB_OK) {
     dlb__raise(&err);
     goto cleanup;
   }
@@ -924,6 +934,14 @@ PyObject *dlb__py_tensor(PyObject *module, PyObject *const *args,
       fill_rec(data, 0, ndim, shape, k, name, dlb_dtype_itemsize(dtype),
                &dst) < 0)
     goto cleanup;
+  if (!dlb__same_device(device, cpu)) {
+    DLManagedTensorVersioned *moved = NULL;
+    if (dlb__copy_managed(&m->dl_tensor, m->flags, device, "tensor()",
+                          &moved) < 0)
+      goto cleanup;
+    dlb_managed_delete(m);
+    m = moved;
+  }
   res = dlb__tensor_from_managed(st, m);
   m = NULL; /* stolen, even on failure */
 

@@ -14,6 +14,7 @@
 
 /* internal hooks of the core */
 void dlb__cuda_reset_for_tests(void);
+void dlb__cuda_pool_reset_for_tests(void);
 
 /* the fake driver's hooks */
 const char *dlb_fake_cuda_log_text(void);
@@ -98,6 +99,40 @@ static void test_driver_missing(void) {
   int count = 7;
   CHECK_EQ(dlb_cuda_device_count(&count, &err), DLB_EDEVICE);
   CHECK_EQ(count, 7);
+}
+
+/* Device memory comes from the default pool, told once per device to keep
+ * freed memory; an allocation out of memory trims the pool and tries once
+ * more; a driver without the pool entries still allocates. */
+static void test_memory_pool(void) {
+  dlb_error err;
+  void *p = NULL, *q = NULL;
+  fresh();
+  dlb__cuda_pool_reset_for_tests();
+  CHECK_EQ(dlb_cuda_alloc(1, 64, NULL, &p, &err), DLB_OK);
+  CHECK(logged("cuDeviceGetDefaultMemPool device=1 -> 0"));
+  CHECK(logged("cuMemPoolSetAttribute pool=p1 attr=4 value=18446744073709551615 -> 0"));
+  dlb_fake_cuda_log_clear();
+  CHECK_EQ(dlb_cuda_alloc(1, 64, NULL, &q, &err), DLB_OK);
+  CHECK(!logged("cuMemPoolSetAttribute"));
+  CHECK_EQ(dlb_cuda_free(1, q, NULL, &err), DLB_OK);
+  dlb_fake_cuda_set_fail("cuMemAllocAsync", 2);
+  dlb_fake_cuda_log_clear();
+  CHECK_EQ(dlb_cuda_alloc(1, 64, NULL, &q, &err), DLB_ENOMEM);
+  CHECK_EQ(count_lines("cuMemAllocAsync bytes=64"), 2);
+  CHECK(logged("cuMemPoolTrimTo pool=p1 keep=0 -> 0"));
+  /* the retry comes after the trim */
+  CHECK(strstr(strstr(log_text(), "cuMemPoolTrimTo"), "cuMemAllocAsync bytes=64") != NULL);
+  dlb_fake_cuda_set_fail("cuMemAllocAsync", 0);
+  CHECK_EQ(dlb_cuda_free(1, p, NULL, &err), DLB_OK);
+  /* optional entries missing: allocation works, nothing tuned */
+  fresh();
+  dlb__cuda_pool_reset_for_tests();
+  dlb_fake_cuda_hide("cuMemPoolSetAttribute");
+  CHECK_EQ(dlb_cuda_alloc(0, 64, NULL, &p, &err), DLB_OK);
+  CHECK(!logged("cuMemPoolSetAttribute pool"));
+  CHECK_EQ(dlb_cuda_free(0, p, NULL, &err), DLB_OK);
+  CHECK_EQ(dlb_fake_cuda_live_allocations(), 0);
 }
 
 static void test_driver_too_old(void) {
@@ -336,9 +371,12 @@ static void test_managed_tensors(void) {
   CHECK(data[0] == 0.0f && data[11] == 0.0f);
   CHECK_EQ(dlb_fake_cuda_live_allocations(), 1);
   dlb_fake_cuda_log_clear();
+  /* The allocation stream may be gone before the tensor: the free goes on
+   * the legacy stream, which outlives every other. */
+  dlb_fake_cuda_stream_free(s);
   dlb_managed_delete(m);
   CHECK_EQ(count_lines("cuMemFreeAsync"), 1);
-  CHECK(logged("cuMemFreeAsync ptr=a1 stream=s1 ctx=primary1 -> 0"));
+  CHECK(logged("cuMemFreeAsync ptr=a1 stream=legacy ctx=primary1 -> 0"));
   CHECK_EQ(dlb_fake_cuda_live_allocations(), 0);
   CHECK_STREQ(dlb_fake_cuda_current_context(), "foreign");
   CHECK_EQ(dlb_fake_cuda_violations(), 0); /* no double free */
@@ -859,6 +897,7 @@ int main(void) {
   test_stream_order();
   test_copies();
   test_copy_errors();
+  test_memory_pool();
   dlb__cuda_reset_for_tests();
   return check_summary("test_cuda");
 }

@@ -318,6 +318,33 @@ static int f_cuMemAllocAsync(uint64_t *ptr, size_t bytes, void *stream) {
   RETURN(rc_);
 }
 
+/* One default memory pool object per device; its attributes are only
+ * logged. */
+static int fake_pools[8];
+
+static int f_cuDeviceGetDefaultMemPool(void **pool, int device) {
+  ENTER("cuDeviceGetDefaultMemPool");
+  if (rc_ == OK && (device < 0 || device >= st.devices)) rc_ = INVALID_DEVICE;
+  if (rc_ == OK) *pool = &fake_pools[device];
+  logf_("cuDeviceGetDefaultMemPool device=%d -> %d", device, rc_);
+  RETURN(rc_);
+}
+
+static int f_cuMemPoolSetAttribute(void *pool, int attr, void *value) {
+  ENTER("cuMemPoolSetAttribute");
+  logf_("cuMemPoolSetAttribute pool=p%d attr=%d value=%llu -> %d",
+        (int)((int *)pool - fake_pools), attr,
+        (unsigned long long)*(uint64_t *)value, rc_);
+  RETURN(rc_);
+}
+
+static int f_cuMemPoolTrimTo(void *pool, size_t keep) {
+  ENTER("cuMemPoolTrimTo");
+  logf_("cuMemPoolTrimTo pool=p%d keep=%zu -> %d",
+        (int)((int *)pool - fake_pools), keep, rc_);
+  RETURN(rc_);
+}
+
 static int f_cuMemFreeAsync(uint64_t ptr, void *stream) {
   ENTER("cuMemFreeAsync");
   char b[24], c[24];
@@ -571,6 +598,7 @@ static const proc procs[] = {
     P(cuEventDestroy), P(cuStreamWaitEvent), P(cuModuleLoadData),
     P(cuModuleGetFunction), P(cuLaunchKernel), P(cuCtxSynchronize),
     P(cuStreamSynchronize), P(cuEventSynchronize),
+    P(cuDeviceGetDefaultMemPool), P(cuMemPoolSetAttribute), P(cuMemPoolTrimTo),
 };
 #undef P
 

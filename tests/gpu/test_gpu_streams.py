@@ -245,3 +245,38 @@ def test_cai_host_pointer_claimed_as_cuda_refused(dlb, torch):
            "version": 3, "strides": None}
     with pytest.raises(BufferError):
         dlb.from_dlpack(_CAIOnly(cai, host))
+
+
+# ---- a stream destroyed before the memory allocated on it ---------------------------
+
+def test_tensor_outlives_the_stream_it_was_allocated_on(request, dlb, torch):
+    """dlbridge allocates on the current stream but frees on the legacy
+    stream: the allocation stream may be gone by then (a framework stream
+    object dropped first).  Freeing on a destroyed stream crashed (CuPy 14,
+    H100) before this was so."""
+    import gc
+    keep = []
+    for _ in range(20):
+        s = torch.cuda.Stream()
+        with dlb.stream(s):
+            keep.append(dlb.zeros((1 << 16,), device="cuda:0"))
+        del s
+    try:
+        cupy = request.getfixturevalue("cupy")
+    except pytest.skip.Exception:
+        cupy = None
+    if cupy is not None:
+        for _ in range(20):
+            cs = cupy.cuda.Stream(non_blocking=True)
+            with cs:
+                keep.append(dlb.zeros((1 << 16,), device="cuda:0"))
+            del cs
+    gc.collect()
+    torch.cuda.synchronize()
+    for t in keep:
+        assert not np.asarray(t.copy(device="cpu")).any()
+    del keep, t
+    gc.collect()
+    torch.cuda.synchronize()
+    z = dlb.zeros((1 << 16,), device="cuda:0")
+    assert not np.asarray(z.copy(device="cpu")).any()

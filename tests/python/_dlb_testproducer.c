@@ -1860,8 +1860,8 @@ static PyObject *mod_consume_exchange(PyObject *module, PyObject *obj) {
                                                      e.msg)) < 0) {
       goto error;
     }
-    /* 5. the same on CUDA: a CPU-only producer must refuse via SetError */
-    proto.device.device_type = kDLCUDA;
+    /* 5. a device dlbridge never allocates on: refused via SetError */
+    proto.device.device_type = kDLVulkan;
     e.calls = 0;
     m = NULL;
     rc = api->managed_tensor_allocator(&proto, &m, &e, ce_set_error);

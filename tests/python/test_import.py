@@ -789,16 +789,25 @@ class CAI:
         self.__cuda_array_interface__ = iface
 
 
-def test_cuda_array_interface_is_cuda_view():
+def test_cuda_array_interface_needs_the_driver_to_check_the_pointer():
+    # Without a CUDA driver the pointer cannot be asked which device owns
+    # it (or whether it is device memory at all): refused, not guessed.
+    # With the fake driver: tests/python/test_cuda_fake.py.
+    if _cuda_driver_present():
+        pytest.skip("a CUDA driver is installed here")
     holder = CAI(version=3, typestr="<f4", shape=(2, 3), strides=None,
                  data=(0x7F0000001000, False), stream=None)
-    t = dlb.from_dlpack(holder)
-    assert t.device == "cuda:0"
-    assert t.data_ptr == 0x7F0000001000
-    assert t.shape == (2, 3)
-    # No device runtime: moving it to the CPU is refused, not attempted.
-    with pytest.raises(BufferError):
-        dlb.from_dlpack(holder, device="cpu")
+    with pytest.raises(BufferError, match="CUDA driver not found"):
+        dlb.from_dlpack(holder)
+
+
+def _cuda_driver_present():
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 # ---- not tensor-like, leaks -----------------------------------------------------------------

@@ -189,8 +189,8 @@ def test_factory_errors():
         dlb.zeros()
     with pytest.raises(ValueError):
         dlb.zeros((2,), dtype="nope")
-    with pytest.raises((BufferError, ValueError), match="cuda"):
-        dlb.zeros((2,), device="cuda:0")
+    with pytest.raises(BufferError, match="vulkan"):
+        dlb.zeros((2,), device="vulkan:0")
     with pytest.raises(BufferError):
         dlb.zeros((1,) * 65)
     with pytest.raises((ValueError, MemoryError, OverflowError)):
