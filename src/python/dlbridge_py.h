@@ -398,7 +398,8 @@ void dlb__export_clear(dlb_module_state *st);
  * objects through a handler, so each framework is supported in one place. */
 
 typedef enum {
-  DLB_KIND_NONE = 0,   /* not tensor-like */
+  DLB_KIND_NONE = 0,   /* the type has no fast path: the ladder's owning
+                          rungs (dlb__read_owned) read the object */
   DLB_KIND_TENSOR,     /* dlbridge.Tensor (or subclass): direct struct access */
   DLB_KIND_EXCHANGE,   /* the type publishes a DLPack C exchange table */
   DLB_KIND_NUMPY,      /* numpy.ndarray: fields read directly */
@@ -453,15 +454,24 @@ struct dlb_handler_cache {
   int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */
   dlb_descr_entry dtypes[DLB_DESCR_CACHE_SIZE];
   PyObject *converters; /* dict framework name -> from_dlpack callable */
+  PyObject *targets;    /* dict framework name -> the registry's
+                           (tensor_type, check, convert), capi.c */
   PyObject *str_module; /* "__module__" */
   PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
   PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
+  PyObject *str_registry;        /* "dlbridge._frameworks" */
+  PyObject *str_type_framework;  /* "_type_framework" */
 };
 
-/* The handler for type (borrowed, lives as long as the module).  Never NULL
- * unless an exception is set: a type that is not tensor-like gets a handler
- * with kind DLB_KIND_NONE, cached too. */
+/* The handler for type (borrowed; lives as long as the type).  Never NULL
+ * unless an exception is set: a type with no fast path gets a handler with
+ * kind DLB_KIND_NONE, cached too.  A type modified since it was classified
+ * (its version tag moved) is classified again, which runs Python code. */
 const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type);
+
+/* _core._type_framework(type): the framework name cached in type's handler
+ * (the registry's answer), for dlbridge.convert. */
+PyObject *dlb__py_type_framework(PyObject *module, PyObject *type);
 
 /* Whether type (through its MRO) defines name, looked up as Python looks up
  * special methods: no bound method, a miss raises nothing. */
@@ -504,6 +514,17 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
                                       DLManagedTensorVersioned **out);
 int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
                                  DLManagedTensorVersioned **out);
+
+/* The one "is it tensor-like?" ladder, its owning rungs in DESIGN.md's
+ * order: __dlpack__, a raw capsule, a legacy producer, the buffer protocol,
+ * __array_interface__, __cuda_array_interface__.  from_dlpack (import.c),
+ * Function and the C API (views.c) all come here for an object whose type
+ * has no fast path in its handler, so each sees the same objects as
+ * tensor-like.  target / copy as for dlb__dunder_dlpack_managed.  1 with
+ * *out owned and validated, 0 when obj is none of these (no exception: the
+ * caller says "not tensor-like" in its own words), -1 with an exception. */
+int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
+                    int copy, DLManagedTensorVersioned **out);
 
 /* ---- Borrowed views (views.c) ----------------------------------------------- */
 

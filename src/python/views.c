@@ -7,7 +7,10 @@
  * dlbridge, NumPy, exchange-table (dltensor_from_py_object_no_sync) and
  * buffer paths.  Kinds with no borrowed form (__dlpack__ only, the array
  * interfaces, exchange tables without the borrowed entry) hold an owning
- * export for the view's lifetime (readers.c), freed by dlb__view_release.
+ * export for the view's lifetime (readers.c), freed by dlb__view_release;
+ * so do objects whose type has no fast path at all, read through the
+ * ladder's owning rungs (dlb__read_owned) exactly as from_dlpack reads
+ * them.
  */
 #include "dlbridge_py.h"
 
@@ -186,12 +189,26 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
       }
       break;
     default:
-      PyErr_Format(PyExc_TypeError,
-                   "an object of type '%.200s' is not tensor-like: it has no "
-                   "DLPack exchange table, no __dlpack__, no buffer protocol "
-                   "and no __array_interface__",
-                   Py_TYPE(obj)->tp_name);
-      return -1;
+      /* No fast path for the type: the ladder's owning rungs, the same
+       * from_dlpack reads it with (raw capsules, legacy producers,
+       * instance-level array interfaces). */
+      rc = dlb__read_owned(st, obj, NULL, -1, &v->owned);
+      if (rc == 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "an object of type '%.200s' is not tensor-like: it has "
+                     "no DLPack exchange table, no __dlpack__, is not a "
+                     "DLPack capsule nor a legacy producer, and has no "
+                     "buffer protocol and no __array_interface__ or "
+                     "__cuda_array_interface__",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+      }
+      if (rc > 0) {
+        v->t = v->owned->dl_tensor;
+        v->flags = v->owned->flags;
+        rc = 0;
+      }
+      break;
   }
   if (rc < 0) goto error;
   /* Untrusted from here on: every path but our own Tensor and NumPy.  An
