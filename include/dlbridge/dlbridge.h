@@ -107,6 +107,12 @@ int dlb_dtype_from_name(const char *name, DLDataType *out, dlb_error *err);
  * buflen is too small (32 bytes always suffice). */
 int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen, dlb_error *err);
 
+/* The one spelling of a dtype in dlbridge's messages: its canonical name
+ * ("float32", "float32x4") when it has one, else its raw fields as
+ * "(code 2, bits 7, lanes 1)".  Same buffer rules and result as
+ * dlb_device_describe (DLB_DESCRIBE_MAX bytes always suffice). */
+const char *dlb_dtype_describe(DLDataType dtype, char *buf, size_t buflen);
+
 /* DLB_OK when dtype is a combination dlbridge understands: a known code with
  * the bits that code allows, and lanes >= 1.  Otherwise DLB_EUNSUPPORTED with
  * a message saying which part is wrong. */
@@ -212,6 +218,18 @@ const char *dlb_device_type_name(int32_t device_type);
 
 /* Parse "cpu", "cuda", "cuda:1", "rocm:0", ... into *out. */
 int dlb_device_from_name(const char *name, DLDevice *out, dlb_error *err);
+
+/* A buffer of DLB_DESCRIBE_MAX bytes always holds the whole text of
+ * dlb_device_describe and dlb_dtype_describe. */
+#define DLB_DESCRIBE_MAX 48
+
+/* The one spelling of a device in dlbridge's messages, and what
+ * str(dlbridge.Device) gives: "cpu" for CPU 0, "<type>:<id>" for any other
+ * ("cuda:1", "cpu:1"), "device_type_<n>:<id>" for a type dlbridge does not
+ * know.  Writes into buf (truncated to buflen - 1 characters, always
+ * NUL-terminated when buflen > 0) and returns buf, so it can be used
+ * directly as a "%s" argument. */
+const char *dlb_device_describe(DLDevice device, char *buf, size_t buflen);
 
 /* True when the CPU can read and write the memory directly (kDLCPU,
  * kDLCUDAHost, kDLROCMHost, kDLCUDAManaged). */

@@ -267,13 +267,13 @@ static int byte_span_slow(const DLTensor *t, int64_t *lo,
     return DLB_OK;
   }
   if (dlb_dtype_is_subbyte(t->dtype)) {
+    char d[DLB_DESCRIBE_MAX];
     if (!dlb_tensor_is_contiguous(t))
       return dlb_error_set(err, DLB_EUNSUPPORTED,
-                           "sub-byte dtype (code %u, bits %u, lanes %u) in a "
-                           "non-contiguous layout: elements smaller than a "
-                           "byte have no byte address",
-                           (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                           (unsigned)t->dtype.lanes);
+                           "sub-byte dtype %s in a non-contiguous layout: "
+                           "elements smaller than a byte have no byte "
+                           "address",
+                           dlb_dtype_describe(t->dtype, d, sizeof d));
     /* Packed is DLPack's default for sub-byte data; the padded flag lives
      * on the managed tensor, which this function cannot see. */
     int64_t bytes;
@@ -284,12 +284,11 @@ static int byte_span_slow(const DLTensor *t, int64_t *lo,
     return DLB_OK;
   }
   int64_t itemsize = dlb_dtype_itemsize(t->dtype);
-  if (itemsize == 0)
-    return dlb_error_set(err, DLB_EINVAL,
-                         "dtype (code %u, bits %u, lanes %u) has zero-size "
-                         "elements",
-                         (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                         (unsigned)t->dtype.lanes);
+  if (itemsize == 0) {
+    char d[DLB_DESCRIBE_MAX];
+    return dlb_error_set(err, DLB_EINVAL, "dtype %s has zero-size elements",
+                         dlb_dtype_describe(t->dtype, d, sizeof d));
+  }
   int64_t scratch[DLB_MAX_NDIM];
   const int64_t *strides = dlb_tensor_strides(t, scratch);
   if (strides == NULL && t->ndim > 0)

@@ -195,13 +195,11 @@ static int make_owned(const char *what, int32_t ndim, const int64_t *shape,
     }
   }
   if (device.device_type != kDLCPU) {
-    const char *name = dlb_device_type_name((int32_t)device.device_type);
+    char d[DLB_DESCRIBE_MAX];
     rc = dlb_error_set(err, DLB_EUNSUPPORTED,
-                       "%s: device %s (type %d) is not plain CPU memory; "
-                       "pinned, managed and device memory need the device "
-                       "API",
-                       what, name != NULL ? name : "(unknown)",
-                       (int)device.device_type);
+                       "%s: device %s is not plain CPU memory; pinned, "
+                       "managed and device memory need the device API",
+                       what, dlb_device_describe(device, d, sizeof d));
     goto cleanup;
   }
   if (device.device_id < 0) {

@@ -43,18 +43,19 @@ static int validate_slow(const DLTensor *t, unsigned options,
     if (rc != DLB_OK) return rc;
   } else if (t->dtype.bits == 0 || t->dtype.lanes == 0) {
     /* Even an unknown dtype needs a size, or no byte range can be checked. */
+    char d[DLB_DESCRIBE_MAX];
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "dtype (code %u, bits %u, lanes %u): bits and lanes "
-                         "must be >= 1",
-                         (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                         (unsigned)t->dtype.lanes);
+                         "dtype %s: bits and lanes must be >= 1",
+                         dlb_dtype_describe(t->dtype, d, sizeof d));
   }
 
   if (!(options & DLB_VALIDATE_ANY_DEVICE) &&
-      !dlb_device_type_known((int32_t)t->device.device_type))
+      !dlb_device_type_known((int32_t)t->device.device_type)) {
+    char d[DLB_DESCRIBE_MAX];
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "device_type %d is not a known DLPack device type",
-                         (int)t->device.device_type);
+                         "device %s: not a known DLPack device type",
+                         dlb_device_describe(t->device, d, sizeof d));
+  }
   if (t->device.device_id < 0)
     return dlb_error_set(err, DLB_EINVAL,
                          "device_id %" PRId32 " is negative",

@@ -224,19 +224,19 @@ int dlb__dtype_converter(dlb_module_state *st, PyObject *obj, DLDataType *out);
  * 0 on success, -1 with an exception. */
 int dlb__device_converter(dlb_module_state *st, PyObject *obj, DLDevice *out);
 
-/* A device as text: "cpu" for CPU 0, else "cuda:1", "device_type_5:0" for
- * types we do not know.  What str(Device) gives; messages use it too. */
+/* A device as text, the core's one spelling (dlb_device_describe): "cpu"
+ * for CPU 0, else "cuda:1", "device_type_5:0" for types we do not know.
+ * What str(Device) gives; every message uses it too. */
 PyObject *dlb__device_text(DLDevice device);
 
-/* The same into buf, as "cpu:0", "cuda:1", "device type 5:0" (messages
- * of from_dlpack and Function; not yet one spelling, issue 7).  Returns
- * buf. */
+/* The same into buf (n >= DLB_DESCRIBE_MAX holds it all).  Returns buf. */
 const char *dlb__device_str(DLDevice device, char *buf, size_t n);
 
 /* Same device type and id. */
 int dlb__same_device(DLDevice a, DLDevice b);
 
-/* A dtype's name into buf, or "(code C, bits B, lanes L)". */
+/* dlb_dtype_describe into buf: a dtype's name, or "(code C, bits B, lanes
+ * L)". */
 void dlb__dtype_str(DLDataType dtype, char *buf, size_t n);
 
 /* Module-level functions dtype() and device(). */

@@ -639,12 +639,11 @@ static int tx_allocator(DLTensor *prototype, DLManagedTensorVersioned **out,
     return -1;
   }
   if (prototype->device.device_type != kDLCPU) {
-    const char *name = dlb_device_type_name((int32_t)prototype->device.device_type);
+    char dev[DLB_DESCRIBE_MAX];
     PyOS_snprintf(msg, sizeof msg,
                   "dlbridge.Tensor can only be allocated on the CPU, not on "
-                  "%s (device type %d): dlbridge has no device runtime yet",
-                  name != NULL ? name : "an unknown device",
-                  (int)prototype->device.device_type);
+                  "%s: dlbridge has no device runtime yet",
+                  dlb_device_describe(prototype->device, dev, sizeof dev));
     SetError(error_ctx, "BufferError", msg);
     return -1;
   }

@@ -102,12 +102,13 @@ int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
     return 0;
   }
   if (prototype->device.device_type != kDLCPU) {
-    const char *name = dlb_device_type_name((int32_t)prototype->device.device_type);
+    char dev[DLB_DESCRIBE_MAX];
     PyErr_Format(PyExc_BufferError,
                  "cannot allocate an output on %s for '%.200s': dlbridge "
                  "allocates only on the CPU and the type publishes no "
                  "DLPack exchange table with an allocator",
-                 name ? name : "an unknown device", h->type->tp_name);
+                 dlb_device_describe(prototype->device, dev, sizeof dev),
+                 h->type->tp_name);
     return -1;
   }
   if (dlb_managed_empty(prototype->ndim, prototype->shape, prototype->dtype,

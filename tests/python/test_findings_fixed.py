@@ -274,3 +274,19 @@ def test_capi_export_readonly_refusal_does_not_depend_on_list():
     c = Counted(backing, flags=READ_ONLY)
     with pytest.raises(BufferError):
         Table().export(c.m, "torch")
+
+
+# ---- one spelling for devices and dtypes in messages
+
+def test_one_device_spelling_in_messages():
+    """Finding: messages spelled the CPU "cpu" or "cpu:0" and unknown device
+    types three ways ("device_type_5", "device type 5", "an unknown
+    device"); every message now uses dlb_device_describe, which is also
+    str(dlb.Device)."""
+    tp = pytest.importorskip("_dlb_testproducer")
+    import dlbridge as dlb
+    assert str(dlb.device("cpu")) == "cpu"
+    cap = tp.Producer(shape=(2,), strides=(1,), device=(5, 0)).capsule(
+        versioned=True)
+    with pytest.raises(BufferError, match="device_type_5:0: not a known"):
+        dlb.from_dlpack(cap)

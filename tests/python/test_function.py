@@ -504,7 +504,7 @@ def test_device_mismatch(k, tp):
         # importing a CUDA tensor needs a CUDA runtime this machine may lack
         pytest.skip("cannot view a CUDA producer here: %s" % e)
     except ValueError as e:
-        assert "argument 'y' is on cuda:0 but argument 'x' is on cpu:0" in str(e)
+        assert "argument 'y' is on cuda:0 but argument 'x' is on cpu" in str(e)
     else:
         pytest.fail("device mismatch not detected")
     gc.collect()
