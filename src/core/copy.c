@@ -397,15 +397,16 @@ int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err) {
     /* Same dtype and shape, both compact: the bytes are the same sequence.
      * memmove, because the two may overlap. */
     int64_t nbytes = 0;
+    size_t n = 0;
     rc = dlb_dtype_storage_bytes(dst->dtype, numel, false, &nbytes, err);
     if (rc != DLB_OK) goto cleanup;
-    if ((uint64_t)nbytes > SIZE_MAX) {
+    if (dlb__size_overflow(nbytes, 0, &n)) {
       rc = dlb_error_set(err, DLB_EOVERFLOW,
                          "dlb_copy: %lld bytes do not fit in size_t",
                          (long long)nbytes);
       goto cleanup;
     }
-    memmove(dlb_tensor_data(dst), dlb_tensor_data(src), (size_t)nbytes);
+    memmove(dlb_tensor_data(dst), dlb_tensor_data(src), n);
     goto cleanup;
   }
   if (dlb_dtype_is_subbyte(dst->dtype)) {
@@ -441,15 +442,15 @@ int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err) {
   if (ranges_overlap(dst, dlo, dhi, src, slo, shi)) {
     /* Gather src into a compact buffer, then scatter into dst. */
     int64_t tmp_total = 0;
-    if (!dlb__mul_nonneg(numel, (int64_t)itemsize, &tmp_total) ||
-        (uint64_t)tmp_total > SIZE_MAX) {
+    size_t tmp_bytes = 0;
+    if (dlb__mul_overflow(numel, (int64_t)itemsize, &tmp_total) ||
+        dlb__size_overflow(tmp_total, 0, &tmp_bytes)) {
       rc = dlb_error_set(err, DLB_EOVERFLOW,
                          "dlb_copy: dst and src overlap and a %lld-element "
                          "temporary is too large to allocate",
                          (long long)numel);
       goto cleanup;
     }
-    size_t tmp_bytes = (size_t)tmp_total;
     tmp = dlb__alloc(tmp_bytes);
     if (tmp == NULL) {
       rc = dlb_error_set(err, DLB_ENOMEM,

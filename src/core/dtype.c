@@ -237,7 +237,7 @@ int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count, bool padded,
    * every error, takes the general code below. */
   if (count >= 0 && elem_bits != 0 && elem_bits % 8 == 0 && out != NULL) {
     int64_t total;
-    if (!dlb__mul_ovf(count, elem_bits / 8, &total)) {
+    if (!dlb__mul_overflow(count, elem_bits / 8, &total)) {
       *out = total;
       return DLB_OK;
     }
@@ -254,16 +254,16 @@ int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count, bool padded,
     return dlb_error_set(err, DLB_EINVAL, "storage size output is NULL");
   int64_t total;
   if (padded) {
-    if (!dlb__mul_nonneg(count, (elem_bits + 7) / 8, &total))
+    if (dlb__mul_overflow(count, (elem_bits + 7) / 8, &total))
       goto overflow;
   } else {
     /* count * elem_bits may overflow even when the byte count fits, so split
      * count = 8a + b: ceil(count * eb / 8) = a * eb + ceil(b * eb / 8). */
     int64_t a = count / 8, b = count % 8, head;
     int64_t tail = (b * elem_bits + 7) / 8;
-    if (!dlb__mul_nonneg(a, elem_bits, &head) || head > INT64_MAX - tail)
+    if (dlb__mul_overflow(a, elem_bits, &head) ||
+        dlb__add_overflow(head, tail, &total))
       goto overflow;
-    total = head + tail;
   }
   *out = total;
   return DLB_OK;

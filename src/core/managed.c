@@ -127,14 +127,13 @@ static int alloc_versioned(const char *what, int32_t ndim, int64_t data_bytes,
   if (data_bytes >= 0) {
     /* The allocator only promises malloc alignment, so reserve
      * DLB_DATA_ALIGNMENT - 1 bytes of slack and align inside the block. */
-    if ((uint64_t)data_bytes > (uint64_t)(SIZE_MAX - meta -
-                                          (DLB_DATA_ALIGNMENT - 1))) {
+    if (dlb__size_overflow(data_bytes, meta + (DLB_DATA_ALIGNMENT - 1),
+                           &total)) {
       return dlb_error_set(err, DLB_EOVERFLOW,
                            "%s: %lld bytes of data do not fit in memory "
                            "(size_t overflow)",
                            what, (long long)data_bytes);
     }
-    total = meta + (DLB_DATA_ALIGNMENT - 1) + (size_t)data_bytes;
   }
   const dlb_allocator *allocator = dlb_get_allocator();
   versioned_block *b = allocator->alloc(total, allocator->ctx);
