@@ -211,7 +211,16 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
   } else {
     name = PyUnicode_DecodeUTF8(framework, (Py_ssize_t)strlen(framework),
                                 "strict");
-    if (name == NULL) goto done;
+    if (name == NULL) {
+      /* Not a name the registry could know: a bad value, not a codec
+       * problem of the caller's. */
+      if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError,
+                        "dlb_py_export: the framework name is not UTF-8");
+      }
+      goto done;
+    }
   }
 
   /* Every target, by name or like=, goes through the registry's checks
