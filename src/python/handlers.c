@@ -36,7 +36,9 @@
  * that did not change only updates the tag, so a class that rewrites a
  * class attribute on every call does not grow the cache.  A type CPython
  * will not tag (tag 0: after very many modifications) is classified again
- * on every lookup: slow, but never stale.
+ * on every lookup: slow, but never stale.  Types that cannot change (static
+ * types such as numpy.ndarray, immutable heap types such as dlbridge's own,
+ * with every base immutable too) skip the check.
  *
  * The framework a type belongs to is the registry's answer
  * (python/dlbridge/_frameworks.py, _type_framework), asked once per
@@ -59,6 +61,10 @@ typedef struct dlb_handler_entry {
   dlb_handler h;     /* must be first: we hand out &entry->h */
   PyObject *weakref; /* to h.type; its callback removes this entry */
   unsigned int version; /* h.type->tp_version_tag when classified; 0: none */
+  /* The type and every class on its MRO are immutable (static types such
+   * as numpy.ndarray, dlbridge's own): it cannot change, so lookups skip
+   * the version check and its load of the type. */
+  int immutable;
   /* Earlier classifications of the same type, still possibly borrowed by a
    * call in flight; freed with this entry (see "Stale entries"). */
   struct dlb_handler_entry *retired;
@@ -326,6 +332,19 @@ static unsigned int version_of(struct dlb_handler_cache *c, PyTypeObject *type) 
   return type->tp_version_tag;
 }
 
+/* Whether type and every class on its MRO refuse attribute assignment. */
+static int all_immutable(PyTypeObject *type) {
+  PyObject *mro = type->tp_mro;
+  if (mro == NULL || !PyTuple_Check(mro)) return 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+    PyObject *base = PyTuple_GET_ITEM(mro, i);
+    if (!PyType_Check(base) ||
+        !PyType_HasFeature((PyTypeObject *)base, Py_TPFLAGS_IMMUTABLETYPE))
+      return 0;
+  }
+  return 1;
+}
+
 /* A new entry for type, classified now; NULL with an exception.  Runs
  * Python code (the registry, __module__, NumPy's module): the caller must
  * look the table up again afterwards. */
@@ -343,6 +362,7 @@ static handler_entry *entry_new(dlb_module_state *st, struct dlb_handler_cache *
   if (PyErr_Occurred()) goto error; /* classify's numpy check failed */
   /* Read last: the classification's own lookups may have tagged it. */
   e->version = version_of(c, type);
+  e->immutable = all_immutable(type);
   return e;
 error:
   entry_free(e);
@@ -390,6 +410,7 @@ static const dlb_handler *classify_and_insert(dlb_module_state *st,
   }
   if (same_answer(&old->h, &fresh->h)) {
     old->version = fresh->version;
+    old->immutable = fresh->immutable;
     entry_free(fresh);
     return &old->h;
   }
@@ -416,7 +437,9 @@ const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
     if (e == NULL) break;
     /* A moved tag means the class changed since it was classified. */
     if (e->h.type == type) {
-      if (e->version != 0 && e->version == type->tp_version_tag) return &e->h;
+      if (e->immutable ||
+          (e->version != 0 && e->version == type->tp_version_tag))
+        return &e->h;
       break;
     }
     i = (i + 1) & c->mask;
