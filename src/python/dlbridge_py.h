@@ -15,9 +15,13 @@
  *              __array_interface__, tolist, copy, repr, empty/zeros/tensor
  *   export.c   what dlb.Tensor gives consumers: __dlpack__,
  *              __dlpack_device__, capsules, its C exchange table
- *   handlers.c the type -> handler cache and classification
+ *   handlers.c the type -> handler cache and classification: the
+ *              ladder's type-level rungs, cached per type (version-tag
+ *              checked); framework names from python/dlbridge/_frameworks.py
  *   readers.c  owning readers: capsules, __dlpack__, legacy producers,
- *              buffers, __array_interface__ / __cuda_array_interface__
+ *              buffers, __array_interface__ / __cuda_array_interface__, and
+ *              the ladder's owning rungs in order (dlb__read_owned), shared
+ *              by import.c and views.c
  *   views.c    borrowed views (dlb__view_get / dlb__view_release)
  *   outputs.c  current stream, allocate-like, hand a result to a framework
  *   import.c   from_dlpack's policy: which reader, device= and copy=
