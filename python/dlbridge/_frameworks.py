@@ -161,8 +161,9 @@ _type_fw = _core._type_framework
 
 
 def _root_framework(tp):
+    """The convert target type ``tp`` belongs to, or None."""
     fw = _type_fw(tp)
-    return fw if fw in REGISTRY else None
+    return fw if fw in _NAMES else None
 
 
 def framework_of(obj):
@@ -180,7 +181,7 @@ def _resolve_target(to):
             + ", ".join(repr(n) for n in FRAMEWORKS)
             + " (or pass a type or an object of the target framework)"
         )
-    fw = _root_framework(to) if isinstance(to, type) else framework_of(to)
+    fw = _root_framework(to if isinstance(to, type) else type(to))
     if fw is None:
         what = (
             f"type {to.__module__}.{to.__qualname__}"
