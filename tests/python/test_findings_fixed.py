@@ -290,3 +290,23 @@ def test_one_device_spelling_in_messages():
         versioned=True)
     with pytest.raises(BufferError, match="device_type_5:0: not a known"):
         dlb.from_dlpack(cap)
+
+
+def test_capi_export_readonly_refusal_by_like_too():
+    """The registry's refusal applies whichever way the framework is named:
+    like=<a torch tensor> refuses read-only data as "torch" does, and a
+    writable tensor still goes through torch's exchange table, sharing
+    memory."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    from test_capi import READ_ONLY, Counted, Table
+    backing = np.arange(4, dtype=np.float32)
+    c = Counted(backing, flags=READ_ONLY)
+    with pytest.raises(BufferError, match="read-only"):
+        Table().export(c.m, like=torch.ones(1))
+    w = Counted(np.arange(4, dtype=np.float32))
+    t = Table().export(w.m, "torch")
+    assert type(t) is torch.Tensor and t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert t.data_ptr() == w.arr.ctypes.data
+    del t
+    assert c.calls == 1 and w.calls == 1  # each deleter ran exactly once
