@@ -28,6 +28,18 @@
 extern "C" {
 #endif
 
+/* DLB_API marks the library's public functions.  libdlbridge is compiled
+ * with -fvisibility=hidden, so these are the only symbols its shared
+ * library exports: the dlb__* helpers its source files share stay inside
+ * it (tests/c/check_symbols.py checks the export list). */
+#ifndef DLB_API
+#if defined(__GNUC__) || defined(__clang__)
+#define DLB_API __attribute__((visibility("default")))
+#else
+#define DLB_API
+#endif
+#endif
+
 #define DLB_VERSION_MAJOR 0
 #define DLB_VERSION_MINOR 1
 #define DLB_VERSION_PATCH 0
@@ -63,15 +75,15 @@ typedef struct dlb_error {
 } dlb_error;
 
 /* A short constant name for a status code ("DLB_ENOMEM"); never NULL. */
-const char *dlb_status_name(int code);
+DLB_API const char *dlb_status_name(int code);
 
 /* Record code and a printf-style message in err (if non-NULL) and return
  * code, so error paths read `return dlb_error_set(err, DLB_EINVAL, ...)`.
  * Kernels called through dlbridge.Function report failures with it. */
-int dlb_error_set(dlb_error *err, int code, const char *fmt, ...);
+DLB_API int dlb_error_set(dlb_error *err, int code, const char *fmt, ...);
 
 /* Reset err to DLB_OK with an empty message.  NULL is fine. */
-void dlb_error_clear(dlb_error *err);
+DLB_API void dlb_error_clear(dlb_error *err);
 
 /* ---- Allocation --------------------------------------------------------- */
 
@@ -87,10 +99,10 @@ typedef struct dlb_allocator {
 /* Install allocator for all later allocations (NULL restores malloc/free).
  * Not thread-safe: call it before other threads use dlbridge.  Tests use it
  * to make every allocation fail in turn. */
-void dlb_set_allocator(const dlb_allocator *allocator);
+DLB_API void dlb_set_allocator(const dlb_allocator *allocator);
 
 /* The allocator in force now (never NULL). */
-const dlb_allocator *dlb_get_allocator(void);
+DLB_API const dlb_allocator *dlb_get_allocator(void);
 
 /* ---- Data types ---------------------------------------------------------- */
 
@@ -100,69 +112,80 @@ const dlb_allocator *dlb_get_allocator(void);
  * case for the rest ("float8_e4m3fn", "float6_e2m3fn", "float4_e2m1fn", ...).
  * A vector type is written "float32x4".  Unknown names fail with DLB_EINVAL
  * and a message naming the string. */
-int dlb_dtype_from_name(const char *name, DLDataType *out, dlb_error *err);
+DLB_API int dlb_dtype_from_name(const char *name, DLDataType *out,
+                                dlb_error *err);
 
 /* Write dtype's canonical name (the one dlb_dtype_from_name reads back) into
  * buf.  DLB_EUNSUPPORTED when dtype is not one we know; DLB_EINVAL when
  * buflen is too small (32 bytes always suffice). */
-int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen, dlb_error *err);
+DLB_API int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen,
+                           dlb_error *err);
+
+/* The one spelling of a dtype in dlbridge's messages: its canonical name
+ * ("float32", "float32x4") when it has one, else its raw fields as
+ * "(code 2, bits 7, lanes 1)".  Same buffer rules and result as
+ * dlb_device_describe (DLB_DESCRIBE_MAX bytes always suffice). */
+DLB_API const char *dlb_dtype_describe(DLDataType dtype, char *buf,
+                                       size_t buflen);
 
 /* DLB_OK when dtype is a combination dlbridge understands: a known code with
  * the bits that code allows, and lanes >= 1.  Otherwise DLB_EUNSUPPORTED with
  * a message saying which part is wrong. */
-int dlb_dtype_check(DLDataType dtype, dlb_error *err);
+DLB_API int dlb_dtype_check(DLDataType dtype, dlb_error *err);
 
 /* True when bits * lanes is not a whole number of bytes (int4, fp6, fp4). */
-bool dlb_dtype_is_subbyte(DLDataType dtype);
+DLB_API bool dlb_dtype_is_subbyte(DLDataType dtype);
 
 /* Bytes one element takes when each element is rounded up to whole bytes:
  * (bits * lanes + 7) / 8.  This is the padded size of a sub-byte type. */
-int64_t dlb_dtype_itemsize(DLDataType dtype);
+DLB_API int64_t dlb_dtype_itemsize(DLDataType dtype);
 
 /* Bytes needed to store count elements contiguously.  Packed (padded ==
  * false): ceil(count * bits * lanes / 8), DLPack's default for sub-byte
  * types.  Padded: count * itemsize.  The two agree for whole-byte types. */
-int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count, bool padded,
-                            int64_t *out, dlb_error *err);
+DLB_API int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count,
+                                    bool padded,
+                                    int64_t *out, dlb_error *err);
 
 /* ---- Layout -------------------------------------------------------------- */
 
 /* Product of ndim extents in *out.  DLB_EINVAL for a negative extent or a
  * NULL shape with ndim > 0; DLB_EOVERFLOW when the product exceeds INT64_MAX
  * (checked without dividing, so a zero extent anywhere is fine). */
-int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
-                    dlb_error *err);
+DLB_API int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
+                            dlb_error *err);
 
 /* Compact row-major strides (in elements) for shape, written to strides.
  * Extents of 0 and 1 do not stop the running product from being exact:
  * the result is what NumPy and PyTorch produce. */
-int dlb_strides_row_major(int32_t ndim, const int64_t *shape, int64_t *strides,
-                          dlb_error *err);
+DLB_API int dlb_strides_row_major(int32_t ndim, const int64_t *shape,
+                                  int64_t *strides,
+                                  dlb_error *err);
 
 /* The strides of t: t->strides, or, when that is NULL (legacy and pre-1.2
  * producers), compact row-major strides written into scratch, which must
  * hold DLB_MAX_NDIM values.  Returns NULL only for ndim == 0 or a tensor
  * dlb_tensor_validate would reject. */
-const int64_t *dlb_tensor_strides(const DLTensor *t, int64_t *scratch);
+DLB_API const int64_t *dlb_tensor_strides(const DLTensor *t, int64_t *scratch);
 
 /* Element count of t (1 for ndim == 0). */
-int dlb_tensor_numel(const DLTensor *t, int64_t *out, dlb_error *err);
+DLB_API int dlb_tensor_numel(const DLTensor *t, int64_t *out, dlb_error *err);
 
 /* Bytes the elements of t would take stored compactly (packed for sub-byte
  * types unless padded). */
-int dlb_tensor_nbytes(const DLTensor *t, bool padded, int64_t *out,
-                      dlb_error *err);
+DLB_API int dlb_tensor_nbytes(const DLTensor *t, bool padded, int64_t *out,
+                              dlb_error *err);
 
 /* Address of element 0: (char *)t->data + t->byte_offset. */
-void *dlb_tensor_data(const DLTensor *t);
+DLB_API void *dlb_tensor_data(const DLTensor *t);
 
 /* True when t is compact row-major (C order).  Strides of extent-1 dims are
  * ignored, a tensor with no elements is always contiguous, NULL strides mean
  * contiguous. */
-bool dlb_tensor_is_contiguous(const DLTensor *t);
+DLB_API bool dlb_tensor_is_contiguous(const DLTensor *t);
 
 /* The same for column-major (Fortran order). */
-bool dlb_tensor_is_contiguous_f(const DLTensor *t);
+DLB_API bool dlb_tensor_is_contiguous_f(const DLTensor *t);
 
 /* The byte range [*lo, *hi) that t's elements touch, relative to element 0
  * (so *lo <= 0 < *hi for a non-empty tensor; negative strides make *lo
@@ -171,8 +194,8 @@ bool dlb_tensor_is_contiguous_f(const DLTensor *t);
  * t is contiguous, since elements smaller than a byte have no byte
  * address; their span is the packed size (a DLTensor cannot say it is
  * padded: callers holding a padded tensor use dlb_tensor_nbytes). */
-int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
-                         dlb_error *err);
+DLB_API int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
+                                 dlb_error *err);
 
 /* ---- Validation ------------------------------------------------------------ */
 
@@ -194,34 +217,49 @@ enum {
  * device_id >= 0; data non-NULL unless the tensor has no elements; byte_offset
  * <= INT64_MAX; sub-byte dtypes only in contiguous layouts.  The first
  * failure is returned with a message naming the field and value. */
-int dlb_tensor_validate(const DLTensor *t, unsigned options, dlb_error *err);
+DLB_API int dlb_tensor_validate(const DLTensor *t, unsigned options,
+                                dlb_error *err);
 
 /* Check the header of a versioned managed tensor: DLB_EVERSION when
  * version.major is not DLPACK_MAJOR_VERSION (the caller must then call the
  * deleter and read nothing else), DLB_EINVAL for NULL.  It does not look at
  * dl_tensor; follow with dlb_tensor_validate. */
-int dlb_managed_check_version(const DLManagedTensorVersioned *m,
-                              dlb_error *err);
+DLB_API int dlb_managed_check_version(const DLManagedTensorVersioned *m,
+                                      dlb_error *err);
 
 /* True when dlbridge knows the device type. */
-bool dlb_device_type_known(int32_t device_type);
+DLB_API bool dlb_device_type_known(int32_t device_type);
 
 /* Lower-case name of a device type ("cpu", "cuda", "cuda_host", "rocm",
  * ...), or NULL when unknown. */
-const char *dlb_device_type_name(int32_t device_type);
+DLB_API const char *dlb_device_type_name(int32_t device_type);
 
 /* Parse "cpu", "cuda", "cuda:1", "rocm:0", ... into *out. */
-int dlb_device_from_name(const char *name, DLDevice *out, dlb_error *err);
+DLB_API int dlb_device_from_name(const char *name, DLDevice *out,
+                                 dlb_error *err);
+
+/* A buffer of DLB_DESCRIBE_MAX bytes always holds the whole text of
+ * dlb_device_describe and dlb_dtype_describe. */
+#define DLB_DESCRIBE_MAX 48
+
+/* The one spelling of a device in dlbridge's messages, and what
+ * str(dlbridge.Device) gives: "cpu" for CPU 0, "<type>:<id>" for any other
+ * ("cuda:1", "cpu:1"), "device_type_<n>:<id>" for a type dlbridge does not
+ * know.  Writes into buf (truncated to buflen - 1 characters, always
+ * NUL-terminated when buflen > 0) and returns buf, so it can be used
+ * directly as a "%s" argument. */
+DLB_API const char *dlb_device_describe(DLDevice device, char *buf,
+                                        size_t buflen);
 
 /* True when the CPU can read and write the memory directly (kDLCPU,
  * kDLCUDAHost, kDLROCMHost, kDLCUDAManaged). */
-bool dlb_device_is_host_accessible(DLDevice device);
+DLB_API bool dlb_device_is_host_accessible(DLDevice device);
 
 /* ---- Managed tensors --------------------------------------------------------- */
 
 /* Run m's deleter if it has one.  NULL is fine. */
-void dlb_managed_delete(DLManagedTensorVersioned *m);
-void dlb_managed_delete_legacy(DLManagedTensor *m);
+DLB_API void dlb_managed_delete(DLManagedTensorVersioned *m);
+DLB_API void dlb_managed_delete_legacy(DLManagedTensor *m);
 
 /* A new owning tensor on the CPU: one allocation holds the managed struct,
  * shape, strides and the data, aligned to DLB_DATA_ALIGNMENT.  Strides are
@@ -229,12 +267,14 @@ void dlb_managed_delete_legacy(DLManagedTensor *m);
  * IS_SUBBYTE_TYPE_PADDED when padded is true.  empty leaves the data
  * uninitialised, zeros clears it.  device must be host memory: kDLCPU
  * (kDLCUDAHost and friends need a device runtime, see the device API). */
-int dlb_managed_empty(int32_t ndim, const int64_t *shape, DLDataType dtype,
-                      DLDevice device, bool padded,
-                      DLManagedTensorVersioned **out, dlb_error *err);
-int dlb_managed_zeros(int32_t ndim, const int64_t *shape, DLDataType dtype,
-                      DLDevice device, bool padded,
-                      DLManagedTensorVersioned **out, dlb_error *err);
+DLB_API int dlb_managed_empty(int32_t ndim, const int64_t *shape,
+                              DLDataType dtype,
+                              DLDevice device, bool padded,
+                              DLManagedTensorVersioned **out, dlb_error *err);
+DLB_API int dlb_managed_zeros(int32_t ndim, const int64_t *shape,
+                              DLDataType dtype,
+                              DLDevice device, bool padded,
+                              DLManagedTensorVersioned **out, dlb_error *err);
 
 /* Called once when a wrapped tensor is deleted, with the ctx given to
  * dlb_managed_wrap. */
@@ -247,16 +287,17 @@ typedef void (*dlb_release_fn)(void *ctx);
  * view is untrusted).  When the result is deleted, release(ctx) runs exactly
  * once (release may be NULL).  On failure release is not called: the caller
  * still owns whatever ctx stands for. */
-int dlb_managed_wrap(const DLTensor *view, uint64_t flags,
-                     dlb_release_fn release, void *ctx,
-                     DLManagedTensorVersioned **out, dlb_error *err);
+DLB_API int dlb_managed_wrap(const DLTensor *view, uint64_t flags,
+                             dlb_release_fn release, void *ctx,
+                             DLManagedTensorVersioned **out, dlb_error *err);
 
 /* Versioned view of a legacy tensor, without copying data.  On success the
  * result owns legacy: deleting it runs legacy's deleter exactly once.  The
  * result is writable (flags 0): the legacy format cannot say read-only.  On
  * failure legacy is untouched and still the caller's. */
-int dlb_managed_from_legacy(DLManagedTensor *legacy,
-                            DLManagedTensorVersioned **out, dlb_error *err);
+DLB_API int dlb_managed_from_legacy(DLManagedTensor *legacy,
+                                    DLManagedTensorVersioned **out,
+                                    dlb_error *err);
 
 /* Legacy view of a versioned tensor, for consumers that only speak the old
  * format.  On success the result owns m.  Fails with DLB_EREADONLY when m is
@@ -265,8 +306,9 @@ int dlb_managed_from_legacy(DLManagedTensor *legacy,
  * sub-byte data with IS_SUBBYTE_TYPE_PADDED set (the legacy format has no
  * flags, so a consumer would read it as packed).  On failure m is still the
  * caller's. */
-int dlb_managed_to_legacy(DLManagedTensorVersioned *m, DLManagedTensor **out,
-                          dlb_error *err);
+DLB_API int dlb_managed_to_legacy(DLManagedTensorVersioned *m,
+                                  DLManagedTensor **out,
+                                  dlb_error *err);
 
 /* ---- Kernels (dlbridge.Function) -------------------------------------------- */
 
@@ -292,7 +334,7 @@ typedef int (*dlb_kernel)(DLTensor *const *args, int32_t nargs, void *stream,
  * function cannot).  When the byte spans of dst and src overlap, the copy
  * goes through a temporary buffer so the result is as if src were read
  * first. */
-int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err);
+DLB_API int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err);
 
 /* ---- CUDA (driver loaded at run time) ---------------------------------------
  *
@@ -328,14 +370,14 @@ int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err);
  * missing entry point, or the failing call and its CUDA error name.  A driver
  * that loads but finds no GPU (cuInit: CUDA_ERROR_NO_DEVICE) loads fine and
  * reports 0 devices. */
-int dlb_cuda_load(dlb_error *err);
+DLB_API int dlb_cuda_load(dlb_error *err);
 
 /* True when the driver loads and at least one device is present.  Never
  * fails; loads the driver if that was not tried yet. */
-bool dlb_cuda_available(void);
+DLB_API bool dlb_cuda_available(void);
 
 /* Number of CUDA devices (0 when the driver reports none). */
-int dlb_cuda_device_count(int *count, dlb_error *err);
+DLB_API int dlb_cuda_device_count(int *count, dlb_error *err);
 
 /* What a pointer is, as cuPointerGetAttributes sees it. */
 typedef enum {
@@ -352,8 +394,9 @@ typedef struct dlb_cuda_pointer_info {
 } dlb_cuda_pointer_info;
 
 /* Classify ptr.  Unregistered host memory is not an error. */
-int dlb_cuda_pointer_info_get(const void *ptr, dlb_cuda_pointer_info *info,
-                              dlb_error *err);
+DLB_API int dlb_cuda_pointer_info_get(const void *ptr,
+                                      dlb_cuda_pointer_info *info,
+                                      dlb_error *err);
 
 /* Check that ptr really is memory of the claimed device, before anyone reads
  * it: kDLCUDA needs device (or managed) memory of that ordinal, kDLCUDAHost
@@ -362,32 +405,35 @@ int dlb_cuda_pointer_info_get(const void *ptr, dlb_cuda_pointer_info *info,
  * DLB_EINVAL with a message naming the claim and what the pointer is;
  * other device types are DLB_EUNSUPPORTED.  NULL ptr passes (empty
  * tensors). */
-int dlb_cuda_check_pointer(DLDevice claimed, const void *ptr, dlb_error *err);
+DLB_API int dlb_cuda_check_pointer(DLDevice claimed, const void *ptr,
+                                   dlb_error *err);
 
 /* The device a CUDA pointer lives on, as a DLDevice: kDLCUDA with the
  * pointer's own ordinal, kDLCUDAManaged, or kDLCUDAHost.  For importers that
  * are given only an address (__cuda_array_interface__).  Unregistered host
  * memory is DLB_EINVAL. */
-int dlb_cuda_device_of_pointer(const void *ptr, DLDevice *out,
-                               dlb_error *err);
+DLB_API int dlb_cuda_device_of_pointer(const void *ptr, DLDevice *out,
+                                       dlb_error *err);
 
 /* Stream-ordered device memory: cuMemAllocAsync on stream, in device_id's
  * primary context, from the device's default memory pool; 256-byte aligned.
  * Legal inside graph capture (the graph then owns the allocation).  nbytes
  * == 0 gives *out == NULL.  DLB_ENOMEM when the device is out of memory. */
-int dlb_cuda_alloc(int device_id, size_t nbytes, void *stream, void **out,
-                   dlb_error *err);
+DLB_API int dlb_cuda_alloc(int device_id, size_t nbytes, void *stream,
+                           void **out,
+                           dlb_error *err);
 
 /* Free memory from dlb_cuda_alloc with cuMemFreeAsync on stream (NULL ptr is
  * a no-op).  The memory may be reused by work ordered after stream's pending
  * work, so pass the stream the memory was last used on. */
-int dlb_cuda_free(int device_id, void *ptr, void *stream, dlb_error *err);
+DLB_API int dlb_cuda_free(int device_id, void *ptr, void *stream,
+                          dlb_error *err);
 
 /* Pinned (page-locked) host memory for kDLCUDAHost: cuMemHostAlloc with
  * CU_MEMHOSTALLOC_PORTABLE (usable from every context).  Freeing it
  * (cuMemFreeHost) is synchronous: not for use during graph capture. */
-int dlb_cuda_host_alloc(size_t nbytes, void **out, dlb_error *err);
-int dlb_cuda_host_free(void *ptr, dlb_error *err);
+DLB_API int dlb_cuda_host_alloc(size_t nbytes, void **out, dlb_error *err);
+DLB_API int dlb_cuda_host_free(void *ptr, dlb_error *err);
 
 /* A new owning tensor in CUDA memory, like dlb_managed_empty/zeros: compact
  * row-major strides, version {1, 3}, flags 0 (IS_SUBBYTE_TYPE_PADDED when
@@ -404,14 +450,16 @@ int dlb_cuda_host_free(void *ptr, dlb_error *err);
  *   kDLCUDAHost  data from dlb_cuda_host_alloc (stream unused; zeros clears
  *                it on the host); the deleter calls cuMemFreeHost.
  * On failure nothing is left allocated. */
-int dlb_cuda_managed_empty(int32_t ndim, const int64_t *shape,
-                           DLDataType dtype, DLDevice device, bool padded,
-                           void *stream, DLManagedTensorVersioned **out,
-                           dlb_error *err);
-int dlb_cuda_managed_zeros(int32_t ndim, const int64_t *shape,
-                           DLDataType dtype, DLDevice device, bool padded,
-                           void *stream, DLManagedTensorVersioned **out,
-                           dlb_error *err);
+DLB_API int dlb_cuda_managed_empty(int32_t ndim, const int64_t *shape,
+                                   DLDataType dtype, DLDevice device,
+                                   bool padded,
+                                   void *stream, DLManagedTensorVersioned **out,
+                                   dlb_error *err);
+DLB_API int dlb_cuda_managed_zeros(int32_t ndim, const int64_t *shape,
+                                   DLDataType dtype, DLDevice device,
+                                   bool padded,
+                                   void *stream, DLManagedTensorVersioned **out,
+                                   dlb_error *err);
 
 /* Decode a DLPack __dlpack__(stream=...) value for a CUDA producer, in one
  * place so no caller re-implements the table.  value NULL stands for Python's
@@ -422,22 +470,23 @@ int dlb_cuda_managed_zeros(int32_t ndim, const int64_t *shape,
  *   1, 2 -> the legacy / per-thread default stream, *order = true
  *   > 2  -> that stream handle, *order = true
  *   < -1 -> DLB_EINVAL */
-int dlb_cuda_stream_from_dlpack(const int64_t *value, void **stream,
-                                bool *order, dlb_error *err);
+DLB_API int dlb_cuda_stream_from_dlpack(const int64_t *value, void **stream,
+                                        bool *order, dlb_error *err);
 
 /* The same for the "stream" field of __cuda_array_interface__ v3: missing or
  * None (value NULL) means no synchronisation is required (*order = false);
  * 0 is disallowed; 1, 2 and handles as above.  -1 is not a CAI value and is
  * DLB_EINVAL. */
-int dlb_cuda_stream_from_cai(const int64_t *value, void **stream, bool *order,
-                             dlb_error *err);
+DLB_API int dlb_cuda_stream_from_cai(const int64_t *value, void **stream,
+                                     bool *order,
+                                     dlb_error *err);
 
 /* Whether stream is being captured into a graph (cuStreamIsCapturing).  The
  * legacy stream cannot itself be captured, and querying it while another
  * stream captures is an error, so NULL and 1 answer false without asking
  * the driver.  An invalidated capture counts as capturing. */
-int dlb_cuda_stream_is_capturing(int device_id, void *stream, bool *out,
-                                 dlb_error *err);
+DLB_API int dlb_cuda_stream_is_capturing(int device_id, void *stream, bool *out,
+                                         dlb_error *err);
 
 /* Order everything already queued on producer before anything later queued
  * on consumer, without blocking the host: when the two streams differ, an
@@ -455,8 +504,8 @@ int dlb_cuda_stream_is_capturing(int device_id, void *stream, bool *out,
  * node, so that event is kept alive (never destroyed).  A non-capturing
  * consumer waiting on a capturing producer joins the capture and must be
  * joined back before the capture ends (CUDA's rule). */
-int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
-                          dlb_error *err);
+DLB_API int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
+                                  dlb_error *err);
 
 /* Block the calling thread until everything queued on stream (of device_id)
  * has run: cuStreamSynchronize.  The one host wait dlbridge makes, for a
@@ -489,8 +538,9 @@ int dlb_cuda_stream_synchronize(int device_id, void *stream, dlb_error *err);
  * (stream-ordered), so this is legal inside graph capture as long as
  * stream is not the legacy stream; the kernel's one-time build runs with
  * the thread's capture mode relaxed, so it may come inside a capture. */
-int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src, void *stream,
-                  dlb_error *err);
+DLB_API int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src,
+                          void *stream,
+                          dlb_error *err);
 /* ---- Shared memory (shm.c) -------------------------------------------------
  *
  * POSIX shared-memory segments several processes map, for dlbridge.share.
@@ -510,32 +560,34 @@ typedef struct dlb_shm dlb_shm;  /* one mapping of a segment in this process */
 /* A new segment with data_bytes of data (0 is fine), mapped read-write, the
  * caller's mapping counted.  Its pages are reserved now, so a full /dev/shm
  * fails here (DLB_ENOMEM) and never with a SIGBUS later. */
-int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err);
+DLB_API int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err);
 
 /* Map the segment named name (as dlb_shm_name gives it), adopting one
  * handle in flight if there is one.  DLB_EINVAL for a name that is not of
  * dlbridge's form, a segment that is gone or already released, or one whose
  * header or size is wrong. */
-int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err);
+DLB_API int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err);
 
 /* Count one handle in flight: the segment outlives every mapping until
  * someone opens it (or dlb_shm_cleanup finds its creator dead and it
  * unmapped). */
-int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err);
+DLB_API int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err);
 
 /* Unmap; unlink the name when this was the last mapping and no handle is in
  * flight.  NULL is fine. */
-void dlb_shm_close(dlb_shm *shm);
+DLB_API void dlb_shm_close(dlb_shm *shm);
 
-void *dlb_shm_data(const dlb_shm *shm);        /* DLB_DATA_ALIGNMENT-aligned */
-size_t dlb_shm_size(const dlb_shm *shm);       /* data bytes */
-const char *dlb_shm_name(const dlb_shm *shm);  /* "dlb-..." */
+/* DLB_DATA_ALIGNMENT-aligned */
+DLB_API void *dlb_shm_data(const dlb_shm *shm);
+DLB_API size_t dlb_shm_size(const dlb_shm *shm);       /* data bytes */
+DLB_API const char *dlb_shm_name(const dlb_shm *shm);  /* "dlb-..." */
 /* The counts in the header now (racy by nature: for tests and diagnostics). */
-void dlb_shm_counts(const dlb_shm *shm, uint32_t *mappings, uint32_t *in_flight);
+DLB_API void dlb_shm_counts(const dlb_shm *shm, uint32_t *mappings,
+                            uint32_t *in_flight);
 
 /* Unlink the segments left by dead processes: those whose creator no longer
  * runs and that no process maps.  *removed (may be NULL) gets how many. */
-int dlb_shm_cleanup(int *removed, dlb_error *err);
+DLB_API int dlb_shm_cleanup(int *removed, dlb_error *err);
 
 #ifdef __cplusplus
 } /* extern "C" */

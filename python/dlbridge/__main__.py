@@ -10,7 +10,11 @@ import importlib.util
 import json
 import sys
 
-FRAMEWORKS = ("numpy", "torch", "cupy", "jax", "tensorflow", "pyarrow", "paddle")
+# The frameworks dlbridge knows: the registry's names (importing
+# _frameworks imports dlbridge._core, which imports no framework).
+def _known():
+    from ._frameworks import REGISTRY
+    return [n for n in REGISTRY if n != "dlbridge"]
 
 
 def _info():
@@ -19,7 +23,7 @@ def _info():
     print(f"dlbridge {dlbridge.__version__} (DLPack "
           f"{dlbridge.DLPACK_MAJOR_VERSION}.{dlbridge.DLPACK_MINOR_VERSION}, "
           f"Python {sys.version.split()[0]})")
-    for name in FRAMEWORKS:
+    for name in _known():
         found = importlib.util.find_spec(name) is not None
         print(f"  {name:<11} {'installed' if found else '-'}")
     return 0

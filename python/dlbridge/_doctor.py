@@ -23,12 +23,18 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ._frameworks import FRAMEWORKS, REGISTRY
+
 SCHEMA_VERSION = 1
 OUTCOMES = ("zero-copy", "copied", "refused", "wrong", "crashed")
 # Worst first: a cell is coloured by its worst outcome.
 _SEVERITY = {"zero-copy": 0, "copied": 1, "refused": 2, "wrong": 3, "crashed": 4}
-CANDIDATES = ("numpy", "torch", "jax", "tensorflow", "pyarrow", "paddle",
-              "tvm_ffi", "dlbridge")
+# Every framework of the registry (python/dlbridge/_frameworks.py) but
+# the GPU-only ones (cupy, numba's device arrays, cuda.core), whose cells
+# the GPU check covers (tests/gpu); dlbridge last.
+_GPU_ONLY = ("cupy", "numba", "cuda.core")
+CANDIDATES = tuple([n for n in REGISTRY if n not in _GPU_ONLY + ("dlbridge",)]
+                   + ["dlbridge"])
 DTYPES = ("bool", "int8", "int32", "int64", "uint8", "uint16", "float16",
           "float32", "float64", "complex64", "bfloat16")
 LAYOUTS = ("contiguous", "transposed", "step", "negative", "0-d", "size-0",
@@ -57,8 +63,8 @@ KNOWN_LIMITATIONS = {
     ("paddle", "tensorflow"): "paddle and TensorFlow crash (SIGSEGV) when "
                               "both are loaded in one process",
     ("dlbridge", "convert"): "dlbridge.convert has no target for this "
-                             "framework yet (only numpy, torch, cupy, jax, "
-                             "tensorflow, dlbridge)",
+                             "framework yet (only " + ", ".join(FRAMEWORKS)
+                             + ")",
 }
 
 
@@ -380,8 +386,7 @@ def run(frameworks=None, workers=2, progress=None):
 
 def _versions(fws):
     from importlib import metadata
-    names = {"tensorflow": "tensorflow-cpu", "paddle": "paddlepaddle",
-             "tvm_ffi": "apache-tvm-ffi"}
+    names = {n: fw.dist for n, fw in REGISTRY.items() if fw.dist != n}
     out = {}
     for f in fws:
         for dist in (names.get(f), f):

@@ -42,33 +42,44 @@ import sys
 
 from . import _core
 
-__all__ = ["convert", "framework_of", "FRAMEWORKS"]
+__all__ = ["convert", "framework_of", "FRAMEWORKS", "REGISTRY"]
 
-#: The names ``convert`` accepts as ``to``.
-FRAMEWORKS = ("numpy", "torch", "cupy", "jax", "tensorflow", "numba",
-              "cuda.core", "dlbridge")
 
-# Per-call cost matters here: convert is a few hundred ns of Python around
-# importers that cost 0.2-1 us, so everything that can be worked out once is
-# (the framework of a type, the target's bound importer), and each check
-# reads the fewest Tensor attributes it can.
-_from_dlpack = _core.from_dlpack
-_Tensor = _core.Tensor
-_NAMES = {name: name for name in FRAMEWORKS}
+class Framework:
+    """One entry of the framework registry: everything dlbridge knows about
+    a framework, in one place.  The C extension asks this module (never a
+    list of its own) and caches the answers: which framework a type belongs
+    to (``_type_framework``), how to hand it a tensor (``_c_converter``,
+    ``_c_target``)."""
 
-# Root module name of a type -> the framework it belongs to.
-_ROOTS = {
-    "numpy": "numpy",
-    "torch": "torch",
-    "cupy": "cupy",
-    "cupyx": "cupy",
-    "jax": "jax",
-    "jaxlib": "jax",
-    "tensorflow": "tensorflow",
-    "numba": "numba",
-    "cuda": "cuda.core",
-    "dlbridge": "dlbridge",
-}
+    __slots__ = ("name", "roots", "dist", "target", "tensor_type",
+                 "readonly", "negative_strides", "compact_only", "dtypes")
+
+    def __init__(self, name, roots=None, dist=None, target=True,
+                 tensor_type=None, readonly=True, negative_strides=True,
+                 compact_only=False, dtypes=None):
+        self.name = name
+        #: root module names whose types belong to it
+        self.roots = roots or (name,)
+        #: distribution name (importlib.metadata), when not ``name``
+        self.dist = dist or name
+        #: whether ``convert`` offers it as a target
+        self.target = target
+        #: "module:attr" of the type of its tensors, when they have one (the
+        #: C API reaches its DLPack exchange table through it)
+        self.tensor_type = tensor_type
+        #: whether its tensors can be read-only
+        self.readonly = readonly
+        #: whether its tensors can have negative strides
+        self.negative_strides = negative_strides
+        #: whether its importer takes only compact row-major data
+        self.compact_only = compact_only
+        #: the dtypes its importer is known to accept (None: ask it)
+        self.dtypes = dtypes
+
+    def __repr__(self):
+        return f"<dlbridge framework {self.name!r}>"
+
 
 # dtypes each target's DLPack importer is known to accept (checked against
 # numpy 2.x and torch 2.13).  Targets not listed are asked and their refusal
@@ -81,48 +92,88 @@ _TORCH_DTYPES = _NUMPY_DTYPES | frozenset(
     "bfloat16 complex32 float8_e4m3fn float8_e5m2 float8_e4m3fnuz "
     "float8_e5m2fnuz float8_e8m0fnu".split()
 )
-_SUPPORTED_DTYPES = {"numpy": _NUMPY_DTYPES, "torch": _TORCH_DTYPES}
 
-# Targets whose tensors cannot be read-only.
-_NO_READONLY = frozenset({"torch", "cupy"})
+#: The framework registry: the one list of frameworks in dlbridge (C and
+#: Python).  Order is display order (CLI, doctor).
+#:  - torch tensors cannot be read-only (torch.from_dlpack 2.13 silently
+#:    returns a writable tensor over read-only memory) and have no negative
+#:    strides (its importer aborts the process on them);
+#:  - cupy arrays cannot be read-only;
+#:  - TensorFlow's importer only takes compact row-major data ("Invalid
+#:    strides array from DLPack" otherwise);
+#:  - paddle: Function hands results back as paddle tensors; not a convert
+#:    target yet.  pyarrow and tvm_ffi are known to the doctor only.
+REGISTRY = {fw.name: fw for fw in (
+    Framework("numpy", tensor_type="numpy:ndarray", dtypes=_NUMPY_DTYPES),
+    Framework("torch", tensor_type="torch:Tensor", readonly=False,
+              negative_strides=False, dtypes=_TORCH_DTYPES),
+    Framework("cupy", roots=("cupy", "cupyx"), readonly=False),
+    Framework("jax", roots=("jax", "jaxlib")),
+    Framework("tensorflow", dist="tensorflow-cpu", compact_only=True),
+    # CUDA only: numba's device arrays (read over __cuda_array_interface__)
+    # and cuda.core's StridedMemoryView (types under the "cuda" package)
+    Framework("numba"),
+    Framework("cuda.core", roots=("cuda",), dist="cuda-core"),
+    Framework("pyarrow", target=False),
+    Framework("paddle", dist="paddlepaddle", target=False),
+    Framework("tvm_ffi", dist="apache-tvm-ffi", target=False),
+    Framework("dlbridge"),
+)}
 
-# torch has no negative strides, and torch.from_dlpack (2.13) does not refuse
-# them cleanly: it throws a C++ error that aborts the process.  Refusing here
-# turns a crash into an exception.
-_NO_NEGATIVE_STRIDES = frozenset({"torch"})
+#: The names ``convert`` accepts as ``to``.
+FRAMEWORKS = tuple(fw.name for fw in REGISTRY.values() if fw.target)
 
-# TensorFlow's importer only takes compact row-major data ("Invalid strides
-# array from DLPack" otherwise).
-_COMPACT_ONLY = frozenset({"tensorflow"})
+# Per-call cost matters here: convert is a few hundred ns of Python around
+# importers that cost 0.2-1 us, so everything that can be worked out once is
+# (the framework of a type, the target's bound importer), and each check
+# reads the fewest Tensor attributes it can.
+_from_dlpack = _core.from_dlpack
+_Tensor = _core.Tensor
+_NAMES = {name: name for name in FRAMEWORKS}
 
-# type -> framework name or None.  type.__module__ of a C type is a new
-# string built from tp_name on every read (~150 ns with the split), so it is
-# read once per type.  Bounded, so a program that makes classes on the fly
-# does not keep them all alive through this cache.
-_TYPE_FW = {}
-_TYPE_FW_MAX = 1024
-_UNSEEN = object()
+# Root module name of a type -> the framework it belongs to.
+_ROOTS = {root: fw.name for fw in REGISTRY.values() for root in fw.roots}
+
+_SUPPORTED_DTYPES = {fw.name: fw.dtypes for fw in REGISTRY.values()
+                     if fw.dtypes is not None}
+# Targets whose tensors cannot be read-only, cannot have negative strides,
+# take only compact data.
+_NO_READONLY = frozenset(fw.name for fw in REGISTRY.values() if not fw.readonly)
+_NO_NEGATIVE_STRIDES = frozenset(
+    fw.name for fw in REGISTRY.values() if not fw.negative_strides)
+_COMPACT_ONLY = frozenset(fw.name for fw in REGISTRY.values() if fw.compact_only)
 
 
-def _root_framework_uncached(tp):
+def _type_framework(tp):
+    """The framework name of type ``tp``: the registry's name for the root
+    of its ``__module__`` (``jaxlib`` counts as ``jax``), else that root
+    itself ("builtins" when it has none).  Asked by the C handler cache once
+    per type, which caches the answer for the type's life (weakly)."""
     module = getattr(tp, "__module__", None)
     if not isinstance(module, str):
-        return None
-    return _ROOTS.get(module.partition(".")[0])
+        return "builtins"
+    root = module.partition(".")[0]
+    return _ROOTS.get(root, root)
+
+
+# The framework of a type is cached by the C handler cache (weakly: an entry
+# dies with its type), read back through _core._type_framework.  type.
+# __module__ of a C type is a new string built from tp_name on every read
+# (~150 ns with the split), so it is worth a cache; a dict here would keep
+# every type it saw alive.
+_type_fw = _core._type_framework
 
 
 def _root_framework(tp):
-    fw = _TYPE_FW.get(tp, _UNSEEN)
-    if fw is _UNSEEN:
-        fw = _root_framework_uncached(tp)
-        if len(_TYPE_FW) < _TYPE_FW_MAX:
-            _TYPE_FW[tp] = fw
-    return fw
+    """The convert target type ``tp`` belongs to, or None."""
+    fw = _type_fw(tp)
+    return fw if fw in _NAMES else None
 
 
 def framework_of(obj):
     """The framework name of ``obj``'s type, or None when not one we know."""
-    return _root_framework(type(obj))
+    fw = _type_fw(type(obj))
+    return fw if fw in REGISTRY else None
 
 
 def _resolve_target(to):
@@ -134,7 +185,7 @@ def _resolve_target(to):
             + ", ".join(repr(n) for n in FRAMEWORKS)
             + " (or pass a type or an object of the target framework)"
         )
-    fw = _root_framework(to) if isinstance(to, type) else framework_of(to)
+    fw = _root_framework(to if isinstance(to, type) else type(to))
     if fw is None:
         what = (
             f"type {to.__module__}.{to.__qualname__}"
@@ -272,14 +323,22 @@ def _load_cuda_core():
     return to_cuda_core
 
 
+def _load_paddle():
+    paddle = _import("paddle")
+    f = getattr(paddle, "from_dlpack", None)
+    return f if f is not None else importlib.import_module(
+        "paddle.utils.dlpack").from_dlpack
+
+
 _LOADERS = {
-    "numba": _load_numba,
-    "cuda.core": _load_cuda_core,
     "numpy": _load_numpy,
     "torch": _load_torch,
     "cupy": _load_cupy,
     "jax": _load_jax,
     "tensorflow": _load_tensorflow,
+    "paddle": _load_paddle,
+    "numba": _load_numba,
+    "cuda.core": _load_cuda_core,
 }
 _BOUND = {}
 # numpy's importer once bound: convert's fast path for the commonest target.
@@ -321,8 +380,10 @@ def _has_negative_stride(t):
     return any(st < 0 for st, n in zip(t.strides, t.shape) if n > 1)
 
 
-def _import_checked(t, target):
-    """The checks for ``target``, then its importer (bound on first use)."""
+def _check(t, target):
+    """Raise BufferError when ``target``'s tensors cannot hold ``t`` (dtype,
+    read-only data, negative strides, layout): the registry's rules, for
+    convert and for the C API (through ``_c_target``) alike."""
     supported = _SUPPORTED_DTYPES.get(target)
     if supported is not None:
         dtype = t.dtype.name
@@ -347,6 +408,11 @@ def _import_checked(t, target):
             f"{t.strides} for shape {t.shape}); copy it first: "
             f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
         )
+
+
+def _import_checked(t, target):
+    """The checks for ``target``, then its importer (bound on first use)."""
+    _check(t, target)
     try:
         importer = _BOUND.get(target)
         if importer is None:
@@ -378,10 +444,7 @@ def convert(obj, to):
         if tp is _Tensor:
             t = obj  # what from_dlpack(obj) returns for a Tensor
         else:
-            try:
-                fw = _TYPE_FW[tp]
-            except KeyError:
-                fw = _root_framework(tp)
+            fw = _type_fw(tp)
             if fw == _NUMPY and hasattr(obj, "__dlpack__"):
                 return obj
             t = _from_dlpack(obj)
@@ -404,10 +467,7 @@ def convert(obj, to):
         target = _resolve_target(to)
     # Already the target's tensor (numpy scalars, which have no __dlpack__,
     # are not arrays and go through the import).
-    try:
-        fw = _TYPE_FW[type(obj)]
-    except KeyError:
-        fw = _root_framework(type(obj))
+    fw = _type_fw(type(obj))
     if (
         fw == target
         and target != "dlbridge"
@@ -418,3 +478,46 @@ def convert(obj, to):
     if target == "dlbridge":
         return t
     return _import_checked(t, target)
+
+
+# ---- what the C extension asks (answers cached on the C side) ----------------
+
+def _c_converter(name):
+    """For results handed back to framework ``name`` (Function outputs, the
+    C API's ``like=``) when its type publishes no exchange table: a callable
+    turning a dlbridge.Tensor into one of its tensors, checked as convert
+    checks; None for a framework the registry does not know (results stay
+    dlbridge.Tensor).  Imports nothing until the callable is called."""
+    if name not in _LOADERS:
+        return None
+
+    def to_framework(t):
+        return _import_checked(t, name)
+
+    return to_framework
+
+
+def _c_target(name):
+    """For the C API's exports (by framework name or ``like=``):
+    ``(tensor_type, check, convert)``, or None for a name that is not a
+    convert target (the C side then raises ``_resolve_target``'s ValueError
+    for an explicit name).  tensor_type is the type of the framework's
+    tensors when it has one (its DLPack exchange table, if any, is the C
+    fast path), else None; check(t) raises the BufferError convert would
+    (read-only data into torch, ...); convert(t) is the checked import."""
+    if name not in _NAMES:
+        return None
+    target = name
+    fw = REGISTRY[target]
+    tensor_type = None
+    if fw.tensor_type is not None:
+        module, _, attr = fw.tensor_type.partition(":")
+        tensor_type = getattr(_import(module), attr)
+
+    def check(t):
+        _check(t, target)
+
+    def to_target(t):
+        return t if target == "dlbridge" else _import_checked(t, target)
+
+    return tensor_type, check, to_target

@@ -258,14 +258,6 @@ static void strided_copy(char *d0, const char *s0, int ndim,
   }
 }
 
-/* "float32", or the raw fields when the dtype has no name. */
-static void dtype_text(DLDataType dtype, char *buf, size_t len) {
-  if (dlb_dtype_name(dtype, buf, len, NULL) != DLB_OK) {
-    snprintf(buf, len, "(code %u, bits %u, lanes %u)", (unsigned)dtype.code,
-             (unsigned)dtype.bits, (unsigned)dtype.lanes);
-  }
-}
-
 /* "(2, 3)"; truncated with "..." when it does not fit. */
 static void shape_text(int32_t ndim, const int64_t *shape, char *buf,
                        size_t len) {
@@ -283,16 +275,6 @@ static void shape_text(int32_t ndim, const int64_t *shape, char *buf,
   } else if (len >= 4) {
     memcpy(buf + len - 4, "...", 4);
   }
-}
-
-static const char *device_text(DLDevice dev, char *buf, size_t len) {
-  const char *name = dlb_device_type_name((int32_t)dev.device_type);
-  if (name != NULL) {
-    snprintf(buf, len, "%s:%d", name, (int)dev.device_id);
-  } else {
-    snprintf(buf, len, "device type %d", (int)dev.device_type);
-  }
-  return buf;
 }
 
 static bool ranges_overlap(const DLTensor *dst, int64_t dlo, int64_t dhi,
@@ -335,9 +317,9 @@ int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err) {
   }
   if (dst->dtype.code != src->dtype.code || dst->dtype.bits != src->dtype.bits ||
       dst->dtype.lanes != src->dtype.lanes) {
-    char a[48], b[48];
-    dtype_text(dst->dtype, a, sizeof a);
-    dtype_text(src->dtype, b, sizeof b);
+    char a[DLB_DESCRIBE_MAX], b[DLB_DESCRIBE_MAX];
+    dlb_dtype_describe(dst->dtype, a, sizeof a);
+    dlb_dtype_describe(src->dtype, b, sizeof b);
     rc = dlb_error_set(err, DLB_EINVAL,
                        "dlb_copy: dtype mismatch: dst is %s, src is %s; "
                        "convert the dtype first",
@@ -359,12 +341,12 @@ int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err) {
   }
   for (int i = 0; i < 2; i++) {
     if (!dlb_device_is_host_accessible(sides[i]->device)) {
-      char d[48];
+      char d[DLB_DESCRIBE_MAX];
       rc = dlb_error_set(err, DLB_EUNSUPPORTED,
                          "dlb_copy: %s is on %s, which the CPU cannot "
                          "address; copy device memory with the device API",
                          i == 0 ? "dst" : "src",
-                         device_text(sides[i]->device, d, sizeof d));
+                         dlb_device_describe(sides[i]->device, d, sizeof d));
       goto cleanup;
     }
   }
@@ -415,15 +397,16 @@ int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err) {
     /* Same dtype and shape, both compact: the bytes are the same sequence.
      * memmove, because the two may overlap. */
     int64_t nbytes = 0;
+    size_t n = 0;
     rc = dlb_dtype_storage_bytes(dst->dtype, numel, false, &nbytes, err);
     if (rc != DLB_OK) goto cleanup;
-    if ((uint64_t)nbytes > SIZE_MAX) {
+    if (dlb__size_overflow(nbytes, 0, &n)) {
       rc = dlb_error_set(err, DLB_EOVERFLOW,
                          "dlb_copy: %lld bytes do not fit in size_t",
                          (long long)nbytes);
       goto cleanup;
     }
-    memmove(dlb_tensor_data(dst), dlb_tensor_data(src), (size_t)nbytes);
+    memmove(dlb_tensor_data(dst), dlb_tensor_data(src), n);
     goto cleanup;
   }
   if (dlb_dtype_is_subbyte(dst->dtype)) {
@@ -459,15 +442,15 @@ int dlb_copy(const DLTensor *dst, const DLTensor *src, dlb_error *err) {
   if (ranges_overlap(dst, dlo, dhi, src, slo, shi)) {
     /* Gather src into a compact buffer, then scatter into dst. */
     int64_t tmp_total = 0;
-    if (!dlb__mul_nonneg(numel, (int64_t)itemsize, &tmp_total) ||
-        (uint64_t)tmp_total > SIZE_MAX) {
+    size_t tmp_bytes = 0;
+    if (dlb__mul_overflow(numel, (int64_t)itemsize, &tmp_total) ||
+        dlb__size_overflow(tmp_total, 0, &tmp_bytes)) {
       rc = dlb_error_set(err, DLB_EOVERFLOW,
                          "dlb_copy: dst and src overlap and a %lld-element "
                          "temporary is too large to allocate",
                          (long long)numel);
       goto cleanup;
     }
-    size_t tmp_bytes = (size_t)tmp_total;
     tmp = dlb__alloc(tmp_bytes);
     if (tmp == NULL) {
       rc = dlb_error_set(err, DLB_ENOMEM,

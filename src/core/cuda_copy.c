@@ -292,12 +292,11 @@ static int side_of(const char *name, const DLTensor *t, side_kind *out,
     case kDLCPU: case kDLCUDAHost: *out = SIDE_HOST; return DLB_OK;
     case kDLCUDA: case kDLCUDAManaged: *out = SIDE_DEVICE; return DLB_OK;
     default: {
-      const char *dev = dlb_device_type_name((int32_t)t->device.device_type);
+      char dev[DLB_DESCRIBE_MAX];
       return dlb_error_set(err, DLB_EUNSUPPORTED,
-                           "dlb_cuda_copy: %s is on %s (type %d); CUDA copies "
-                           "take cpu, cuda, cuda_host and cuda_managed",
-                           name, dev != NULL ? dev : "an unknown device",
-                           (int)t->device.device_type);
+                           "dlb_cuda_copy: %s is on %s; CUDA copies take "
+                           "cpu, cuda, cuda_host and cuda_managed",
+                           name, dlb_device_describe(t->device, dev, sizeof dev));
     }
   }
 }
@@ -321,12 +320,14 @@ static int check_pair(const DLTensor *dst, const DLTensor *src,
   if (rc == DLB_OK) rc = dlb_tensor_validate(src, 0, err);
   if (rc != DLB_OK) return rc;
   if (dst->dtype.code != src->dtype.code || dst->dtype.bits != src->dtype.bits ||
-      dst->dtype.lanes != src->dtype.lanes)
+      dst->dtype.lanes != src->dtype.lanes) {
+    char a[DLB_DESCRIBE_MAX], b[DLB_DESCRIBE_MAX];
     return dlb_error_set(err, DLB_EINVAL,
-                         "dlb_cuda_copy: dtypes differ (dst code %u bits %u, "
-                         "src code %u bits %u); copies do not convert",
-                         (unsigned)dst->dtype.code, (unsigned)dst->dtype.bits,
-                         (unsigned)src->dtype.code, (unsigned)src->dtype.bits);
+                         "dlb_cuda_copy: dtypes differ (dst %s, src %s); "
+                         "copies do not convert",
+                         dlb_dtype_describe(dst->dtype, a, sizeof a),
+                         dlb_dtype_describe(src->dtype, b, sizeof b));
+  }
   if (dst->ndim != src->ndim)
     return dlb_error_set(err, DLB_EINVAL,
                          "dlb_cuda_copy: dst has %d dims, src %d", (int)dst->ndim,

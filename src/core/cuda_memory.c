@@ -61,15 +61,16 @@ static const char *memory_type_text(dlb_cuda_memory_type t) {
 int dlb_cuda_check_pointer(DLDevice claimed, const void *ptr, dlb_error *err) {
   dlb_cuda_pointer_info info;
   bool ok = false;
-  const char *claim = dlb_device_type_name((int32_t)claimed.device_type);
+  char claim[DLB_DESCRIBE_MAX];
+  dlb_device_describe(claimed, claim, sizeof claim);
   if (ptr == NULL) return DLB_OK;
   switch ((int)claimed.device_type) {
     case kDLCPU: case kDLCUDA: case kDLCUDAHost: case kDLCUDAManaged: break;
     default:
       return dlb_error_set(err, DLB_EUNSUPPORTED,
-                           "dlb_cuda_check_pointer: device type %d is not "
-                           "one CUDA can check",
-                           (int)claimed.device_type);
+                           "dlb_cuda_check_pointer: device %s is not one "
+                           "CUDA can check",
+                           claim);
   }
   int rc = dlb_cuda_pointer_info_get(ptr, &info, err);
   if (rc != DLB_OK) return rc;
@@ -86,15 +87,13 @@ int dlb_cuda_check_pointer(DLDevice claimed, const void *ptr, dlb_error *err) {
   if (ok) return DLB_OK;
   if (info.memory_type == DLB_CUDA_MEMORY_UNREGISTERED) {
     return dlb_error_set(err, DLB_EINVAL,
-                         "pointer %p is claimed to be %s:%d but is %s",
-                         ptr, claim, (int)claimed.device_id,
-                         memory_type_text(info.memory_type));
+                         "pointer %p is claimed to be %s but is %s",
+                         ptr, claim, memory_type_text(info.memory_type));
   }
   return dlb_error_set(err, DLB_EINVAL,
-                       "pointer %p is claimed to be %s:%d but is %s of CUDA "
+                       "pointer %p is claimed to be %s but is %s of CUDA "
                        "device %d",
-                       ptr, claim, (int)claimed.device_id,
-                       memory_type_text(info.memory_type),
+                       ptr, claim, memory_type_text(info.memory_type),
                        info.device_ordinal);
 }
 
@@ -289,9 +288,10 @@ static int make_cuda_owned(const char *what, int32_t ndim,
     goto cleanup;
   }
   if (device.device_type != kDLCUDA && device.device_type != kDLCUDAHost) {
+    char d[DLB_DESCRIBE_MAX];
     rc = dlb_error_set(err, DLB_EUNSUPPORTED,
-                       "%s: device type %d is not cuda or cuda_host", what,
-                       (int)device.device_type);
+                       "%s: device %s is not cuda or cuda_host", what,
+                       dlb_device_describe(device, d, sizeof d));
     goto cleanup;
   }
   rc = dlb_dtype_check(dtype, err);

@@ -1,4 +1,5 @@
 /* device.c -- device type names and parsing of "type[:id]" strings. */
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -32,6 +33,21 @@ static const char *const device_names[] = {
 const char *dlb_device_type_name(int32_t device_type) {
   if (device_type < 0 || device_type >= DEVICE_NAMES_LEN) return NULL;
   return device_names[device_type];
+}
+
+const char *dlb_device_describe(DLDevice device, char *buf, size_t buflen) {
+  if (buf == NULL || buflen == 0) return buf;
+  const char *name = dlb_device_type_name((int32_t)device.device_type);
+  /* The CPU is one device: "cpu", not "cpu:0".  Every other type always
+   * shows its index, so "cuda" alone never hides which GPU. */
+  if (device.device_type == kDLCPU && device.device_id == 0)
+    snprintf(buf, buflen, "cpu");
+  else if (name != NULL)
+    snprintf(buf, buflen, "%s:%d", name, (int)device.device_id);
+  else
+    snprintf(buf, buflen, "device_type_%d:%d", (int)device.device_type,
+             (int)device.device_id);
+  return buf;
 }
 
 bool dlb_device_type_known(int32_t device_type) {

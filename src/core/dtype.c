@@ -72,17 +72,19 @@ static const dtype_entry *find_entry(uint8_t code, uint8_t bits) {
  * so the check itself stays a table lookup. */
 static int dtype_check_slow(DLDataType dtype, dlb_error *err) {
   unsigned code = dtype.code, bits = dtype.bits, lanes = dtype.lanes;
+  char d[DLB_DESCRIBE_MAX];
+  dlb_dtype_describe(dtype, d, sizeof d);
   if (code == kDLOpaqueHandle)
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "dtype (code %u, bits %u, lanes %u): code 3 "
+                         "dtype %s: code 3 "
                          "(kDLOpaqueHandle) is not supported: its meaning is "
                          "private to the producer",
-                         code, bits, lanes);
+                         d);
   if (code >= CODE_NAMES_LEN)
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "dtype (code %u, bits %u, lanes %u): unknown type "
+                         "dtype %s: unknown type "
                          "code %u (known codes are 0-17)",
-                         code, bits, lanes, code);
+                         d, code);
   if (find_entry(dtype.code, dtype.bits) == NULL) {
     /* List what the code does allow so the producer's bug is obvious. */
     char allowed[64];
@@ -96,15 +98,15 @@ static int dtype_check_slow(DLDataType dtype, dlb_error *err) {
       used += (size_t)n;
     }
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "dtype (code %u, bits %u, lanes %u): %s does not "
+                         "dtype %s: %s does not "
                          "allow bits %u (allowed: %s)",
-                         code, bits, lanes, code_names[code], bits, allowed);
+                         d, code_names[code], bits, allowed);
   }
   if (lanes == 0)
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "dtype (code %u, bits %u, lanes %u): lanes must be "
+                         "dtype %s: lanes must be "
                          ">= 1",
-                         code, bits, lanes);
+                         d);
   return DLB_OK;
 }
 
@@ -139,6 +141,21 @@ int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen,
                          tmp, n + 1, buflen);
   memcpy(buf, tmp, (size_t)n + 1);
   return DLB_OK;
+}
+
+const char *dlb_dtype_describe(DLDataType dtype, char *buf, size_t buflen) {
+  if (buf == NULL || buflen == 0) return buf;
+  /* Not through dlb_dtype_name: its check's messages describe the dtype
+   * with this very function. */
+  if (dlb__dtype_known(dtype.code, dtype.bits) && dtype.lanes == 1)
+    snprintf(buf, buflen, "%s", find_entry(dtype.code, dtype.bits)->name);
+  else if (dlb__dtype_known(dtype.code, dtype.bits) && dtype.lanes != 0)
+    snprintf(buf, buflen, "%sx%u", find_entry(dtype.code, dtype.bits)->name,
+             (unsigned)dtype.lanes);
+  else
+    snprintf(buf, buflen, "(code %u, bits %u, lanes %u)", (unsigned)dtype.code,
+             (unsigned)dtype.bits, (unsigned)dtype.lanes);
+  return buf;
 }
 
 /* Parse the "x<lanes>" suffix.  Only the canonical spelling is accepted
@@ -220,7 +237,7 @@ int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count, bool padded,
    * every error, takes the general code below. */
   if (count >= 0 && elem_bits != 0 && elem_bits % 8 == 0 && out != NULL) {
     int64_t total;
-    if (!dlb__mul_ovf(count, elem_bits / 8, &total)) {
+    if (!dlb__mul_overflow(count, elem_bits / 8, &total)) {
       *out = total;
       return DLB_OK;
     }
@@ -228,26 +245,25 @@ int dlb_dtype_storage_bytes(DLDataType dtype, int64_t count, bool padded,
   if (count < 0)
     return dlb_error_set(err, DLB_EINVAL,
                          "element count %lld is negative", (long long)count);
-  if (elem_bits == 0)
-    return dlb_error_set(err, DLB_EINVAL,
-                         "dtype (code %u, bits %u, lanes %u) has zero-size "
-                         "elements",
-                         (unsigned)dtype.code, (unsigned)dtype.bits,
-                         (unsigned)dtype.lanes);
+  if (elem_bits == 0) {
+    char d[DLB_DESCRIBE_MAX];
+    return dlb_error_set(err, DLB_EINVAL, "dtype %s has zero-size elements",
+                         dlb_dtype_describe(dtype, d, sizeof d));
+  }
   if (out == NULL)
     return dlb_error_set(err, DLB_EINVAL, "storage size output is NULL");
   int64_t total;
   if (padded) {
-    if (!dlb__mul_nonneg(count, (elem_bits + 7) / 8, &total))
+    if (dlb__mul_overflow(count, (elem_bits + 7) / 8, &total))
       goto overflow;
   } else {
     /* count * elem_bits may overflow even when the byte count fits, so split
      * count = 8a + b: ceil(count * eb / 8) = a * eb + ceil(b * eb / 8). */
     int64_t a = count / 8, b = count % 8, head;
     int64_t tail = (b * elem_bits + 7) / 8;
-    if (!dlb__mul_nonneg(a, elem_bits, &head) || head > INT64_MAX - tail)
+    if (dlb__mul_overflow(a, elem_bits, &head) ||
+        dlb__add_overflow(head, tail, &total))
       goto overflow;
-    total = head + tail;
   }
   *out = total;
   return DLB_OK;

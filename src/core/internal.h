@@ -12,13 +12,6 @@
 void *dlb__alloc(size_t size);
 void dlb__free(void *ptr);
 
-/* a * b into *out, false on int64 overflow.  a, b >= 0. */
-static inline bool dlb__mul_nonneg(int64_t a, int64_t b, int64_t *out) {
-  if (a != 0 && b > INT64_MAX / a) return false;
-  *out = a * b;
-  return true;
-}
-
 /* ---- hot-path helpers shared by layout.c, validate.c and dtype.c ----------
  * The fast paths below only ever answer "this input is certainly fine"; any
  * doubt sends the caller to its original, message-producing slow path, so
@@ -33,13 +26,16 @@ static inline bool dlb__mul_nonneg(int64_t a, int64_t b, int64_t *out) {
 #define DLB__OUT_OF_LINE(ret, name, params) \
   static ret (*const volatile name##_out_of_line) params = name
 
-/* Checked int64 arithmetic for any signs: true on overflow (the rare case,
- * so callers OR the flags together and branch once).  *out holds some value
- * even on overflow, so a loop may keep going and look at the flag later.
- * Plain C: measured against the compiler's overflow builtins, the fast
- * paths run no slower, because they only reach these helpers in the rare
- * "careful" tier. */
-static inline bool dlb__mul_ovf(int64_t a, int64_t b, int64_t *out) {
+/* Checked arithmetic: the core's one convention.  Every product or sum of
+ * untrusted extents, strides, offsets and sizes goes through these (no
+ * ad-hoc "a > INT64_MAX - b" at the call sites).  Like the compilers'
+ * __builtin_*_overflow, each returns true on overflow (the rare case, so
+ * callers may OR the flags together and branch once) and false with the
+ * exact result in *out otherwise.  *out holds 0 on overflow, so a loop may
+ * keep going and look at the flag later.  Any signs.  Plain C: measured
+ * against the builtins, the fast paths run no slower, because they only
+ * reach these helpers in the rare "careful" tier. */
+static inline bool dlb__mul_overflow(int64_t a, int64_t b, int64_t *out) {
   uint64_t ua = a < 0 ? 0u - (uint64_t)a : (uint64_t)a;
   uint64_t ub = b < 0 ? 0u - (uint64_t)b : (uint64_t)b;
   *out = 0;
@@ -55,11 +51,29 @@ static inline bool dlb__mul_ovf(int64_t a, int64_t b, int64_t *out) {
   return false;
 }
 
-static inline bool dlb__add_ovf(int64_t a, int64_t b, int64_t *out) {
+static inline bool dlb__add_overflow(int64_t a, int64_t b, int64_t *out) {
   *out = 0;
   if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b))
     return true;
   *out = a + b;
+  return false;
+}
+
+static inline bool dlb__sub_overflow(int64_t a, int64_t b, int64_t *out) {
+  *out = 0;
+  if ((b < 0 && a > INT64_MAX + b) || (b > 0 && a < INT64_MIN + b))
+    return true;
+  *out = a - b;
+  return false;
+}
+
+/* bytes + extra as a size_t (an allocation size): true when bytes is
+ * negative or the sum does not fit in size_t. */
+static inline bool dlb__size_overflow(int64_t bytes, size_t extra,
+                                      size_t *out) {
+  *out = 0;
+  if (bytes < 0 || (uint64_t)bytes > SIZE_MAX - extra) return true;
+  *out = (size_t)bytes + extra;
   return false;
 }
 

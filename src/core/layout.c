@@ -6,33 +6,6 @@
  * below element 0). */
 #include "internal.h"
 
-/* a * b into *out for any signs; false when the result leaves int64_t.
- * Works on magnitudes so INT64_MIN needs no special case and nothing is
- * divided by zero. */
-static bool mul_i64(int64_t a, int64_t b, int64_t *out) {
-  uint64_t ua = a < 0 ? 0u - (uint64_t)a : (uint64_t)a;
-  uint64_t ub = b < 0 ? 0u - (uint64_t)b : (uint64_t)b;
-  if (ub != 0 && ua > UINT64_MAX / ub) return false;
-  uint64_t mag = ua * ub;
-  bool negative = (a < 0) != (b < 0) && mag != 0;
-  if (negative) {
-    if (mag > (uint64_t)INT64_MAX + 1u) return false;
-    /* -(mag) computed without overflowing for mag == 2^63. */
-    *out = mag == (uint64_t)INT64_MAX + 1u ? INT64_MIN : -(int64_t)mag;
-  } else {
-    if (mag > (uint64_t)INT64_MAX) return false;
-    *out = (int64_t)mag;
-  }
-  return true;
-}
-
-static bool add_i64(int64_t a, int64_t b, int64_t *out) {
-  if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b))
-    return false;
-  *out = a + b;
-  return true;
-}
-
 /* The checks of dlb_shape_numel in their original order, for inputs the
  * fast path below did not accept: produces every error and its message. */
 static int shape_numel_slow(int32_t ndim, const int64_t *shape,
@@ -61,7 +34,7 @@ static int shape_numel_slow(int32_t ndim, const int64_t *shape,
   }
   int64_t n = 1;
   for (int32_t i = 0; i < ndim; i++) {
-    if (!dlb__mul_nonneg(n, shape[i], &n))
+    if (dlb__mul_overflow(n, shape[i], &n))
       return dlb_error_set(err, DLB_EOVERFLOW,
                            "element count overflows int64 at shape[%ld] = %lld",
                            (long)i, (long long)shape[i]);
@@ -83,7 +56,7 @@ int dlb_shape_numel(int32_t ndim, const int64_t *shape, int64_t *out,
     for (int32_t i = 0; i < ndim; i++) {
       signs |= shape[i];
       zero |= shape[i] == 0;
-      ovf |= dlb__mul_ovf(n, shape[i], &n);
+      ovf |= dlb__mul_overflow(n, shape[i], &n);
     }
     if (signs >= 0 && (zero || !ovf)) {
       *out = zero ? 0 : n;
@@ -103,12 +76,12 @@ bool dlb__geometry_checked(int32_t ndim, const int64_t *shape,
       int64_t e = shape[i], reach;
       signs |= e;
       zero |= e == 0;
-      ovf |= dlb__mul_ovf(n, e, &n);
+      ovf |= dlb__mul_overflow(n, e, &n);
       /* e <= 0 makes the span irrelevant (rejected or empty); clamping
        * keeps e - 1 from overflowing for INT64_MIN. */
-      ovf |= dlb__mul_ovf(e > 0 ? e - 1 : 0, strides[i], &reach);
-      ovf |= dlb__add_ovf(lo, reach < 0 ? reach : 0, &lo);
-      ovf |= dlb__add_ovf(hi, reach > 0 ? reach : 0, &hi);
+      ovf |= dlb__mul_overflow(e > 0 ? e - 1 : 0, strides[i], &reach);
+      ovf |= dlb__add_overflow(lo, reach < 0 ? reach : 0, &lo);
+      ovf |= dlb__add_overflow(hi, reach > 0 ? reach : 0, &hi);
     }
     if (signs < 0) return false;
     if (zero) {
@@ -125,7 +98,7 @@ bool dlb__geometry_checked(int32_t ndim, const int64_t *shape,
     int64_t e = shape[i];
     signs |= e;
     zero |= e == 0;
-    ovf |= dlb__mul_ovf(n, e, &n);
+    ovf |= dlb__mul_overflow(n, e, &n);
   }
   if (signs < 0) return false;
   if (zero) {
@@ -134,7 +107,7 @@ bool dlb__geometry_checked(int32_t ndim, const int64_t *shape,
     int64_t step = 1;
     ovf = false;
     for (int32_t i = 1; i < ndim; i++)
-      ovf |= dlb__mul_ovf(step, shape[i] == 0 ? 1 : shape[i], &step);
+      ovf |= dlb__mul_overflow(step, shape[i] == 0 ? 1 : shape[i], &step);
     if (ovf) return false;
     *numel = *lo_e = *hi_e = 0;
     return true;
@@ -165,7 +138,7 @@ int dlb_strides_row_major(int32_t ndim, const int64_t *shape, int64_t *strides,
   for (int32_t i = ndim - 1; i > 0; i--) {
     /* NumPy and PyTorch both step over a zero extent as if it were 1. */
     int64_t e = shape[i] == 0 ? 1 : shape[i];
-    if (!dlb__mul_nonneg(step, e, &step))
+    if (dlb__mul_overflow(step, e, &step))
       return dlb_error_set(err, DLB_EOVERFLOW,
                            "row-major stride of dim %ld overflows int64 "
                            "(shape[%ld] = %lld)",
@@ -236,7 +209,7 @@ static bool is_compact(const DLTensor *t, int order) {
     if (t->shape[i] == 1) continue;
     /* Past int64 no stride can match; only fail if another dim needs one. */
     if (overflowed || t->strides[i] != expected) return false;
-    overflowed = !dlb__mul_nonneg(expected, t->shape[i], &expected);
+    overflowed = dlb__mul_overflow(expected, t->shape[i], &expected);
   }
   return true;
 }
@@ -267,13 +240,13 @@ static int byte_span_slow(const DLTensor *t, int64_t *lo,
     return DLB_OK;
   }
   if (dlb_dtype_is_subbyte(t->dtype)) {
+    char d[DLB_DESCRIBE_MAX];
     if (!dlb_tensor_is_contiguous(t))
       return dlb_error_set(err, DLB_EUNSUPPORTED,
-                           "sub-byte dtype (code %u, bits %u, lanes %u) in a "
-                           "non-contiguous layout: elements smaller than a "
-                           "byte have no byte address",
-                           (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                           (unsigned)t->dtype.lanes);
+                           "sub-byte dtype %s in a non-contiguous layout: "
+                           "elements smaller than a byte have no byte "
+                           "address",
+                           dlb_dtype_describe(t->dtype, d, sizeof d));
     /* Packed is DLPack's default for sub-byte data; the padded flag lives
      * on the managed tensor, which this function cannot see. */
     int64_t bytes;
@@ -284,12 +257,11 @@ static int byte_span_slow(const DLTensor *t, int64_t *lo,
     return DLB_OK;
   }
   int64_t itemsize = dlb_dtype_itemsize(t->dtype);
-  if (itemsize == 0)
-    return dlb_error_set(err, DLB_EINVAL,
-                         "dtype (code %u, bits %u, lanes %u) has zero-size "
-                         "elements",
-                         (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                         (unsigned)t->dtype.lanes);
+  if (itemsize == 0) {
+    char d[DLB_DESCRIBE_MAX];
+    return dlb_error_set(err, DLB_EINVAL, "dtype %s has zero-size elements",
+                         dlb_dtype_describe(t->dtype, d, sizeof d));
+  }
   int64_t scratch[DLB_MAX_NDIM];
   const int64_t *strides = dlb_tensor_strides(t, scratch);
   if (strides == NULL && t->ndim > 0)
@@ -300,10 +272,10 @@ static int byte_span_slow(const DLTensor *t, int64_t *lo,
   int64_t lo_e = 0, hi_e = 0;
   for (int32_t i = 0; i < t->ndim; i++) {
     int64_t reach;
-    bool ok = mul_i64(t->shape[i] - 1, strides[i], &reach);
-    if (ok) ok = reach < 0 ? add_i64(lo_e, reach, &lo_e)
-                           : add_i64(hi_e, reach, &hi_e);
-    if (!ok)
+    bool ovf = dlb__mul_overflow(t->shape[i] - 1, strides[i], &reach);
+    if (!ovf) ovf = reach < 0 ? dlb__add_overflow(lo_e, reach, &lo_e)
+                              : dlb__add_overflow(hi_e, reach, &hi_e);
+    if (ovf)
       return dlb_error_set(err, DLB_EOVERFLOW,
                            "byte span overflows int64 at dim %ld (shape %lld, "
                            "stride %lld)",
@@ -311,8 +283,9 @@ static int byte_span_slow(const DLTensor *t, int64_t *lo,
                            (long long)strides[i]);
   }
   int64_t lo_b, hi_b;
-  if (!add_i64(hi_e, 1, &hi_e) || !mul_i64(lo_e, itemsize, &lo_b) ||
-      !mul_i64(hi_e, itemsize, &hi_b))
+  if (dlb__add_overflow(hi_e, 1, &hi_e) ||
+      dlb__mul_overflow(lo_e, itemsize, &lo_b) ||
+      dlb__mul_overflow(hi_e, itemsize, &hi_b))
     return dlb_error_set(err, DLB_EOVERFLOW,
                          "byte span of %lld-byte elements overflows int64",
                          (long long)itemsize);
@@ -344,9 +317,9 @@ static inline bool byte_span_ok(const DLTensor *t, int64_t *lo, int64_t *hi,
   int64_t elem_bits = (int64_t)t->dtype.bits * t->dtype.lanes;
   int64_t lo_b, hi_b;
   if (elem_bits == 0 || elem_bits % 8 != 0 ||
-      (dlb__add_ovf(hi_e, 1, &hi_e) |
-       dlb__mul_ovf(lo_e, elem_bits / 8, &lo_b) |
-       dlb__mul_ovf(hi_e, elem_bits / 8, &hi_b)))
+      (dlb__add_overflow(hi_e, 1, &hi_e) |
+       dlb__mul_overflow(lo_e, elem_bits / 8, &lo_b) |
+       dlb__mul_overflow(hi_e, elem_bits / 8, &hi_b)))
     return false;
   *lo = lo_b;
   *hi = hi_b;

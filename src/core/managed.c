@@ -127,14 +127,13 @@ static int alloc_versioned(const char *what, int32_t ndim, int64_t data_bytes,
   if (data_bytes >= 0) {
     /* The allocator only promises malloc alignment, so reserve
      * DLB_DATA_ALIGNMENT - 1 bytes of slack and align inside the block. */
-    if ((uint64_t)data_bytes > (uint64_t)(SIZE_MAX - meta -
-                                          (DLB_DATA_ALIGNMENT - 1))) {
+    if (dlb__size_overflow(data_bytes, meta + (DLB_DATA_ALIGNMENT - 1),
+                           &total)) {
       return dlb_error_set(err, DLB_EOVERFLOW,
                            "%s: %lld bytes of data do not fit in memory "
                            "(size_t overflow)",
                            what, (long long)data_bytes);
     }
-    total = meta + (DLB_DATA_ALIGNMENT - 1) + (size_t)data_bytes;
   }
   const dlb_allocator *allocator = dlb_get_allocator();
   versioned_block *b = allocator->alloc(total, allocator->ctx);
@@ -195,13 +194,11 @@ static int make_owned(const char *what, int32_t ndim, const int64_t *shape,
     }
   }
   if (device.device_type != kDLCPU) {
-    const char *name = dlb_device_type_name((int32_t)device.device_type);
+    char d[DLB_DESCRIBE_MAX];
     rc = dlb_error_set(err, DLB_EUNSUPPORTED,
-                       "%s: device %s (type %d) is not plain CPU memory; "
-                       "pinned, managed and device memory need the device "
-                       "API",
-                       what, name != NULL ? name : "(unknown)",
-                       (int)device.device_type);
+                       "%s: device %s is not plain CPU memory; pinned, "
+                       "managed and device memory need the device API",
+                       what, dlb_device_describe(device, d, sizeof d));
     goto cleanup;
   }
   if (device.device_id < 0) {

@@ -120,11 +120,13 @@ static void unlink_name(const char *name) {
 
 /* Bytes of a mapping holding data_bytes of data; false on overflow. */
 static bool map_size(uint64_t data_bytes, size_t *out) {
-  if (data_bytes > (uint64_t)INT64_MAX - DLB_SHM_HEADER_BYTES) return false;
-  uint64_t total = data_bytes + DLB_SHM_HEADER_BYTES;
-  if (total > (uint64_t)SIZE_MAX) return false;
-  *out = (size_t)total;
-  return true;
+  /* Offsets into the mapping are int64 (off_t), so the whole mapping must
+   * fit there as well as in size_t. */
+  int64_t total;
+  if (data_bytes > (uint64_t)INT64_MAX ||
+      dlb__add_overflow((int64_t)data_bytes, DLB_SHM_HEADER_BYTES, &total))
+    return false;
+  return !dlb__size_overflow(total, 0, out);
 }
 
 static dlb_shm *handle_new(void) {

@@ -43,18 +43,19 @@ static int validate_slow(const DLTensor *t, unsigned options,
     if (rc != DLB_OK) return rc;
   } else if (t->dtype.bits == 0 || t->dtype.lanes == 0) {
     /* Even an unknown dtype needs a size, or no byte range can be checked. */
+    char d[DLB_DESCRIBE_MAX];
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "dtype (code %u, bits %u, lanes %u): bits and lanes "
-                         "must be >= 1",
-                         (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                         (unsigned)t->dtype.lanes);
+                         "dtype %s: bits and lanes must be >= 1",
+                         dlb_dtype_describe(t->dtype, d, sizeof d));
   }
 
   if (!(options & DLB_VALIDATE_ANY_DEVICE) &&
-      !dlb_device_type_known((int32_t)t->device.device_type))
+      !dlb_device_type_known((int32_t)t->device.device_type)) {
+    char d[DLB_DESCRIBE_MAX];
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "device_type %d is not a known DLPack device type",
-                         (int)t->device.device_type);
+                         "device %s: not a known DLPack device type",
+                         dlb_device_describe(t->device, d, sizeof d));
+  }
   if (t->device.device_id < 0)
     return dlb_error_set(err, DLB_EINVAL,
                          "device_id %" PRId32 " is negative",
@@ -81,15 +82,15 @@ static int validate_slow(const DLTensor *t, unsigned options,
   int64_t lo, hi;
   rc = dlb_tensor_byte_span(t, &lo, &hi, err);
   if (rc != DLB_OK) return rc;
-  if (hi > INT64_MAX - (int64_t)t->byte_offset)
+  int64_t end, span;
+  if (dlb__add_overflow(hi, (int64_t)t->byte_offset, &end))
     return dlb_error_set(err, DLB_EOVERFLOW,
                          "byte_offset %" PRIu64 " plus the byte span end %"
                          PRId64 " exceeds INT64_MAX",
                          t->byte_offset, hi);
-  /* hi >= 0 >= lo, so hi - INT64_MAX cannot overflow; a span of more than
-   * INT64_MAX bytes is no memory and would overflow every consumer's
-   * hi - lo (found by tests/fuzz/fuzz_validate). */
-  if (lo < hi - INT64_MAX)
+  /* A span of more than INT64_MAX bytes is no memory and would overflow
+   * every consumer's hi - lo (found by tests/fuzz/fuzz_validate). */
+  if (dlb__sub_overflow(hi, lo, &span))
     return dlb_error_set(err, DLB_EOVERFLOW,
                          "the byte span [%" PRId64 ", %" PRId64
                          ") is longer than INT64_MAX bytes",
@@ -162,12 +163,12 @@ static inline bool validate_ok(const DLTensor *t, unsigned options,
     if (numel < small && lo_e > -small && hi_e < small &&
         itemsize < ((int64_t)1 << 22)) {
       hi_b = (hi_e + 1) * itemsize;
-    } else if (dlb__mul_ovf(numel, itemsize, &nbytes) |
-               dlb__add_ovf(hi_e, 1, &hi_e) |
-               dlb__mul_ovf(lo_e, itemsize, &lo_b) |
-               dlb__mul_ovf(hi_e, itemsize, &hi_b)) {
+    } else if (dlb__mul_overflow(numel, itemsize, &nbytes) |
+               dlb__add_overflow(hi_e, 1, &hi_e) |
+               dlb__mul_overflow(lo_e, itemsize, &lo_b) |
+               dlb__mul_overflow(hi_e, itemsize, &hi_b)) {
       return false;
-    } else if (lo_b < hi_b - INT64_MAX) {
+    } else if (dlb__sub_overflow(hi_b, lo_b, &nbytes)) {
       return false; /* a span longer than INT64_MAX bytes */
     }
   } else {
@@ -176,7 +177,8 @@ static inline bool validate_ok(const DLTensor *t, unsigned options,
         dlb_dtype_storage_bytes(dtype, numel, false, &hi_b, NULL) != DLB_OK)
       return false;
   }
-  return hi_b <= INT64_MAX - (int64_t)t->byte_offset;
+  int64_t end;
+  return !dlb__add_overflow(hi_b, (int64_t)t->byte_offset, &end);
 }
 
 /* Second try, out of line so the first stays small. */

@@ -120,28 +120,43 @@ done:
   return rc;
 }
 
-/* The concrete type whose handler converts into framework name, for the
- * frameworks whose tensors have one type; NULL (no error) for the others,
- * -1 with ImportError when the framework is not installed. */
-static int framework_type(const char *name, PyObject **type) {
-  const char *module_name, *attr;
-  PyObject *module;
-  *type = NULL;
-  if (strcmp(name, "numpy") == 0) {
-    module_name = "numpy";
-    attr = "ndarray";
-  } else if (strcmp(name, "torch") == 0) {
-    module_name = "torch";
-    attr = "Tensor";
-  } else {
-    return 0;
+/* The registry's answer for an export to framework name (new reference
+ * to a (tensor_type, check, convert) tuple, or None for a name that is not
+ * a convert target), asked once per name and
+ * cached: python/dlbridge/_frameworks.py is the one list of frameworks, so
+ * what a name means -- and what the framework refuses -- does not depend
+ * on a list kept here.  NULL with an exception (ValueError for a name the
+ * registry does not know, ImportError for a framework not installed). */
+static PyObject *export_target(dlb_module_state *st, PyObject *name) {
+  struct dlb_handler_cache *c = st->handlers;
+  PyObject *target, *registry;
+  if (c == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
+    return NULL;
   }
-  module = PyImport_ImportModule(module_name);
-  if (module == NULL) return -1;
-  *type = PyObject_GetAttrString(module, attr);
-  Py_DECREF(module);
-  if (*type != NULL && !PyType_Check(*type)) Py_CLEAR(*type);
-  return *type == NULL && PyErr_Occurred() ? -1 : 0;
+  target = PyDict_GetItemWithError(c->targets, name);
+  if (target != NULL) return Py_NewRef(target);
+  if (PyErr_Occurred()) return NULL;
+  registry = PyImport_Import(c->str_registry);
+  if (registry == NULL) return NULL;
+  target = PyObject_CallMethod(registry, "_c_target", "O", name);
+  Py_DECREF(registry);
+  if (target == NULL) return NULL;
+  if (target != Py_None &&
+      (!PyTuple_CheckExact(target) || PyTuple_GET_SIZE(target) != 3)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "dlbridge._frameworks._c_target must return None or a "
+                    "3-tuple");
+    Py_DECREF(target);
+    return NULL;
+  }
+  /* st->handlers may have gone while Python ran; the answer is then just
+   * not cached. */
+  if (st->handlers == c && PyDict_SetItem(c->targets, name, target) < 0) {
+    Py_DECREF(target);
+    return NULL;
+  }
+  return target;
 }
 
 static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
@@ -149,7 +164,8 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
                                PyObject **out) {
   dlb_module_state *st = state_of(api);
   const dlb_handler *h = NULL;
-  PyObject *type = NULL, *tensor = NULL, *frameworks = NULL, *result = NULL;
+  PyTypeObject *fast = NULL;
+  PyObject *name = NULL, *target = NULL, *tensor = NULL, *result = NULL;
   dlb_error err;
   int rc = -1;
 
@@ -183,6 +199,9 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
                    Py_TYPE(like)->tp_name);
       goto done;
     }
+    /* Held: the handler is not used once Python code has run below. */
+    name = Py_NewRef(h->framework);
+    h = NULL;
   } else if (framework == NULL || strcmp(framework, "dlbridge") == 0) {
     rc = 0;
     result = dlb__tensor_from_managed(st, m);
@@ -190,28 +209,69 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
     if (result == NULL) rc = -1;
     goto done;
   } else {
-    if (framework_type(framework, &type) < 0) goto done;
-    if (type != NULL) {
-      h = dlb__handler_for(st, (PyTypeObject *)type);
-      if (h == NULL) goto done;
+    name = PyUnicode_DecodeUTF8(framework, (Py_ssize_t)strlen(framework),
+                                "strict");
+    if (name == NULL) {
+      /* Not a name the registry could know: a bad value, not a codec
+       * problem of the caller's. */
+      if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError,
+                        "dlb_py_export: the framework name is not UTF-8");
+      }
+      goto done;
     }
   }
 
-  if (h != NULL) {
-    rc = dlb__to_framework(st, h, m, &result);
-    m = NULL; /* stolen, on failure too */
+  /* Every target, by name or like=, goes through the registry's checks
+   * (read-only data into torch is refused whichever way torch is named).
+   * A framework the registry does not know (like= of some other type) has
+   * none; an unknown name is the registry's ValueError. */
+  tensor = dlb__tensor_from_managed(st, m);
+  m = NULL; /* stolen, on failure too */
+  if (tensor == NULL) goto done;
+  target = export_target(st, name);
+  if (target == NULL) goto done;
+  if (target == Py_None && like == NULL) {
+    PyObject *registry = PyImport_Import(st->handlers->str_registry);
+    if (registry != NULL) {
+      Py_XDECREF(PyObject_CallMethod(registry, "_resolve_target", "O", name));
+      Py_DECREF(registry);
+    }
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_ValueError, "dlb_py_export: unknown framework %R",
+                   name);
     goto done;
   }
-
-  /* A framework whose tensors have no single concrete type (jax, cupy,
-   * tensorflow) or a name we do not know: dlbridge.convert knows each one's
-   * importer and quirks, and reports an unknown name as ValueError. */
-  tensor = dlb__tensor_from_managed(st, m);
-  m = NULL;
-  if (tensor == NULL) goto done;
-  frameworks = PyImport_ImportModule("dlbridge._frameworks");
-  if (frameworks == NULL) goto done;
-  result = PyObject_CallMethod(frameworks, "convert", "Os", tensor, framework);
+  if (target != Py_None) {
+    PyObject *ok = PyObject_CallOneArg(PyTuple_GET_ITEM(target, 1), tensor);
+    if (ok == NULL) goto done;
+    Py_DECREF(ok);
+  }
+  /* The handler is looked up only now, after the Python code above. */
+  if (like != NULL) {
+    fast = Py_TYPE(like);
+  } else if (PyType_Check(PyTuple_GET_ITEM(target, 0))) {
+    fast = (PyTypeObject *)PyTuple_GET_ITEM(target, 0);
+  }
+  if (fast != NULL) {
+    h = dlb__handler_for(st, fast);
+    if (h == NULL) goto done;
+  }
+  /* like's handler hands the result to its framework (its exchange table,
+   * or the registry's importer); a named framework's tensor type is used
+   * only for its exchange table, the fast path. */
+  if (h != NULL && (like != NULL || h->kind == DLB_KIND_EXCHANGE)) {
+    DLManagedTensorVersioned *e = NULL;
+    if (dlb__tensor_export_managed((dlb_TensorObject *)tensor, &e, &err) < 0) {
+      dlb__raise(&err);
+      goto done;
+    }
+    rc = dlb__to_framework(st, h, e, &result); /* steals e */
+    if (rc < 0) result = NULL;
+    goto done;
+  }
+  result = PyObject_CallOneArg(PyTuple_GET_ITEM(target, 2), tensor);
   if (result != NULL) rc = 0;
 done:
   if (m != NULL) {
@@ -219,9 +279,9 @@ done:
      * callback): it must not see the exception we are about to return. */
     dlb__delete_keep_error(m);
   }
-  Py_XDECREF(type);
+  Py_XDECREF(name);
+  Py_XDECREF(target);
   Py_XDECREF(tensor);
-  Py_XDECREF(frameworks);
   if (rc == 0)
     *out = result;
   else

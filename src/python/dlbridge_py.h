@@ -17,9 +17,13 @@
  *              __array_interface__, tolist, copy, repr, empty/zeros/tensor
  *   export.c   what dlb.Tensor gives consumers: __dlpack__,
  *              __dlpack_device__, capsules, its C exchange table
- *   handlers.c the type -> handler cache and classification
+ *   handlers.c the type -> handler cache and classification: the
+ *              ladder's type-level rungs, cached per type (version-tag
+ *              checked); framework names from python/dlbridge/_frameworks.py
  *   readers.c  owning readers: capsules, __dlpack__, legacy producers,
- *              buffers, __array_interface__ / __cuda_array_interface__
+ *              buffers, __array_interface__ / __cuda_array_interface__, and
+ *              the ladder's owning rungs in order (dlb__read_owned), shared
+ *              by import.c and views.c
  *   views.c    borrowed views (dlb__view_get / dlb__view_release)
  *   outputs.c  current stream, allocate-like, hand a result to a framework
  *   import.c   from_dlpack's policy: which reader, device= and copy=
@@ -226,19 +230,19 @@ int dlb__dtype_converter(dlb_module_state *st, PyObject *obj, DLDataType *out);
  * 0 on success, -1 with an exception. */
 int dlb__device_converter(dlb_module_state *st, PyObject *obj, DLDevice *out);
 
-/* A device as text: "cpu" for CPU 0, else "cuda:1", "device_type_5:0" for
- * types we do not know.  What str(Device) gives; messages use it too. */
+/* A device as text, the core's one spelling (dlb_device_describe): "cpu"
+ * for CPU 0, else "cuda:1", "device_type_5:0" for types we do not know.
+ * What str(Device) gives; every message uses it too. */
 PyObject *dlb__device_text(DLDevice device);
 
-/* The same into buf, as "cpu:0", "cuda:1", "device type 5:0" (messages
- * of from_dlpack and Function; not yet one spelling, issue 7).  Returns
- * buf. */
+/* The same into buf (n >= DLB_DESCRIBE_MAX holds it all).  Returns buf. */
 const char *dlb__device_str(DLDevice device, char *buf, size_t n);
 
 /* Same device type and id. */
 int dlb__same_device(DLDevice a, DLDevice b);
 
-/* A dtype's name into buf, or "(code C, bits B, lanes L)". */
+/* dlb_dtype_describe into buf: a dtype's name, or "(code C, bits B, lanes
+ * L)". */
 void dlb__dtype_str(DLDataType dtype, char *buf, size_t n);
 
 /* Module-level functions dtype() and device(). */
@@ -439,7 +443,8 @@ void dlb__export_clear(dlb_module_state *st);
  * objects through a handler, so each framework is supported in one place. */
 
 typedef enum {
-  DLB_KIND_NONE = 0,   /* not tensor-like */
+  DLB_KIND_NONE = 0,   /* the type has no fast path: the ladder's owning
+                          rungs (dlb__read_owned) read the object */
   DLB_KIND_TENSOR,     /* dlbridge.Tensor (or subclass): direct struct access */
   DLB_KIND_EXCHANGE,   /* the type publishes a DLPack C exchange table */
   DLB_KIND_NUMPY,      /* numpy.ndarray: fields read directly */
@@ -496,15 +501,24 @@ struct dlb_handler_cache {
   PyObject *converters; /* dict framework name -> from_dlpack callable */
   /* dlbridge._streams.framework_stream, imported on first use (outputs.c) */
   PyObject *framework_stream;
+  PyObject *targets;    /* dict framework name -> the registry's
+                           (tensor_type, check, convert), capi.c */
   PyObject *str_module; /* "__module__" */
   PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
   PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
+  PyObject *str_registry;        /* "dlbridge._frameworks" */
+  PyObject *str_type_framework;  /* "_type_framework" */
 };
 
-/* The handler for type (borrowed, lives as long as the module).  Never NULL
- * unless an exception is set: a type that is not tensor-like gets a handler
- * with kind DLB_KIND_NONE, cached too. */
+/* The handler for type (borrowed; lives as long as the type).  Never NULL
+ * unless an exception is set: a type with no fast path gets a handler with
+ * kind DLB_KIND_NONE, cached too.  A type modified since it was classified
+ * (its version tag moved) is classified again, which runs Python code. */
 const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type);
+
+/* _core._type_framework(type): the framework name cached in type's handler
+ * (the registry's answer), for dlbridge.convert. */
+PyObject *dlb__py_type_framework(PyObject *module, PyObject *type);
 
 /* Whether type (through its MRO) defines name, looked up as Python looks up
  * special methods: no bound method, a miss raises nothing. */
@@ -547,6 +561,17 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
                                       DLManagedTensorVersioned **out);
 int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
                                  DLManagedTensorVersioned **out);
+
+/* The one "is it tensor-like?" ladder, its owning rungs in DESIGN.md's
+ * order: __dlpack__, a raw capsule, a legacy producer, the buffer protocol,
+ * __array_interface__, __cuda_array_interface__.  from_dlpack (import.c),
+ * Function and the C API (views.c) all come here for an object whose type
+ * has no fast path in its handler, so each sees the same objects as
+ * tensor-like.  target / copy as for dlb__dunder_dlpack_managed.  1 with
+ * *out owned and validated, 0 when obj is none of these (no exception: the
+ * caller says "not tensor-like" in its own words), -1 with an exception. */
+int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
+                    int copy, DLManagedTensorVersioned **out);
 
 /* ---- Borrowed views (views.c) ----------------------------------------------- */
 

@@ -643,11 +643,11 @@ static int tx_allocator(DLTensor *prototype, DLManagedTensorVersioned **out,
                                 prototype->dtype, prototype->device, false,
                                 dlb__stream_current(), out, &err);
   } else {
-    const char *name = dlb_device_type_name((int32_t)type);
+    char dev[DLB_DESCRIBE_MAX];
     PyOS_snprintf(msg, sizeof msg,
                   "dlbridge.Tensor can be allocated on the CPU, CUDA devices "
-                  "and pinned host memory, not on %s (device type %d)",
-                  name != NULL ? name : "an unknown device", (int)type);
+                  "and pinned host memory, not on %s",
+                  dlb_device_describe(prototype->device, dev, sizeof dev));
     SetError(error_ctx, "BufferError", msg);
     return -1;
   }

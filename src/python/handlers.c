@@ -23,13 +23,32 @@
  * caller may hold across Python code; a handler is only freed when its
  * type is gone, which cannot happen while the caller holds an object of
  * that type.  dlb_handler.type is therefore a borrowed pointer kept valid
- * by that rule.  A type that gains or loses __dlpack_c_exchange_api__
- * after it was first seen keeps its first classification (tables are
- * class-level, process-lifetime constants by the spec).
+ * by that rule.
+ *
+ * Stale entries.  A class can change after it was first seen (a
+ * __dlpack__ assigned to it, a base class losing __array_interface__).
+ * CPython gives every type a version tag that changes whenever the type or
+ * one of its bases is modified (it is what its own attribute cache is
+ * keyed by): an entry remembers the tag it was classified under, and a
+ * lookup that finds another tag classifies the type again.  A new answer
+ * goes into a new entry; the old one is retired, not freed -- a caller may
+ * still hold it for a call in flight -- and freed with the type.  An answer
+ * that did not change only updates the tag, so a class that rewrites a
+ * class attribute on every call does not grow the cache.  A type CPython
+ * will not tag (tag 0: after very many modifications) is classified again
+ * on every lookup: slow, but never stale.  Types that cannot change (static
+ * types such as numpy.ndarray, immutable heap types such as dlbridge's own,
+ * with every base immutable too) skip the check.
+ *
+ * The framework a type belongs to is the registry's answer
+ * (python/dlbridge/_frameworks.py, _type_framework), asked once per
+ * classification and cached here; dlbridge.convert reads it back through
+ * _core._type_framework, so the two never disagree and neither side holds
+ * types strongly.
  *
  * The cache struct (dlbridge_py.h) also carries the NumPy descr -> dtype
- * cache (formats.c, read by views.c) and the framework converters
- * (outputs.c); it is made and freed here.
+ * cache (formats.c, read by views.c), the framework converters (outputs.c)
+ * and export targets (capi.c); it is made and freed here.
  */
 #include "dlbridge_py.h"
 
@@ -41,6 +60,14 @@
 typedef struct dlb_handler_entry {
   dlb_handler h;     /* must be first: we hand out &entry->h */
   PyObject *weakref; /* to h.type; its callback removes this entry */
+  unsigned int version; /* h.type->tp_version_tag when classified; 0: none */
+  /* The type and every class on its MRO are immutable (static types such
+   * as numpy.ndarray, dlbridge's own): it cannot change, so lookups skip
+   * the version check and its load of the type. */
+  int immutable;
+  /* Earlier classifications of the same type, still possibly borrowed by a
+   * call in flight; freed with this entry (see "Stale entries"). */
+  struct dlb_handler_entry *retired;
 } handler_entry;
 
 static size_t hash_type(const PyTypeObject *t) {
@@ -51,11 +78,15 @@ static size_t hash_type(const PyTypeObject *t) {
 }
 
 static void entry_free(handler_entry *e) {
-  /* The weakref first: once it is gone its callback can no longer run. */
-  Py_CLEAR(e->weakref);
-  Py_CLEAR(e->h.api_owner);
-  Py_CLEAR(e->h.framework);
-  PyMem_Free(e);
+  while (e != NULL) {
+    handler_entry *next = e->retired;
+    /* The weakref first: once it is gone its callback can no longer run. */
+    Py_CLEAR(e->weakref);
+    Py_CLEAR(e->h.api_owner);
+    Py_CLEAR(e->h.framework);
+    PyMem_Free(e);
+    e = next;
+  }
 }
 
 /* Remove slot i by shifting later members of its probe run back. */
@@ -175,32 +206,30 @@ static const DLPackExchangeAPI *table_from_attr(PyObject *attr, int allow_int) {
   return api;
 }
 
-/* Interned framework name from the type's __module__ root. */
+/* The framework type belongs to, as the registry names it (interned str,
+ * new reference): "torch" for torch.nn.Parameter, "jax" for a jaxlib type,
+ * the root of __module__ for a type of no framework dlbridge knows.  The one
+ * list of frameworks is python/dlbridge/_frameworks.py; asking it costs a
+ * Python call, once per classification.  NULL with an exception (memory,
+ * a broken registry): nothing is cached then, so a later call asks again. */
 static PyObject *framework_of(struct dlb_handler_cache *c, PyTypeObject *type) {
-  PyObject *mod = PyObject_GetAttr((PyObject *)type, c->str_module);
-  const char *s = NULL;
-  if (mod != NULL && PyUnicode_Check(mod)) s = PyUnicode_AsUTF8(mod);
-  if (s == NULL) {
-    Py_XDECREF(mod);
-    /* Out of memory must propagate: the answer is cached for the type's
-     * life, and "builtins" would be a wrong one (results would come back in
-     * the wrong framework).  A type with no usable __module__ is treated as
-     * a builtin. */
-    if (PyErr_ExceptionMatches(PyExc_MemoryError)) return NULL;
-    PyErr_Clear();
-    return PyUnicode_InternFromString("builtins");
+  PyObject *registry = PyImport_Import(c->str_registry);
+  if (registry == NULL) return NULL;
+  PyObject *name =
+      PyObject_CallMethodOneArg(registry, c->str_type_framework, (PyObject *)type);
+  Py_DECREF(registry);
+  if (name == NULL) return NULL;
+  if (!PyUnicode_CheckExact(name)) {
+    PyErr_Format(PyExc_TypeError,
+                 "dlbridge._frameworks._type_framework returned %.200s, not "
+                 "str",
+                 Py_TYPE(name)->tp_name);
+    Py_DECREF(name);
+    return NULL;
   }
-  size_t n = strcspn(s, ".");
-  char root[64];
-  if (n >= sizeof root) n = sizeof root - 1;
-  memcpy(root, s, n);
-  root[n] = '\0';
-  Py_DECREF(mod);
-  const char *name = root;
-  if (strcmp(root, "jaxlib") == 0) name = "jax";
-  return PyUnicode_InternFromString(name);
+  PyUnicode_InternInPlace(&name);
+  return name;
 }
-
 
 /* Special methods are looked up on the type, as Python does for its own
  * protocols: no bound method is created and a miss raises nothing. */
@@ -298,9 +327,39 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
   }
 }
 
-static const dlb_handler *classify_and_insert(dlb_module_state *st,
-                                              struct dlb_handler_cache *c,
-                                              PyTypeObject *type) {
+/* type's version tag, assigned if it has none yet; 0 when CPython will not
+ * tag it (the entry is then checked again on every lookup). */
+static unsigned int version_of(struct dlb_handler_cache *c, PyTypeObject *type) {
+#if PY_VERSION_HEX >= 0x030C0000
+  (void)c;
+  if (!PyUnstable_Type_AssignVersionTag(type)) return 0;
+#else
+  /* A lookup through the method cache tags the type (3.11 has no call for
+   * it); the name must be an interned str for the cache to be used. */
+  (void)_PyType_Lookup(type, c->str_module);
+  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+#endif
+  return type->tp_version_tag;
+}
+
+/* Whether type and every class on its MRO refuse attribute assignment. */
+static int all_immutable(PyTypeObject *type) {
+  PyObject *mro = type->tp_mro;
+  if (mro == NULL || !PyTuple_Check(mro)) return 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+    PyObject *base = PyTuple_GET_ITEM(mro, i);
+    if (!PyType_Check(base) ||
+        !PyType_HasFeature((PyTypeObject *)base, Py_TPFLAGS_IMMUTABLETYPE))
+      return 0;
+  }
+  return 1;
+}
+
+/* A new entry for type, classified now; NULL with an exception.  Runs
+ * Python code (the registry, __module__, NumPy's module): the caller must
+ * look the table up again afterwards. */
+static handler_entry *entry_new(dlb_module_state *st, struct dlb_handler_cache *c,
+                                PyTypeObject *type) {
   handler_entry *e = PyMem_Calloc(1, sizeof *e);
   if (e == NULL) {
     PyErr_NoMemory();
@@ -311,13 +370,69 @@ static const dlb_handler *classify_and_insert(dlb_module_state *st,
   if (e->h.framework == NULL) goto error;
   classify(st, c, type, &e->h);
   if (PyErr_Occurred()) goto error; /* classify's numpy check failed */
-  e->weakref = PyWeakref_NewRef((PyObject *)type, c->callback);
-  if (e->weakref == NULL) goto error;
-  if (cache_insert(c, e) < 0) goto error;
-  return &e->h;
+  /* Read last: the classification's own lookups may have tagged it. */
+  e->version = version_of(c, type);
+  e->immutable = all_immutable(type);
+  return e;
 error:
   entry_free(e);
   return NULL;
+}
+
+/* The live entry of type, or NULL (no exception). */
+static handler_entry *cache_find(struct dlb_handler_cache *c, PyTypeObject *type) {
+  size_t i = hash_type(type) & c->mask;
+  for (;;) {
+    handler_entry *e = c->slots[i];
+    if (e == NULL) return NULL;
+    if (e->h.type == type) return e;
+    i = (i + 1) & c->mask;
+  }
+}
+
+static int same_answer(const dlb_handler *a, const dlb_handler *b) {
+  return a->kind == b->kind && a->api == b->api &&
+         a->api_owner == b->api_owner &&
+         PyUnicode_Compare(a->framework, b->framework) == 0;
+}
+
+/* Classify type (new, or stale: its tag moved) and return its live entry. */
+static const dlb_handler *classify_and_insert(dlb_module_state *st,
+                                              struct dlb_handler_cache *c,
+                                              PyTypeObject *type) {
+  handler_entry *fresh = entry_new(st, c, type);
+  if (fresh == NULL) return NULL;
+  /* Python code ran: the table may have changed under us (other types
+   * added or dropped, this one classified by a re-entrant call). */
+  if (st->handlers != c) {
+    entry_free(fresh);
+    PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
+    return NULL;
+  }
+  handler_entry *old = cache_find(c, type);
+  if (old == NULL) {
+    fresh->weakref = PyWeakref_NewRef((PyObject *)type, c->callback);
+    if (fresh->weakref == NULL || cache_insert(c, fresh) < 0) {
+      entry_free(fresh);
+      return NULL;
+    }
+    return &fresh->h;
+  }
+  if (same_answer(&old->h, &fresh->h)) {
+    old->version = fresh->version;
+    old->immutable = fresh->immutable;
+    entry_free(fresh);
+    return &old->h;
+  }
+  /* A new answer: fresh takes old's slot and weakref; old is retired (a
+   * caller may still hold it) and freed with fresh, when the type dies. */
+  size_t i = hash_type(type) & c->mask;
+  while (c->slots[i] != old) i = (i + 1) & c->mask;
+  fresh->weakref = old->weakref;
+  old->weakref = NULL;
+  fresh->retired = old;
+  c->slots[i] = fresh;
+  return &fresh->h;
 }
 
 const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
@@ -330,10 +445,27 @@ const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
   for (;;) {
     handler_entry *e = c->slots[i];
     if (e == NULL) break;
-    if (e->h.type == type) return &e->h;
+    /* A moved tag means the class changed since it was classified. */
+    if (e->h.type == type) {
+      if (e->immutable ||
+          (e->version != 0 && e->version == type->tp_version_tag))
+        return &e->h;
+      break;
+    }
     i = (i + 1) & c->mask;
   }
   return classify_and_insert(st, c, type);
+}
+
+PyObject *dlb__py_type_framework(PyObject *module, PyObject *type) {
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  if (!PyType_Check(type)) {
+    PyErr_Format(PyExc_TypeError, "_type_framework() takes a type, not %.200s",
+                 Py_TYPE(type)->tp_name);
+    return NULL;
+  }
+  const dlb_handler *h = dlb__handler_for(st, (PyTypeObject *)type);
+  return h == NULL ? NULL : Py_NewRef(h->framework);
 }
 
 /* ---- init / clear ----------------------------------------------------------------- */
@@ -354,11 +486,15 @@ int dlb__handlers_init(dlb_module_state *st) {
   const char *skip = getenv("DLBRIDGE_SKIP_EXCHANGE_API");
   c->skip_exchange = skip != NULL && skip[0] != '\0' && strcmp(skip, "0") != 0;
   c->converters = PyDict_New();
+  c->targets = PyDict_New();
   c->str_module = PyUnicode_InternFromString("__module__");
   c->str_exchange = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
   c->str_exchange_legacy = PyUnicode_InternFromString("__c_dlpack_exchange_api__");
-  if (c->converters == NULL || c->str_module == NULL || c->str_exchange == NULL ||
-      c->str_exchange_legacy == NULL)
+  c->str_registry = PyUnicode_InternFromString("dlbridge._frameworks");
+  c->str_type_framework = PyUnicode_InternFromString("_type_framework");
+  if (c->converters == NULL || c->targets == NULL || c->str_module == NULL || c->str_exchange == NULL ||
+      c->str_exchange_legacy == NULL || c->str_registry == NULL ||
+      c->str_type_framework == NULL)
     return -1;
   /* The weakref callback reaches the cache through a capsule's context,
    * not the module: no reference cycle through module state. */
@@ -390,8 +526,11 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->cache_capsule);
   Py_CLEAR(c->converters);
   Py_CLEAR(c->framework_stream);
+  Py_CLEAR(c->targets);
   Py_CLEAR(c->str_module);
   Py_CLEAR(c->str_exchange);
   Py_CLEAR(c->str_exchange_legacy);
+  Py_CLEAR(c->str_registry);
+  Py_CLEAR(c->str_type_framework);
   PyMem_Free(c);
 }

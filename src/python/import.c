@@ -18,7 +18,9 @@
  *   f. the buffer protocol;
  *   g. __array_interface__ (version 3);
  *   h. __cuda_array_interface__ (imported as a kDLCUDA view; see readers.c).
- * Anything else is a TypeError naming the type.  Capsule ownership and the
+ * Anything else is a TypeError naming the type.  c. to h. are the owning
+ * rungs of the one ladder (dlb__read_owned, readers.c) that Function and
+ * the C API use too, so an object one accepts the others accept.  Capsule ownership and the
  * stream passed to producers are written down in readers.c.
  *
  * Decisions written down (known-bugs section 3):
@@ -115,46 +117,6 @@ static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
   return res;
 }
 
-/* ---- d. capsules, c. __dlpack__, f. buffers, g./h. array interfaces ---------- */
-
-/* Import a capsule object that a producer returned or the user passed.
- * Does not steal cap. */
-static PyObject *import_capsule(dlb_module_state *st, PyObject *cap,
-                                const DLDevice *target, int copy,
-                                const char *source) {
-  DLManagedTensorVersioned *m = NULL;
-  if (!PyCapsule_CheckExact(cap)) {
-    PyErr_Format(PyExc_TypeError,
-                 "from_dlpack: %s returned %.200s, not a DLPack PyCapsule",
-                 source, Py_TYPE(cap)->tp_name);
-    return NULL;
-  }
-  if (dlb__consume_capsule(cap, &m) < 0) return NULL;
-  return finish(st, m, target, copy);
-}
-
-static PyObject *import_dunder_dlpack(dlb_module_state *st, PyObject *obj,
-                                      const DLDevice *target, int copy) {
-  DLManagedTensorVersioned *m = NULL;
-  if (dlb__dunder_dlpack_managed(st, obj, target, copy, &m) < 0) return NULL;
-  return finish(st, m, target, copy);
-}
-
-static PyObject *import_buffer(dlb_module_state *st, PyObject *obj,
-                               const DLDevice *target, int copy) {
-  DLManagedTensorVersioned *m = NULL;
-  if (dlb__buffer_managed(obj, &m) < 0) return NULL;
-  return finish(st, m, target, copy);
-}
-
-static PyObject *import_array_interface(dlb_module_state *st, PyObject *obj,
-                                        PyObject *ai, int cuda,
-                                        const DLDevice *target, int copy) {
-  DLManagedTensorVersioned *m = NULL;
-  if (dlb__array_interface_dict_managed(obj, ai, cuda, &m) < 0) return NULL;
-  return finish(st, m, target, copy);
-}
-
 /* ---- b. the per-type handler: exchange tables and NumPy ---------------------- */
 
 /* dlb_release_fn for a NumPy import: drops the array the Tensor views.  Any
@@ -249,7 +211,8 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
 
 PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
                       const DLDevice *device, int copy) {
-  PyObject *attr = NULL, *result = NULL;
+  PyObject *result = NULL;
+  DLManagedTensorVersioned *m = NULL;
   int found;
 
   /* a. our own Tensor, b. exchange tables and NumPy: through the per-type
@@ -257,44 +220,10 @@ PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
   found = try_handler(st, obj, device, copy, &result);
   if (found != 0) return found > 0 ? result : NULL;
 
-  /* c. __dlpack__ */
-  if (dlb__type_has(Py_TYPE(obj), st->str_dlpack))
-    return import_dunder_dlpack(st, obj, device, copy);
-
-  /* d. raw capsules */
-  if (PyCapsule_CheckExact(obj))
-    return import_capsule(st, obj, device, copy, "the capsule");
-
-  /* e. legacy producers */
-  found = dlb__legacy_producer_capsule(obj, &attr);
+  /* c.-h.: the ladder's owning rungs, shared with Function and the C API */
+  found = dlb__read_owned(st, obj, device, copy, &m);
   if (found < 0) return NULL;
-  if (found) {
-    result = import_capsule(st, attr, device, copy, "the legacy producer");
-    if (result == NULL)
-      dlb__clear_keep_error(&attr);
-    else
-      Py_DECREF(attr);
-    return result;
-  }
-
-  /* f. buffer protocol */
-  if (PyObject_CheckBuffer(obj)) return import_buffer(st, obj, device, copy);
-
-  /* g. __array_interface__, h. __cuda_array_interface__ */
-  found = dlb__get_optional_attr(obj, st->str_array_interface, &attr);
-  if (found < 0) return NULL;
-  if (found) {
-    result = import_array_interface(st, obj, attr, 0, device, copy);
-    Py_DECREF(attr);
-    return result;
-  }
-  found = dlb__get_optional_attr(obj, st->str_cuda_array_interface, &attr);
-  if (found < 0) return NULL;
-  if (found) {
-    result = import_array_interface(st, obj, attr, 1, device, copy);
-    Py_DECREF(attr);
-    return result;
-  }
+  if (found) return finish(st, m, device, copy);
 
   PyErr_Format(PyExc_TypeError,
                "from_dlpack: an object of type '%.200s' is not tensor-like: "

@@ -122,6 +122,9 @@ static PyMethodDef module_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "tensor(data, dtype=None, device='cpu') -> Tensor\n\nA new tensor holding "
      "a copy of nested lists or a scalar."},
+    {"_type_framework", (PyCFunction)dlb__py_type_framework, METH_O,
+     "Private (dlbridge.convert): the framework name of a type, from the "
+     "handler cache."},
     {"from_dlpack", (PyCFunction)(void (*)(void))dlb__py_from_dlpack,
      METH_FASTCALL | METH_KEYWORDS,
      "from_dlpack(obj, /, *, device=None, copy=None) -> Tensor\n\nA Tensor "

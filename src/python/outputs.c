@@ -143,29 +143,28 @@ int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
   return rc;
 }
 
-/* The callable that turns a dlb.Tensor into framework fw's type, cached. */
+/* The callable that turns a dlb.Tensor into framework fw's type (Py_None
+ * for a framework the registry does not know), borrowed from the cache.
+ * The registry (python/dlbridge/_frameworks.py, _c_converter) is asked once
+ * per framework name; C keeps no list of frameworks of its own. */
 static PyObject *converter_for(struct dlb_handler_cache *c, PyObject *fw) {
   PyObject *conv = PyDict_GetItemWithError(c->converters, fw);
   if (conv != NULL) return conv;
   if (PyErr_Occurred()) return NULL;
-  const char *mod = NULL, *attr = "from_dlpack";
-  const char *name = PyUnicode_AsUTF8(fw);
-  if (name == NULL) return NULL;
-  if (strcmp(name, "numpy") == 0) mod = "numpy";
-  else if (strcmp(name, "torch") == 0) mod = "torch";
-  else if (strcmp(name, "cupy") == 0) mod = "cupy";
-  else if (strcmp(name, "jax") == 0) mod = "jax.dlpack";
-  else if (strcmp(name, "tensorflow") == 0) mod = "tensorflow.experimental.dlpack";
-  else if (strcmp(name, "paddle") == 0) mod = "paddle.utils.dlpack";
-  else return Py_None; /* unknown: results stay dlb.Tensor */
-  PyObject *m = PyImport_ImportModule(mod);
-  if (m == NULL) return NULL;
-  conv = PyObject_GetAttrString(m, attr);
-  Py_DECREF(m);
-  if (conv == NULL) return NULL;
-  int rc = PyDict_SetItem(c->converters, fw, conv);
-  Py_DECREF(conv); /* the dict keeps it */
-  return rc < 0 ? NULL : conv;
+  /* fw is borrowed from a handler and Python code runs below. */
+  Py_INCREF(fw);
+  PyObject *registry = PyImport_Import(c->str_registry);
+  if (registry != NULL) {
+    conv = PyObject_CallMethod(registry, "_c_converter", "O", fw);
+    Py_DECREF(registry);
+  }
+  if (conv != NULL) {
+    int rc = PyDict_SetItem(c->converters, fw, conv);
+    Py_DECREF(conv); /* the dict keeps it */
+    conv = rc < 0 ? NULL : PyDict_GetItemWithError(c->converters, fw);
+  }
+  Py_DECREF(fw);
+  return conv;
 }
 
 int dlb__to_framework(dlb_module_state *st, const dlb_handler *h,
@@ -204,20 +203,9 @@ int dlb__to_framework(dlb_module_state *st, const dlb_handler *h,
     return 0;
   }
   Py_INCREF(conv); /* borrowed from the dict; the call below runs Python */
-  PyObject *arg = t, *res;
-  if (PyUnicode_CompareWithASCIIString(h->framework, "tensorflow") == 0) {
-    /* TensorFlow takes only a legacy capsule, not an object. */
-    arg = PyObject_CallMethodNoArgs(t, st->str_dlpack);
-    if (arg == NULL) {
-      Py_DECREF(conv);
-      Py_DECREF(t);
-      return -1;
-    }
-  }
   void *prev = dlb__stream_swap(stream);
-  res = PyObject_CallOneArg(conv, arg);
+  PyObject *res = PyObject_CallOneArg(conv, t);
   dlb__stream_swap(prev);
-  if (arg != t) Py_DECREF(arg);
   Py_DECREF(conv);
   Py_DECREF(t);
   if (res == NULL) return -1;

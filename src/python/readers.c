@@ -692,3 +692,55 @@ int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
     Py_DECREF(ai);
   return rc;
 }
+
+/* ---- the ladder --------------------------------------------------------------- */
+
+/* The owning rungs of the one tensor-like ladder (declared in
+ * dlbridge_py.h), for objects whose type has no fast path: from_dlpack,
+ * Function and the C API all read such objects here, so what one accepts
+ * the others accept. */
+int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
+                    int copy, DLManagedTensorVersioned **out) {
+  PyObject *cap = NULL;
+  int found;
+
+  if (dlb__type_has(Py_TYPE(obj), st->str_dlpack))
+    return dlb__dunder_dlpack_managed(st, obj, target, copy, out) < 0 ? -1 : 1;
+  if (PyCapsule_CheckExact(obj))
+    return dlb__consume_capsule(obj, out) < 0 ? -1 : 1;
+  found = dlb__legacy_producer_capsule(obj, &cap);
+  if (found < 0) return -1;
+  if (found) {
+    int rc;
+    if (!PyCapsule_CheckExact(cap)) {
+      PyErr_Format(PyExc_TypeError,
+                   "the legacy producer of type '%.200s' returned %.200s, not "
+                   "a DLPack PyCapsule",
+                   Py_TYPE(obj)->tp_name, Py_TYPE(cap)->tp_name);
+      dlb__clear_keep_error(&cap);
+      return -1;
+    }
+    rc = dlb__consume_capsule(cap, out);
+    if (rc < 0)
+      dlb__clear_keep_error(&cap);
+    else
+      Py_DECREF(cap);
+    return rc < 0 ? -1 : 1;
+  }
+  if (PyObject_CheckBuffer(obj)) return dlb__buffer_managed(obj, out) < 0 ? -1 : 1;
+  for (int cuda = 0; cuda <= 1; cuda++) {
+    PyObject *name = cuda ? st->str_cuda_array_interface : st->str_array_interface;
+    PyObject *ai = NULL;
+    found = dlb__get_optional_attr(obj, name, &ai);
+    if (found < 0) return -1;
+    if (found) {
+      int rc = dlb__array_interface_dict_managed(obj, ai, cuda, out);
+      if (rc < 0)
+        dlb__clear_keep_error(&ai);
+      else
+        Py_DECREF(ai);
+      return rc < 0 ? -1 : 1;
+    }
+  }
+  return 0;
+}

@@ -540,11 +540,8 @@ static PyObject *tensor_repr(PyObject *op) {
   dlb_TensorObject *self = AS_TENSOR(op);
   const DLTensor *t = &self->t;
   PyObject *values = NULL, *shape = NULL, *dev = NULL, *res = NULL;
-  char name[48];
-  if (dlb_dtype_name(t->dtype, name, sizeof name, NULL) != DLB_OK)
-    snprintf(name, sizeof name, "(code %u, bits %u, lanes %u)",
-             (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-             (unsigned)t->dtype.lanes);
+  char name[DLB_DESCRIBE_MAX];
+  dlb_dtype_describe(t->dtype, name, sizeof name);
   if (host_accessible(self) && dlb__scalar_kind(t->dtype) != K_NONE &&
       tensor_numel(t) <= REPR_MAX_ELEMENTS) {
     PyObject *list = tensor_tolist(op, NULL);

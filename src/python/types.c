@@ -383,8 +383,8 @@ PyObject *dlb__device_new(dlb_module_state *st, DLDevice device) {
   return (PyObject *)self;
 }
 
-/* Type name for messages and str(); unknown types (only reachable through
- * imports that accept any device) get a descriptive stand-in. */
+/* Device.name; unknown types (only reachable through imports that accept
+ * any device) get the stand-in dlb_device_describe uses, "device_type_5". */
 static PyObject *device_type_name_obj(DLDevice d) {
   const char *name = dlb_device_type_name((int32_t)d.device_type);
   if (name != NULL) return PyUnicode_FromString(name);
@@ -414,42 +414,23 @@ static PyGetSetDef device_getset[] = {
 };
 
 PyObject *dlb__device_text(DLDevice d) {
-  PyObject *name = device_type_name_obj(d);
-  if (name == NULL) return NULL;
-  PyObject *res;
-  /* The CPU is one device: "cpu", not "cpu:0" (which still compares
-   * equal).  Every other type always shows its index. */
-  if (d.device_type == kDLCPU && d.device_id == 0)
-    res = Py_NewRef(name);
-  else
-    res = PyUnicode_FromFormat("%U:%d", name, (int)d.device_id);
-  Py_DECREF(name);
-  return res;
+  char buf[DLB_DESCRIBE_MAX];
+  return PyUnicode_FromString(dlb_device_describe(d, buf, sizeof buf));
 }
 
-/* The same, into a caller's buffer, for messages built without Python
- * objects: "cpu:0", "cuda:1", "device type 5:0" for types we do not know.
- * Returns buf. */
+/* The same into a caller's buffer: dlb_device_describe, the core's one
+ * spelling.  Returns buf. */
 const char *dlb__device_str(DLDevice d, char *buf, size_t n) {
-  const char *name = dlb_device_type_name((int32_t)d.device_type);
-  if (name != NULL)
-    PyOS_snprintf(buf, n, "%s:%d", name, (int)d.device_id);
-  else
-    PyOS_snprintf(buf, n, "device type %d:%d", (int)d.device_type,
-                  (int)d.device_id);
-  return buf;
+  return dlb_device_describe(d, buf, n);
 }
 
 int dlb__same_device(DLDevice a, DLDevice b) {
   return a.device_type == b.device_type && a.device_id == b.device_id;
 }
 
-/* A dtype's name into buf, or "(code C, bits B, lanes L)" when it has
- * none. */
+/* dlb_dtype_describe: a dtype's name, or "(code C, bits B, lanes L)". */
 void dlb__dtype_str(DLDataType dt, char *buf, size_t n) {
-  if (dlb_dtype_name(dt, buf, n, NULL) != DLB_OK)
-    snprintf(buf, n, "(code %u, bits %u, lanes %u)", (unsigned)dt.code,
-             (unsigned)dt.bits, (unsigned)dt.lanes);
+  (void)dlb_dtype_describe(dt, buf, n);
 }
 
 static PyObject *device_str(PyObject *self) {

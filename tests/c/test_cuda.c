@@ -321,7 +321,7 @@ static void test_pointer_info(void) {
   CHECK_EQ(dlb_cuda_check_pointer((DLDevice){kDLCUDA, 0}, host, &err), DLB_EINVAL);
   CHECK_MSG(err, "claimed to be cuda:0 but is host memory unknown to CUDA");
   CHECK_EQ(dlb_cuda_check_pointer((DLDevice){kDLCPU, 0}, d1, &err), DLB_EINVAL);
-  CHECK_MSG(err, "claimed to be cpu:0 but is CUDA device memory");
+  CHECK_MSG(err, "claimed to be cpu but is CUDA device memory");
   CHECK_EQ(dlb_cuda_check_pointer((DLDevice){kDLCPU, 0}, host, &err), DLB_OK);
   CHECK_EQ(dlb_cuda_check_pointer((DLDevice){kDLCPU, 0}, pinned, &err), DLB_OK);
   CHECK_EQ(dlb_cuda_check_pointer((DLDevice){kDLCUDAHost, 0}, pinned, &err), DLB_OK);

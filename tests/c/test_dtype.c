@@ -362,7 +362,51 @@ static void test_storage_bytes(void) {
   CHECK_EQ(dlb_dtype_storage_bytes(f32, 5, false, NULL, &err), DLB_EINVAL);
 }
 
+/* dlb_dtype_describe / dlb_device_describe: the one spelling of a dtype and
+ * of a device in messages. */
+static void test_describe(void) {
+  char buf[DLB_DESCRIBE_MAX];
+  DLDataType f32 = {kDLFloat, 32, 1}, v4 = {kDLFloat, 32, 4};
+  DLDataType bad = {kDLFloat, 7, 1}, nolanes = {kDLFloat, 32, 0};
+  DLDataType worst = {255, 255, 65535};
+  CHECK_STREQ(dlb_dtype_describe(f32, buf, sizeof buf), "float32");
+  CHECK_STREQ(dlb_dtype_describe(v4, buf, sizeof buf), "float32x4");
+  CHECK_STREQ(dlb_dtype_describe(bad, buf, sizeof buf),
+              "(code 2, bits 7, lanes 1)");
+  CHECK_STREQ(dlb_dtype_describe(nolanes, buf, sizeof buf),
+              "(code 2, bits 32, lanes 0)");
+  /* DLB_DESCRIBE_MAX holds the longest text there is. */
+  CHECK_STREQ(dlb_dtype_describe(worst, buf, sizeof buf),
+              "(code 255, bits 255, lanes 65535)");
+  /* Every named dtype describes as its name. */
+  for (unsigned code = 0; code < 256; code++) {
+    for (unsigned bits = 0; bits < 256; bits++) {
+      DLDataType d = {(uint8_t)code, (uint8_t)bits, 1};
+      char name[32];
+      if (dlb_dtype_name(d, name, sizeof name, NULL) == DLB_OK)
+        CHECK_STREQ(dlb_dtype_describe(d, buf, sizeof buf), name);
+    }
+  }
+  /* Truncated, still terminated; a zero-size buffer is left alone. */
+  char small[4] = {'x', 'x', 'x', 'x'};
+  CHECK(dlb_dtype_describe(f32, small, sizeof small) == small);
+  CHECK_STREQ(small, "flo");
+  CHECK(dlb_dtype_describe(f32, small, 0) == small && small[0] == 'f');
+
+  DLDevice cpu0 = {kDLCPU, 0}, cpu1 = {kDLCPU, 1}, cuda1 = {kDLCUDA, 1};
+  DLDevice unk = {(DLDeviceType)5, 0}, neg = {(DLDeviceType)INT32_MIN, INT32_MIN};
+  CHECK_STREQ(dlb_device_describe(cpu0, buf, sizeof buf), "cpu");
+  CHECK_STREQ(dlb_device_describe(cpu1, buf, sizeof buf), "cpu:1");
+  CHECK_STREQ(dlb_device_describe(cuda1, buf, sizeof buf), "cuda:1");
+  CHECK_STREQ(dlb_device_describe(unk, buf, sizeof buf), "device_type_5:0");
+  CHECK_STREQ(dlb_device_describe(neg, buf, sizeof buf),
+              "device_type_-2147483648:-2147483648");
+  char tiny[3];
+  CHECK_STREQ(dlb_device_describe(cuda1, tiny, sizeof tiny), "cu");
+}
+
 int main(void) {
+  test_describe();
   test_every_name_round_trips();
   test_check_exhaustive();
   test_check_messages();

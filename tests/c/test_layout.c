@@ -1,5 +1,7 @@
 /* test_layout.c -- element counts, strides, contiguity and byte spans. */
 #include "check.h"
+/* The core's checked-arithmetic helpers (static inline, not exported). */
+#include "../../src/core/internal.h"
 
 #define P62 ((int64_t)1 << 62)
 #define P40 ((int64_t)1 << 40)
@@ -432,7 +434,7 @@ static void test_byte_span(void) {
   SPAN_FAIL(1, s3, st2, I4, DLB_EUNSUPPORTED, "sub-byte");
   SPAN_FAIL(1, s3, stm1, dt(17, 4, 1), DLB_EUNSUPPORTED, "non-contiguous");
   int64_t st12b[] = {1, 2};
-  SPAN_FAIL(2, s23, st12b, I4, DLB_EUNSUPPORTED, "code 0, bits 4, lanes 1");
+  SPAN_FAIL(2, s23, st12b, I4, DLB_EUNSUPPORTED, "sub-byte dtype int4 in a non-contiguous");
   int64_t s0[] = {0};
   SPAN(1, s0, st2, I4, 0, 0);
   /* Two nibbles per element are a whole byte: strided is fine. */
@@ -458,7 +460,41 @@ static void test_byte_span(void) {
   CHECK_EQ(dlb_tensor_byte_span(&t, &lo, NULL, &err), DLB_EINVAL);
 }
 
+/* dlb__mul_overflow / dlb__add_overflow / dlb__sub_overflow /
+ * dlb__size_overflow: the one convention for checked arithmetic in the core
+ * (true on overflow, exact result otherwise), at every edge. */
+static void test_checked_arithmetic(void) {
+  int64_t r = 7;
+  size_t z = 7;
+  const int64_t P32 = (int64_t)1 << 32;
+  CHECK(!dlb__mul_overflow(P32, P31 - 1, &r) && r == P32 * (P31 - 1));
+  CHECK(!dlb__mul_overflow(-P32, P31, &r) && r == INT64_MIN);
+  CHECK(dlb__mul_overflow(P32, P31, &r) && r == 0);
+  CHECK(dlb__mul_overflow(P32, P32, &r));
+  CHECK(!dlb__mul_overflow(INT64_MIN, 1, &r) && r == INT64_MIN);
+  CHECK(dlb__mul_overflow(INT64_MIN, -1, &r));
+  CHECK(!dlb__mul_overflow(INT64_MAX, -1, &r) && r == -INT64_MAX);
+  CHECK(!dlb__mul_overflow(0, INT64_MIN, &r) && r == 0);
+  CHECK(!dlb__mul_overflow(-3, -5, &r) && r == 15);
+  CHECK(!dlb__add_overflow(INT64_MAX - 1, 1, &r) && r == INT64_MAX);
+  CHECK(dlb__add_overflow(INT64_MAX, 1, &r) && r == 0);
+  CHECK(!dlb__add_overflow(INT64_MIN + 1, -1, &r) && r == INT64_MIN);
+  CHECK(dlb__add_overflow(INT64_MIN, -1, &r));
+  CHECK(!dlb__sub_overflow(INT64_MAX, 0, &r) && r == INT64_MAX);
+  CHECK(dlb__sub_overflow(0, INT64_MIN, &r));
+  CHECK(!dlb__sub_overflow(-1, INT64_MIN, &r) && r == INT64_MAX);
+  CHECK(dlb__sub_overflow(INT64_MAX, -1, &r));
+  CHECK(!dlb__sub_overflow(INT64_MIN, -1, &r) && r == INT64_MIN + 1);
+  CHECK(dlb__sub_overflow(INT64_MIN, 1, &r));
+  CHECK(!dlb__size_overflow(10, 5, &z) && z == 15);
+  CHECK(dlb__size_overflow(-1, 0, &z) && z == 0);
+  CHECK(!dlb__size_overflow(INT64_MAX, 0, &z) && z == (size_t)INT64_MAX);
+  CHECK(dlb__size_overflow(INT64_MAX, SIZE_MAX - (size_t)INT64_MAX + 1, &z));
+  CHECK(!dlb__size_overflow(0, SIZE_MAX, &z) && z == SIZE_MAX);
+}
+
 int main(void) {
+  test_checked_arithmetic();
   test_numel();
   test_row_major();
   test_tensor_strides();

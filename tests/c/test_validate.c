@@ -246,16 +246,16 @@ static void test_device_checks(void) {
   int64_t strides[] = {1};
   DLTensor t = tensor(1, shape, strides);
   t.device.device_type = (DLDeviceType)5;
-  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type 5 is not a known");
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "device device_type_5:0: not a known");
   OK(&t, DLB_VALIDATE_ANY_DEVICE);
   t.device.device_type = (DLDeviceType)6;
-  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type 6");
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type_6:0");
   t.device.device_type = (DLDeviceType)0;
-  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type 0");
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type_0:0");
   t.device.device_type = (DLDeviceType)19;
-  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type 19");
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type_19:0");
   t.device.device_type = (DLDeviceType)-1;
-  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type -1");
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "device_type_-1:0");
 
   t.device.device_type = kDLCUDA;
   t.device.device_id = -1;
@@ -612,13 +612,13 @@ static int ref_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
     return DLB_OK;
   }
   if (dlb_dtype_is_subbyte(t->dtype)) {
+    char d[DLB_DESCRIBE_MAX];
     if (!dlb_tensor_is_contiguous(t))
       return dlb_error_set(err, DLB_EUNSUPPORTED,
-                           "sub-byte dtype (code %u, bits %u, lanes %u) in a "
-                           "non-contiguous layout: elements smaller than a "
-                           "byte have no byte address",
-                           (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                           (unsigned)t->dtype.lanes);
+                           "sub-byte dtype %s in a non-contiguous layout: "
+                           "elements smaller than a byte have no byte "
+                           "address",
+                           dlb_dtype_describe(t->dtype, d, sizeof d));
     /* Packed is DLPack's default for sub-byte data; the padded flag lives
      * on the managed tensor, which this function cannot see. */
     int64_t bytes;
@@ -698,18 +698,19 @@ static int ref_validate(const DLTensor *t, unsigned options, dlb_error *err) {
     if (rc != DLB_OK) return rc;
   } else if (t->dtype.bits == 0 || t->dtype.lanes == 0) {
     /* Even an unknown dtype needs a size, or no byte range can be checked. */
+    char d[DLB_DESCRIBE_MAX];
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "dtype (code %u, bits %u, lanes %u): bits and lanes "
-                         "must be >= 1",
-                         (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                         (unsigned)t->dtype.lanes);
+                         "dtype %s: bits and lanes must be >= 1",
+                         dlb_dtype_describe(t->dtype, d, sizeof d));
   }
 
   if (!(options & DLB_VALIDATE_ANY_DEVICE) &&
-      !dlb_device_type_known((int32_t)t->device.device_type))
+      !dlb_device_type_known((int32_t)t->device.device_type)) {
+    char d[DLB_DESCRIBE_MAX];
     return dlb_error_set(err, DLB_EUNSUPPORTED,
-                         "device_type %d is not a known DLPack device type",
-                         (int)t->device.device_type);
+                         "device %s: not a known DLPack device type",
+                         dlb_device_describe(t->device, d, sizeof d));
+  }
   if (t->device.device_id < 0)
     return dlb_error_set(err, DLB_EINVAL,
                          "device_id %" PRId32 " is negative",

@@ -196,3 +196,22 @@ def test_pyarrow_buffer():
     buf = pa.py_buffer(b"\x01\x02\x03")
     r = dlb.convert(buf, "numpy")
     assert r.tolist() == [1, 2, 3]
+
+
+def test_registry_is_the_one_framework_list():
+    """python/dlbridge/_frameworks.py's REGISTRY is the list: convert's
+    targets, the CLI and the doctor read it, and a framework the registry
+    knows but convert does not target is refused by type as by name."""
+    import dlbridge._frameworks as fw
+    import dlbridge._doctor as doctor
+    assert fw.FRAMEWORKS == tuple(n for n, f in fw.REGISTRY.items() if f.target)
+    assert set(doctor.CANDIDATES) <= set(fw.REGISTRY)
+    Paddleish = type("Tensor", (), {"__module__": "paddle.base"})
+    assert fw._type_framework(Paddleish) == "paddle"
+    assert dlb._core._type_framework(Paddleish) == "paddle"
+    with pytest.raises(ValueError):
+        dlb.convert(np.ones(2), "paddle")
+    with pytest.raises(ValueError):
+        dlb.convert(np.ones(2), Paddleish)
+    Jaxish = type("ArrayImpl", (), {"__module__": "jaxlib.xla_extension"})
+    assert dlb._core._type_framework(Jaxish) == "jax"

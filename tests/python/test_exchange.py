@@ -186,6 +186,51 @@ def test_to_py_steals_on_failure():
 
 # ---- classification and the cache ----------------------------------------------
 
+
+def test_handler_follows_class_changes():
+    """A class changed after it was first seen is classified again (the
+    cache checks CPython's type version tag): gained, lost and inherited
+    protocols, and a class that changes without changing its answer."""
+    a = np.arange(3.0)
+
+    class C:
+        pass
+    assert core._exchange_handler(C())[0] == NONE
+    C.__dlpack__ = lambda self, **kw: a.__dlpack__(**kw)
+    assert core._exchange_handler(C())[0] == DLPACK
+    assert dlb.from_dlpack(C()).tolist() == [0.0, 1.0, 2.0]
+    del C.__dlpack__
+    assert core._exchange_handler(C())[0] == NONE
+    with pytest.raises(TypeError, match="not tensor-like"):
+        dlb.from_dlpack(C())
+
+    class Base:
+        pass
+
+    class Derived(Base):
+        pass
+    assert core._exchange_handler(Derived())[0] == NONE
+    Base.__array_interface__ = property(lambda self: a.__array_interface__)
+    assert core._exchange_handler(Derived())[0] == AI
+
+    class Counting:
+        calls = 0
+
+        def __dlpack__(self, **kw):
+            type(self).calls += 1  # modifies the class on every call
+            return a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+    for _ in range(100):
+        assert dlb.from_dlpack(Counting()).shape == (3,)
+    assert Counting.calls == 100
+    r = weakref.ref(Counting)
+    del Counting
+    gc.collect()
+    assert r() is None, "a reclassified type must still be freed"
+
+
 def test_classification_builtin_kinds():
     assert core._exchange_handler(dlb.zeros(1))[:2] == (TENSOR, "dlbridge")
     assert core._exchange_handler(np.zeros(1))[:2] == (NUMPY, "numpy")

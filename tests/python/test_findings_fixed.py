@@ -190,3 +190,123 @@ def test_class_named_numpy_ndarray_is_not_read_as_numpy():
         print("OK"); sys.exit(0)
     print("read as numpy", t.shape, t.dtype)
     """)
+
+
+# ---- handlers: one ladder, one registry, no stale handler, no strong type cache
+
+def test_convert_type_cache_does_not_keep_types_alive():
+    """Finding: dlb.convert keeps every type it sees alive (up to 1024) with
+    everything they reference; the cache must hold types weakly."""
+    check("""
+    a = np.arange(4, dtype=np.float32)
+    def make():
+        class P:
+            def __dlpack__(self, **kw): return a.__dlpack__(**kw)
+            def __dlpack_device__(self): return (1, 0)
+        return P
+    P = make()
+    r = weakref.ref(P)
+    dlb.convert(P(), "numpy")
+    del P
+    for _ in range(3): gc.collect()
+    print("OK" if r() is None else "TYPE KEPT ALIVE")
+    """)
+
+
+def test_raw_capsule_and_to_dlpack_are_tensor_like_for_function():
+    """Finding (one ladder): a raw capsule or a toDlpack()-only object
+    imports with from_dlpack but is 'not tensor-like' as a Function
+    argument."""
+    check("""
+    x = np.ones(4, dtype=np.float32)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    y = np.zeros(4, dtype=np.float32)
+    dlb.from_dlpack(x.__dlpack__())
+    f(2.0, x.__dlpack__(), y)
+    assert y.tolist() == [2.0] * 4
+    class Legacy:
+        def toDlpack(self): return x.__dlpack__()
+    dlb.from_dlpack(Legacy())
+    f(2.0, Legacy(), y)
+    assert y.tolist() == [4.0] * 4
+    print("OK")
+    """)
+
+
+def test_protocol_change_after_first_sight_is_seen():
+    """Finding (stale handler): a class whose protocol changes after
+    Function first saw it is still classified the old way."""
+    check("""
+    x = np.ones(4, dtype=np.float32)
+    y = np.zeros(4, dtype=np.float32)
+    class C:
+        pass
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    try:
+        f(2.0, C(), y)
+    except TypeError:
+        pass
+    C.__dlpack__ = lambda self, **kw: x.__dlpack__(**kw)
+    C.__dlpack_device__ = lambda self: (1, 0)
+    assert dlb.from_dlpack(C()).tolist() == [1.0] * 4
+    f(2.0, C(), y)
+    print("OK" if y.tolist() == [2.0] * 4 else "WRONG")
+    """)
+
+
+def test_capi_export_readonly_refusal_does_not_depend_on_list():
+    """Finding (one framework registry): the C API's read-only refusal
+    depends on which framework list a name is in.  dlb.convert refuses
+    read-only data for torch (its tensors cannot be read-only); the C API's
+    dlb_py_export(m, "torch") takes the C exchange-table path and hands the
+    read-only memory to torch as writable.  Both must refuse."""
+    pytest.importorskip("torch")
+    import dlbridge as dlb
+    import numpy as np
+    from test_capi import READ_ONLY, Counted, Table
+    ro = np.arange(4, dtype=np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(BufferError):
+        dlb.convert(ro, "torch")
+    backing = np.arange(4, dtype=np.float32)
+    c = Counted(backing, flags=READ_ONLY)
+    with pytest.raises(BufferError):
+        Table().export(c.m, "torch")
+
+
+# ---- one spelling for devices and dtypes in messages
+
+def test_one_device_spelling_in_messages():
+    """Finding: messages spelled the CPU "cpu" or "cpu:0" and unknown device
+    types three ways ("device_type_5", "device type 5", "an unknown
+    device"); every message now uses dlb_device_describe, which is also
+    str(dlb.Device)."""
+    tp = pytest.importorskip("_dlb_testproducer")
+    import dlbridge as dlb
+    assert str(dlb.device("cpu")) == "cpu"
+    cap = tp.Producer(shape=(2,), strides=(1,), device=(5, 0)).capsule(
+        versioned=True)
+    with pytest.raises(BufferError, match="device_type_5:0: not a known"):
+        dlb.from_dlpack(cap)
+
+
+def test_capi_export_readonly_refusal_by_like_too():
+    """The registry's refusal applies whichever way the framework is named:
+    like=<a torch tensor> refuses read-only data as "torch" does, and a
+    writable tensor still goes through torch's exchange table, sharing
+    memory."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    from test_capi import READ_ONLY, Counted, Table
+    backing = np.arange(4, dtype=np.float32)
+    c = Counted(backing, flags=READ_ONLY)
+    with pytest.raises(BufferError, match="read-only"):
+        Table().export(c.m, like=torch.ones(1))
+    w = Counted(np.arange(4, dtype=np.float32))
+    t = Table().export(w.m, "torch")
+    assert type(t) is torch.Tensor and t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert t.data_ptr() == w.arr.ctypes.data
+    del t
+    assert c.calls == 1 and w.calls == 1  # each deleter ran exactly once

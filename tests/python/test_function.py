@@ -355,8 +355,10 @@ def test_matmul_torch_and_dlbridge(k):
     db = dlbridge.from_dlpack(np.ones((7, 2), np.float32))
     out = k.matmul(da, db)
     assert type(out) is dlbridge.Tensor
+    # float32 sums against a float64 reference: sums near 0 need an
+    # absolute tolerance too (randn inputs made this fail now and then)
     np.testing.assert_allclose(np.asarray(out), a.numpy().T @ np.ones((7, 2)),
-                               rtol=1e-5)
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_matmul_zero_size(k):
@@ -504,7 +506,7 @@ def test_device_mismatch(k, tp):
         # importing a CUDA tensor needs a CUDA runtime this machine may lack
         pytest.skip("cannot view a CUDA producer here: %s" % e)
     except ValueError as e:
-        assert "argument 'y' is on cuda:0 but argument 'x' is on cpu:0" in str(e)
+        assert "argument 'y' is on cuda:0 but argument 'x' is on cpu" in str(e)
     else:
         pytest.fail("device mismatch not detected")
     gc.collect()
