@@ -67,9 +67,10 @@ def _aligned_ones(np, n):
 
 
 def _framework(fw, np):
-    """What the child needs of framework fw: make(ndarray) -> its tensor,
-    its own importer (label, callable) or (label, reason str), the label of
-    its export, its own 3-tensor operation (label, stmt, names)."""
+    """What the child needs of framework fw: make(ndarray) -> its CPU
+    tensor; own_import: (label template, callable) or (label, why there is
+    none); convert_ref: the reference for convert when it is not own_import;
+    op: its own 3-tensor operation (label, statement, names)."""
     if fw == "numpy":
         return dict(make=lambda a: a,
                     own_import=("np.from_dlpack({})", np.from_dlpack),
