@@ -539,8 +539,9 @@ def plot(report, path, plt=None):
         if r["dlbridge"]["ns"] is None and r["reference"]["ns"] is None:
             continue
         labels.append(f"{r['framework']} {r['call']} vs {r['reference']['expr']}")
-        ours.append(r["dlbridge"]["ns"] or 0)
-        theirs.append(r["reference"]["ns"] or 0)
+        # NaN: no bar (0 has no place on a log axis)
+        ours.append(r["dlbridge"]["ns"] or float("nan"))
+        theirs.append(r["reference"]["ns"] or float("nan"))
     n = len(labels)
     fig, ax = plt.subplots(figsize=(10, 0.32 * n + 1.5))
     pos = list(range(n))
