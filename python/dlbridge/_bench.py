@@ -436,7 +436,8 @@ def _ns(v):
 
 
 def _ratio(v):
-    return "" if v is None else f"{v:.2f}x"
+    # against the no-op floor a ratio is far below 1: keep its digits
+    return "" if v is None else f"{v:.2f}x" if v >= 0.1 else f"{v:.3f}x"
 
 
 def table_rows(report):
