@@ -246,7 +246,12 @@ def find_kernel(explicit=None):
     for p in (explicit, os.environ.get(KERNELS_ENV)):
         if p:
             return os.path.abspath(p)
-    hits = sorted(glob.glob(os.path.join("build*", KERNEL_LIB)))
+    # build/ (make's) first; never a sanitizer build's, which cannot be
+    # loaded into an interpreter without the sanitizer runtime.
+    dirs = ["build"] + sorted(d for d in glob.glob("build?*")
+                              if "san" not in d and "asan" not in d)
+    hits = [os.path.join(d, KERNEL_LIB) for d in dirs
+            if os.path.exists(os.path.join(d, KERNEL_LIB))]
     return os.path.abspath(hits[0]) if hits else None
 
 

@@ -267,3 +267,21 @@ def test_measure_reports_errors_as_text():
     assert isinstance(got["ok"], float) and got["ok"] > 0
     assert got["broken"].startswith("TypeError")
     assert got["skipped"] == "not built" and got["none"] is None
+
+
+def test_kernel_library_is_found_in_build_never_a_sanitizer_build(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(_bench.KERNELS_ENV, raising=False)
+    for d in ("build-asan", "build-sanitize-py"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / _bench.KERNEL_LIB).write_bytes(b"")
+    assert _bench.find_kernel() is None     # an ASan build cannot be loaded here
+    (tmp_path / "build-dev").mkdir()
+    (tmp_path / "build-dev" / _bench.KERNEL_LIB).write_bytes(b"")
+    assert _bench.find_kernel() == str(tmp_path / "build-dev" / _bench.KERNEL_LIB)
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / _bench.KERNEL_LIB).write_bytes(b"")
+    assert _bench.find_kernel() == str(tmp_path / "build" / _bench.KERNEL_LIB)
+    monkeypatch.setenv(_bench.KERNELS_ENV, "elsewhere.so")
+    assert _bench.find_kernel() == str(tmp_path / "elsewhere.so")
+    assert _bench.find_kernel("mine.so") == str(tmp_path / "mine.so")
