@@ -117,7 +117,7 @@ def main(argv=None):
     b.add_argument("--frameworks", metavar="A,B", help="only these (default: all installed)")
     b.add_argument("--kernels", metavar="SO",
                    help="libdlb_example_kernels.so for the Function rows "
-                        "(default: $DLB_EXAMPLE_KERNELS, then build*/)")
+                        "(default: $DLB_EXAMPLE_KERNELS, then build/)")
     b.add_argument("--peers", metavar="DIR",
                    help="nanobind/tvm-ffi peers built by bench/build_peers.sh "
                         "(default: $DLBRIDGE_BENCH_PEERS, then build/bench)")

@@ -242,7 +242,7 @@ def installed_frameworks():
 
 def find_kernel(explicit=None):
     """Path of the no-op kernel library, or None: --kernels, then
-    $DLB_EXAMPLE_KERNELS, then a Meson build directory build*/ here."""
+    $DLB_EXAMPLE_KERNELS, then build/ and the other build*/ directories here."""
     for p in (explicit, os.environ.get(KERNELS_ENV)):
         if p:
             return os.path.abspath(p)
