@@ -124,8 +124,9 @@ demo: build
 # Benchmarks, never part of `make test`: the peers (nanobind, tvm-ffi; pinned
 # in requirements/bench.txt, installed on first use and whenever that file
 # changes) are built into $(BUILD)/bench, then the copy and call benchmarks
-# run.  They print figures and PASS/MISS against the targets; a MISS never
-# fails the run.
+# run, then `dlbridge bench` with those peers (their rows next to each
+# framework's own path).  They print figures and PASS/MISS against the
+# targets; a MISS never fails the run.
 BENCH_REQ   := requirements/bench.txt
 BENCH_STAMP := $(VENV)/.bench-requirements.sha256
 bench: build
@@ -143,6 +144,8 @@ bench: build
 	@echo
 	@echo "== calls, from_dlpack, convert, __dlpack__, memory (bench/bench_calls.py) =="
 	@$(PY) bench/bench_calls.py
+	@echo; echo "== every installed framework against its own path (dlbridge bench, docs/bench.md) =="
+	@$(PY) -m dlbridge bench --plain --peers $(BUILD)/bench --kernels $(BUILD)/libdlb_example_kernels.so
 	@echo; echo "== scale-out: pickle-5, shared memory, multiprocessing, MPI (bench/bench_scaleout.py) =="; $(PY) bench/bench_scaleout.py
 
 clean:

@@ -5,14 +5,13 @@ performance targets in DESIGN.md name, each marked PASS or MISS.
 Informational only: the exit status is 0 whatever the figures (a benchmark
 never fails a build); it is non-zero only when the script itself breaks.
 
-Timing: timeit-style loops -- the statement is compiled into a loop over
-local variables, unrolled 10x so the loop's own cost is small, with the
-garbage collector off.  Each figure is the best of ROUNDS medians, each
-median over REPEATS timed runs of about TARGET_S seconds; the rounds of all
-cases in one table are interleaved, so the figures a ratio compares were
-taken under the same load.  Every figure includes the same loop overhead, so
-differences ("overhead over the no-op") cancel it and ratios are
-conservative.
+Timing: dlbridge._measure, the same code as `dlbridge bench` (timeit loops
+over local variables, unrolled 10x, gc off; each figure the best of ROUNDS
+medians, each median over REPEATS timed runs of about TARGET_S seconds, the
+rounds of all cases in one table interleaved, so the figures a ratio
+compares were taken under the same load).  Every figure includes the same
+loop overhead, so differences ("overhead over the no-op") cancel it and
+ratios are conservative.
 
 Run through `make bench`, which builds the peers first (bench/build_peers.sh
 into build/bench/).  Options: --quick (fewer, shorter runs), --no-memory
@@ -23,10 +22,8 @@ import gc
 import glob
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import timeit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, "build", "bench")
@@ -36,13 +33,13 @@ QUICK = "--quick" in sys.argv
 ROUNDS = 2 if QUICK else 5
 REPEATS = 3 if QUICK else 5
 TARGET_S = 0.01 if QUICK else 0.02
-UNROLL = 10
 MEMORY_ROUND_TRIPS = 100_000 if QUICK else 1_000_000
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import dlbridge as dlb  # noqa: E402
+from dlbridge import _measure  # noqa: E402
 
 try:
     import _noop
@@ -83,6 +80,9 @@ NOOP_SIGNATURE = "noop3(a: float32[n], b: float32[n], c: float32[n])"
 
 
 def _find_kernel_lib():
+    env = os.environ.get("DLB_EXAMPLE_KERNELS")  # as the tests and dlbridge bench
+    if env and os.path.exists(env):
+        return env
     for pat in KERNEL_LIB_GLOBS:
         hits = sorted(glob.glob(os.path.join(ROOT, pat), recursive=True))
         hits = [h for h in hits if "build/bench" not in h]
@@ -111,91 +111,21 @@ def _try_load_function():
 
 
 # ---- timing -------------------------------------------------------------------
+# The timing itself lives in the installed package (dlbridge/_measure.py),
+# shared with `dlbridge bench`; see that module for how a figure is taken.
 
-class Case:
-    """One statement to time, names bound as locals of the timed loop."""
-
-    unroll = UNROLL
-
-    def __init__(self, stmt, **names):
-        setup = "; ".join(f"{k} = __ns[{k!r}]" for k in names) or "pass"
-        self.stmt, self.names = stmt, names
-        self.timer = timeit.Timer("; ".join([stmt] * self.unroll), setup,
-                                  globals={"__ns": names})
-        self.number = 0
-        self.medians = []
-
-    def calibrate(self):
-        """Grow the loop count until one run takes about TARGET_S."""
-        number = 1
-        while True:
-            t = self.timer.timeit(number)
-            if t >= TARGET_S / 4:
-                break
-            number *= 4
-        self.number = max(1, int(number * TARGET_S / t))
-
-    def round(self):
-        runs = self.timer.repeat(REPEATS, self.number)  # timeit: gc off
-        self.medians.append(statistics.median(runs))
-
-    def ns(self):
-        return min(self.medians) / (self.number * self.unroll) * 1e9
+SETTINGS = _measure.Settings(rounds=ROUNDS, repeats=REPEATS, target_s=TARGET_S)
+Case, CopyCase = _measure.Case, _measure.CopyCase
 
 
-class CopyCase(Case):
-    """A 64 MiB copy: milliseconds per statement, so no unrolling (the loop's
-    own cost is nothing next to it) and a run of TARGET_S is one or two
-    copies."""
-
-    unroll = 1
-
-
-class RawExchangeLoop(Case):
+def RawExchangeLoop(a, b, c):
     """The raw exchange-API cost, timed inside C by _noop.exchange_loop, as
     a case of the calls table so its rounds interleave with the others."""
-
-    def __init__(self, a, b, c):
-        super().__init__("f(a, b, c, 1)", f=_noop.exchange_loop, a=a, b=b, c=c)
-
-    def calibrate(self):
-        t = self.names["f"](*(self.names[k] for k in "abc"), 1000)
-        self.number = max(1000, int(TARGET_S * 1e9 / max(t, 1.0)))
-
-    def round(self):
-        f, args = self.names["f"], [self.names[k] for k in "abc"]
-        self.medians.append(statistics.median(
-            f(*args, self.number) for _ in range(REPEATS)))
-
-    def ns(self):
-        return min(self.medians)
+    return _measure.SelfTimed(_noop.exchange_loop, a, b, c)
 
 
 def measure(cases):
-    """{key: Case or None} -> {key: ns per call | error text | None}.
-
-    The rounds are interleaved over all cases of a table, so a burst of load
-    from elsewhere on the machine hits one round of many cases rather than
-    every round of one case, and the best-of-rounds medians compared in a
-    ratio were taken under the same conditions."""
-    out, live = {}, {}
-    for key, case in cases.items():
-        if case is None:
-            out[key] = None
-            continue
-        try:
-            exec(case.stmt, {}, dict(case.names))  # untimed: must work at all
-        except Exception as e:
-            out[key] = f"{type(e).__name__}: {e}".splitlines()[0][:70]
-            continue
-        case.calibrate()
-        live[key] = case
-    for _ in range(ROUNDS):
-        for case in live.values():
-            case.round()
-    for key, case in live.items():
-        out[key] = case.ns()
-    return out
+    return _measure.measure(cases, SETTINGS)
 
 
 # ---- report -------------------------------------------------------------------
@@ -240,7 +170,7 @@ def machine():
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items())
           + f", dlbridge {dlb.__version__} @ {rev}")
     print(f"timing  : best of {ROUNDS} medians of {REPEATS} runs of "
-          f"~{TARGET_S * 1e3:.0f} ms, statement unrolled x{UNROLL}, gc off")
+          f"~{TARGET_S * 1e3:.0f} ms, statement unrolled x{_measure.Case.unroll}, gc off")
 
 
 def rss_kib():

@@ -19,9 +19,9 @@ with a note, on a machine without a GPU); non-zero only when this script
 itself breaks.  A case that cannot run (a framework missing, an API the
 build lacks) is printed as n/a with the reason.
 
-Timing: calls -- timeit loops over locals, statement unrolled 10x, gc off,
-best of ROUNDS medians with the cases' rounds interleaved (as
-bench/bench_calls.py).  Copies -- synchronise, then REPS copies each
+Timing: calls -- dlbridge._measure (as bench/bench_calls.py and `dlbridge
+bench`): timeit loops over locals, statement unrolled 10x, gc off, best of
+ROUNDS medians with the cases' rounds interleaved.  Copies -- synchronise, then REPS copies each
 followed by a device synchronisation, median of the per-copy times.
 
 Options: --json PATH (also written to $OUT/bench_gpu.json when OUT is set),
@@ -37,7 +37,6 @@ import platform
 import statistics
 import sys
 import time
-import timeit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -48,10 +47,11 @@ ap.add_argument("--table")
 ap.add_argument("--quick", action="store_true")
 ARGS = ap.parse_args()
 
+from dlbridge import _measure  # noqa: E402  (imports no framework)
+
 ROUNDS = 3 if ARGS.quick else 5
 REPEATS = 3 if ARGS.quick else 5
 TARGET_S = 0.005 if ARGS.quick else 0.01
-UNROLL = 10
 COPY_REPS = 5 if ARGS.quick else 10
 
 LINES = []
@@ -84,76 +84,21 @@ def why(e):
     return ("%s: %s" % (type(e).__name__, e)).splitlines()[0][:90]
 
 
-# ---- call timing (as bench_calls.py) -----------------------------------------------
+# ---- call timing: dlbridge._measure, shared with bench_calls.py and the CLI ----
 
-class Case:
-    def __init__(self, stmt, **names):
-        setup = "; ".join("%s = __ns[%r]" % (k, k) for k in names) or "pass"
-        self.stmt, self.names = stmt, names
-        self.timer = timeit.Timer("; ".join([stmt] * UNROLL), setup,
-                                  globals={"__ns": names})
-        self.number, self.medians = 0, []
-
-    def calibrate(self):
-        number = 1
-        while True:
-            t = self.timer.timeit(number)
-            if t >= TARGET_S / 4:
-                break
-            number *= 4
-        self.number = max(1, int(number * TARGET_S / t))
-
-    def round(self):
-        self.medians.append(statistics.median(self.timer.repeat(REPEATS, self.number)))
-
-    def ns(self):
-        return min(self.medians) / (self.number * UNROLL) * 1e9
+SETTINGS = _measure.Settings(rounds=ROUNDS, repeats=REPEATS, target_s=TARGET_S)
+Case = _measure.Case
 
 
-class RawLoop(Case):
+def RawLoop(loop, a, b, c):
     """_noop.exchange_loop: the raw exchange-API cost timed inside C."""
-
-    def __init__(self, loop, a, b, c):
-        super().__init__("f(a, b, c, 1)", f=loop, a=a, b=b, c=c)
-
-    def calibrate(self):
-        f, n = self.names["f"], self.names
-        t = f(n["a"], n["b"], n["c"], 1000)
-        self.number = max(1000, int(TARGET_S * 1e9 / max(t, 1.0)))
-
-    def round(self):
-        f, n = self.names["f"], self.names
-        self.medians.append(statistics.median(
-            f(n["a"], n["b"], n["c"], self.number) for _ in range(REPEATS)))
-
-    def ns(self):
-        return min(self.medians)
+    return _measure.SelfTimed(loop, a, b, c)
 
 
 def measure(cases):
-    """{key: Case | str (why not measured)} -> {key: ns | str}."""
-    out, live = {}, {}
-    for key, case in cases.items():
-        if isinstance(case, str) or case is None:
-            out[key] = case or "n/a"
-            continue
-        try:
-            exec(case.stmt, {}, dict(case.names))  # must work at all
-            case.calibrate()
-        except Exception as e:
-            out[key] = why(e)
-            continue
-        live[key] = case
-    gc.disable()
-    try:
-        for _ in range(ROUNDS):
-            for case in live.values():
-                case.round()
-    finally:
-        gc.enable()
-    for key, case in live.items():
-        out[key] = case.ns()
-    return out
+    """{key: Case | str (why not measured) | None} -> {key: ns | str}."""
+    got = _measure.measure(cases, SETTINGS)
+    return {k: "n/a" if v is None else v for k, v in got.items()}
 
 
 def num(*vs):

@@ -112,10 +112,20 @@ def main(argv=None):
     d.add_argument("-j", "--jobs", type=int, default=2, help="child processes at once (default 2)")
     d.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
     b = sub.add_parser("bench", help="per-call costs")
-    b.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
+    b.add_argument("--json", metavar="FILE", nargs="?", const="-",
+                   help="write the results as JSON (no FILE or '-': stdout only)")
     b.add_argument("--plot", metavar="PNG", help="bar chart (needs matplotlib)")
-    b.add_argument("--full", action="store_true", help="more repetitions (slower, steadier)")
+    speed = b.add_mutually_exclusive_group()
+    speed.add_argument("--quick", action="store_true", help="fewer, shorter runs (seconds)")
+    speed.add_argument("--full", action="store_true", help="more repetitions (slower, steadier)")
     b.add_argument("--frameworks", metavar="A,B", help="only these (default: all installed)")
+    b.add_argument("--kernels", metavar="SO",
+                   help="libdlb_example_kernels.so for the Function rows "
+                        "(default: $DLB_EXAMPLE_KERNELS, then build/)")
+    b.add_argument("--peers", metavar="DIR",
+                   help="nanobind/tvm-ffi peers built by bench/build_peers.sh "
+                        "(default: $DLBRIDGE_BENCH_PEERS, then build/bench)")
+    b.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)

@@ -1,144 +1,629 @@
-"""`dlbridge bench`: per-call cost of dlbridge against each framework's own
-DLPack path, measured in this process.  Results are ratios against the
-reference measured in the same run; absolute times depend on the machine.
+"""`dlbridge bench`: per-call cost of dlbridge against each installed
+framework's own path, and against nanobind and tvm-ffi when their peers are
+built.  Schema and reading: docs/bench.md.
 
-Measuring: each case is timed with timeit in rounds interleaved over all
-cases (a burst of load elsewhere hits one round of many cases, not every
-round of one), and the best of the per-round medians is kept.
+Each framework is measured in a child process of its own (`python -m
+dlbridge._bench child FW CONFIG`): frameworks are imported only there (some
+cannot share a process: paddle and TensorFlow crash together), a framework
+that dies is a note instead of a dead bench, and one framework's threads do
+not run beside another's measurement.  Within a child every case of that
+framework is timed in the same interleaved rounds (dlbridge._measure), so a
+ratio compares figures taken under the same load.  Children run one after
+the other, never at once, for the same reason.
+
+Tensors are CPU float32[16] (1-D so every framework, PyArrow included, can
+make one), 64-byte aligned (JAX and TensorFlow copy or refuse less aligned
+data, which would time a copy instead of the exchange).
 """
 
+import glob
 import importlib.util
 import json
-import statistics
+import os
+import platform
+import subprocess
 import sys
-import timeit
+import time
 
-QUICK = dict(rounds=3, repeats=3, target_s=0.002)
-FULL = dict(rounds=7, repeats=5, target_s=0.01)
+from . import _measure
 
+SCHEMA_VERSION = 1
+FRAMEWORKS = ("numpy", "torch", "jax", "tensorflow", "pyarrow", "paddle")
+CALLS = ("from_dlpack", "convert", "__dlpack__", "Function")
+REFERENCES = ("own", "nanobind", "tvm-ffi", "no-op")
+MODES = {"quick": _measure.QUICK, "default": _measure.DEFAULT,
+         "full": _measure.FULL}
+N = 16                     # elements per tensor
+MAX_VERSION = (1, 3)       # what __dlpack__ is asked for
+KERNEL_LIB = "libdlb_example_kernels.so"
+KERNEL_SYMBOL = "dlb_kernel_noop"
+KERNEL_SIGNATURE = "noop3(a: float32[n], b: float32[n], c: float32[n])"
+PEERS_ENV = "DLBRIDGE_BENCH_PEERS"
+KERNELS_ENV = "DLB_EXAMPLE_KERNELS"
+MARK = "DLBRIDGE-BENCH "   # prefix of the child's result line on stdout
+CHILD_TIMEOUT_S = 300
 
-class Case:
-    def __init__(self, stmt, names):
-        self.stmt, self.names, self.medians, self.number = stmt, names, [], 1
-
-    def calibrate(self, target_s):
-        t = timeit.Timer(self.stmt, globals=self.names)
-        n, dt = t.autorange()
-        self.number = max(1, int(n * target_s / max(dt, 1e-9)))
-        self.timer = t
-
-    def round(self, repeats):
-        self.medians.append(statistics.median(
-            self.timer.timeit(self.number) / self.number
-            for _ in range(repeats)) * 1e9)
-
-
-def measure(cases, rounds, repeats, target_s):
-    """{key: Case} -> {key: ns per call, or the error text}."""
-    out, live = {}, {}
-    for key, case in cases.items():
-        try:
-            exec(case.stmt, dict(case.names))
-        except Exception as e:
-            out[key] = f"{type(e).__name__}: {e}".splitlines()[0][:70]
-            continue
-        case.calibrate(target_s)
-        live[key] = case
-    for _ in range(rounds):
-        for case in live.values():
-            case.round(repeats)
-    out.update({k: min(c.medians) for k, c in live.items()})
-    return out
+# What dlbridge does in each row (the "call" column), shown in the legend.
+DLB_EXPR = {"from_dlpack": "dlb.from_dlpack(x)", "convert": "dlb.convert(y, FW)",
+            "__dlpack__": "t.__dlpack__(max_version=v)",
+            "Function": "noop3(a, b, c)"}
+LEGEND = ("x, a, b, c: the framework's float32[16] tensors; y: a NumPy array "
+          "(for numpy: a dlb.Tensor); t = dlb.from_dlpack(x); v = (1, 3); noop3: "
+          "dlb.Function of a C kernel that does nothing; tf_from_dlpack: "
+          "tf.experimental.dlpack.from_dlpack.  ns per call, best of "
+          "interleaved rounds; ref/dlb: the reference's time over dlbridge's, "
+          "same run (above 1: dlbridge is faster).")
 
 
-def _sources(fw):
-    """(tensor of framework fw, its own from_dlpack) or None."""
-    import numpy as np
-    a = np.ones((4, 4), dtype=np.float32)
+# ------------------------------------------------------------ child side
+
+def _aligned_ones(np, n):
+    """A float32 NumPy array of n ones whose data is 64-byte aligned."""
+    raw = np.empty(n * 4 + 64, dtype=np.uint8)
+    skip = -raw.ctypes.data % 64
+    a = raw[skip:skip + n * 4].view(np.float32)
+    a[:] = 1
+    return a
+
+
+def _framework(fw, np):
+    """What the child needs of framework fw: make(ndarray) -> its CPU
+    tensor; own_import: (label template, callable) or (label, why there is
+    none); convert_ref: the reference for convert when it is not own_import;
+    op: its own 3-tensor operation (label, statement, names)."""
     if fw == "numpy":
-        return a, np.from_dlpack
+        return dict(make=lambda a: a,
+                    own_import=("np.from_dlpack({})", np.from_dlpack),
+                    op=("np.add(a, b, out=c)", "add(a, b, out=c)", dict(add=np.add)))
     if fw == "torch":
         import torch
-        return torch.from_numpy(a), torch.from_dlpack
+        return dict(make=torch.from_numpy,
+                    own_import=("torch.from_dlpack({})", torch.from_dlpack),
+                    op=("torch.add(a, b, out=c)", "add(a, b, out=c)",
+                        dict(add=torch.add)))
     if fw == "jax":
         import jax.dlpack
         import jax.numpy as jnp
-        return jnp.asarray(a), jax.dlpack.from_dlpack
-    return None
+        return dict(make=lambda a: jax.device_put(a, jax.devices("cpu")[0]),
+                    own_import=("jax.dlpack.from_dlpack({})", jax.dlpack.from_dlpack),
+                    op=("jnp.add(a, b)", "add(a, b)", dict(add=jnp.add)))
+    if fw == "tensorflow":
+        import tensorflow as tf
+        tf_from = tf.experimental.dlpack.from_dlpack
+
+        def make(a):
+            with tf.device("/CPU:0"):
+                return tf.constant(a)
+        # TF's importer takes a capsule, not an object with __dlpack__.
+        return dict(make=make,
+                    own_import=("tf_from_dlpack({}.__dlpack__())",
+                                lambda o: tf_from(o.__dlpack__())),
+                    op=("tf.add(a, b)", "add(a, b)", dict(add=tf.add)))
+    if fw == "pyarrow":
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        # No DLPack importer: the from_dlpack row has no reference, and the
+        # convert row is compared with PyArrow's own (zero-copy) NumPy import.
+        return dict(make=pa.array,
+                    own_import=("(no importer)", "PyArrow has no DLPack importer"),
+                    convert_ref=("pa.array(y)", pa.array),
+                    op=("pc.add(a, b)", "add(a, b)", dict(add=pc.add)))
+    if fw == "paddle":
+        import paddle
+        return dict(make=lambda a: paddle.to_tensor(a, place=paddle.CPUPlace()),
+                    own_import=("paddle.from_dlpack({})", paddle.from_dlpack),
+                    op=("paddle.add(a, b)", "add(a, b)", dict(add=paddle.add)))
+    raise ValueError(f"unknown framework {fw!r}; known: {', '.join(FRAMEWORKS)}")
 
 
-def cases_for(fw):
+def _peer_functions(cfg):
+    """{reference kind: callable or error text} for the peers the parent
+    found present (absent ones are a note of the parent's)."""
+    out = {}
+    peers = cfg.get("peers", {})
+    d = cfg.get("peers_dir")
+    if d and d not in sys.path:
+        sys.path.insert(0, d)
+    if peers.get("nanobind", {}).get("present"):
+        try:
+            import _nb_peer
+            out["nanobind"] = _nb_peer.f
+        except Exception as e:
+            out["nanobind"] = _measure.why(e)
+    if peers.get("tvm-ffi", {}).get("present"):
+        try:
+            import tvm_ffi
+            out["tvm-ffi"] = tvm_ffi.load_module(peers["tvm-ffi"]["path"])["noop3"]
+        except Exception as e:
+            out["tvm-ffi"] = _measure.why(e)
+    if peers.get("no-op", {}).get("present"):
+        try:
+            import _noop
+            out["no-op"] = _noop.noop
+        except Exception as e:
+            out["no-op"] = _measure.why(e)
+    return out
+
+
+PEER_EXPR = {"nanobind": "nanobind f(a, b, c)", "tvm-ffi": "tvm-ffi noop3(a, b, c)",
+             "no-op": "C no-op f(a, b, c) (floor)"}
+
+
+def child(fw, cfg):
+    """Measure framework fw; returns the rows (as in the report)."""
     import numpy as np
 
-    import dlbridge
-    src = _sources(fw)
-    if src is None:
-        return {}
-    x, own = src
-    peer = np.ones((4, 4), dtype=np.float32) if fw != "numpy" else dlbridge.from_dlpack(x)
-    names = dict(x=x, own=own, peer=peer, dlb=dlbridge, fw=fw)
-    return {
-        (fw, "own from_dlpack"): Case("own(peer)", names),
-        (fw, "dlb.from_dlpack"): Case("dlb.from_dlpack(x)", names),
-        (fw, "dlb.convert"): Case("dlb.convert(peer, fw)", names),
-        (fw, "x.__dlpack__()"): Case("x.__dlpack__()", names),
-    }
+    import dlbridge as dlb
+    settings = _measure.Settings(**cfg["settings"])
+    spec = _framework(fw, np)
+    make = spec["make"]
+    x, a, b, c = (make(_aligned_ones(np, N)) for _ in range(4))
+    y = dlb.from_dlpack(_aligned_ones(np, N)) if fw == "numpy" else _aligned_ones(np, N)
+    t = dlb.from_dlpack(x)
+    own_label, own = spec["own_import"]
 
+    cases = {}   # (call, who) -> Case or reason
+    labels = {}  # (call, reference kind) -> expression of the reference
 
-def run(frameworks=None, full=False):
-    fws = frameworks or [f for f in ("numpy", "torch", "jax")
-                         if importlib.util.find_spec(f) is not None]
-    cases = {}
-    for fw in fws:
-        cases.update(cases_for(fw))
-    res = measure(cases, **(FULL if full else QUICK))
+    def add(call, who, label, case):
+        cases[call, who] = case
+        if who != "dlb":
+            labels[call, who] = label
+
+    add("from_dlpack", "dlb", None, _measure.Case("f(x)", f=dlb.from_dlpack, x=x))
+    add("from_dlpack", "own", own_label.format("x"),
+        own if isinstance(own, str) else _measure.Case("f(x)", f=own, x=x))
+    add("convert", "dlb", None,
+        _measure.Case("f(y, fw)", f=dlb.convert, y=y, fw=fw))
+    ref_label, ref = spec.get("convert_ref") or (own_label.format("y"), own)
+    add("convert", "own", ref_label,
+        ref if isinstance(ref, str) else _measure.Case("f(y)", f=ref, y=y))
+    # As a DLPack 1.x consumer asks (and the only way read-only data, such
+    # as PyArrow's, can be exported).
+    add("__dlpack__", "dlb", None,
+        _measure.Case("t.__dlpack__(max_version=v)", t=t, v=MAX_VERSION))
+    add("__dlpack__", "own", "x.__dlpack__(max_version=v)",
+        _measure.Case("x.__dlpack__(max_version=v)", x=x, v=MAX_VERSION))
+    kernel = cfg.get("kernel")
+    if kernel:
+        try:
+            fn = dlb.load(kernel, KERNEL_SYMBOL, KERNEL_SIGNATURE)
+            fcase = _measure.Case("f(a, b, c)", f=fn, a=a, b=b, c=c)
+        except Exception as e:
+            fcase = _measure.why(e)
+    else:
+        fcase = ("no no-op kernel library: set DLB_EXAMPLE_KERNELS or pass "
+                 f"--kernels (meson builds build/{KERNEL_LIB})")
+    add("Function", "dlb", None, fcase)
+    op_label, op_stmt, op_names = spec["op"]
+    add("Function", "own", op_label,
+        _measure.Case(op_stmt, a=a, b=b, c=c, **op_names))
+    for kind, f in _peer_functions(cfg).items():
+        add("Function", kind, PEER_EXPR[kind],
+            f if isinstance(f, str) else _measure.Case("f(a, b, c)", f=f, a=a, b=b, c=c))
+
+    got = _measure.measure(cases, settings)
     rows = []
+    for (call, who), label in labels.items():
+        ours, theirs = got[call, "dlb"], got[call, who]
+        rows.append({
+            "framework": fw, "call": call,
+            "dlbridge": _side(DLB_EXPR[call].replace("FW", repr(fw)), ours),
+            "reference": dict(kind=who, **_side(label, theirs)),
+            "ratio": theirs / ours if _measure.num(ours, theirs) else None})
+    return rows
+
+
+def _side(expr, value):
+    ok = isinstance(value, float)
+    return {"expr": expr, "ns": value if ok else None,
+            "error": None if ok else (value or "not measured")}
+
+
+def _child_main(argv):
+    # Interned, as the literal a user writes is: convert's fast path for
+    # "numpy" compares the target by identity, and a name from argv is a
+    # different object of the same value (convert is then ~2x slower).
+    fw, cfg = sys.intern(argv[0]), json.loads(argv[1])
+    try:
+        out = {"rows": child(fw, cfg)}
+    except Exception as e:  # the framework could not be set up at all
+        out = {"error": _measure.why(e, 200)}
+    sys.stdout.flush()
+    print(MARK + json.dumps(out), flush=True)
+
+
+# ------------------------------------------------------------ parent side
+
+def installed_frameworks():
+    """The frameworks present, none of them imported."""
+    return [f for f in FRAMEWORKS if importlib.util.find_spec(f) is not None]
+
+
+def find_kernel(explicit=None):
+    """Path of the no-op kernel library, or None: --kernels, then
+    $DLB_EXAMPLE_KERNELS, then build/ and the other build*/ directories here."""
+    for p in (explicit, os.environ.get(KERNELS_ENV)):
+        if p:
+            return os.path.abspath(p)
+    # build/ (make's) first; never a sanitizer build's, which cannot be
+    # loaded into an interpreter without the sanitizer runtime.
+    dirs = ["build"] + sorted(d for d in glob.glob("build?*")
+                              if "san" not in d and "asan" not in d)
+    hits = [os.path.join(d, KERNEL_LIB) for d in dirs
+            if os.path.exists(os.path.join(d, KERNEL_LIB))]
+    return os.path.abspath(hits[0]) if hits else None
+
+
+def find_peers(peers_dir=None):
+    """(directory, {kind: {"present", "path", "note"}}) for the peers that
+    bench/build_peers.sh builds (nanobind, tvm-ffi, the C no-op floor);
+    looked for in --peers, $DLBRIDGE_BENCH_PEERS, then build/bench here.
+    Nothing is imported: a peer is present when its file is there (and, for
+    tvm-ffi, the tvm_ffi package is installed)."""
+    d = peers_dir or os.environ.get(PEERS_ENV) or (
+        "build/bench" if os.path.isdir("build/bench") else None)
+    d = os.path.abspath(d) if d else None
+    where = d or "build/bench"
+    how = (f"bench/build_peers.sh builds it into build/bench; point "
+           f"--peers or ${PEERS_ENV} at that directory")
+
+    def module(name):
+        # An extension module (what build_peers.sh makes) or any other
+        # module of that name that a plain import would find there.
+        if not d:
+            return None
+        hits = sorted(glob.glob(os.path.join(d, name + ".*so")))
+        hits += [p for p in (os.path.join(d, name + ".py"),) if os.path.exists(p)]
+        return hits[0] if hits else None
+
+    peers = {}
+    nb = module("_nb_peer")
+    peers["nanobind"] = (
+        {"present": True, "path": nb, "note": "nanobind peer " + nb} if nb else
+        {"present": False, "path": None,
+         "note": f"nanobind: absent (no _nb_peer module in {where}; {how})"})
+    tvm_lib = os.path.join(d, "libtvm_peer.so") if d else None
+    if importlib.util.find_spec("tvm_ffi") is None:
+        peers["tvm-ffi"] = {"present": False, "path": None,
+                            "note": "tvm-ffi: absent (apache-tvm-ffi is not installed)"}
+    elif not (tvm_lib and os.path.exists(tvm_lib)):
+        peers["tvm-ffi"] = {"present": False, "path": None,
+                            "note": f"tvm-ffi: absent (no libtvm_peer.so in {where}; {how})"}
+    else:
+        peers["tvm-ffi"] = {"present": True, "path": tvm_lib,
+                            "note": "tvm-ffi peer " + tvm_lib}
+    noop = module("_noop")
+    peers["no-op"] = (
+        {"present": True, "path": noop, "note": "C no-op floor " + noop} if noop
+        else {"present": False, "path": None,
+              "note": f"C no-op floor: absent (no _noop module in {where})"})
+    return d, peers
+
+
+def _child_env():
+    # Quiet frameworks, CPU only (the bench times CPU tensors; TensorFlow
+    # and JAX would otherwise place them on a GPU when one is present).
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", GLOG_minloglevel="3",
+                JAX_PLATFORMS="cpu", TF_ENABLE_ONEDNN_OPTS="0",
+                PYTHONWARNINGS="ignore")
+
+
+def run_child(fw, cfg):
+    """(rows, note or None) for one framework, measured in a child."""
+    cmd = [sys.executable, "-m", "dlbridge._bench", "child", fw, json.dumps(cfg)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True,
+                           env=_child_env(), timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return [], f"{fw}: not measured: took over {CHILD_TIMEOUT_S} s"
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith(MARK):
+            out = json.loads(line[len(MARK):])
+            if "error" in out:
+                return [], f"{fw}: not measured: {out['error']}"
+            return out["rows"], None
+    rc = p.returncode
+    why = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+    tail = [ln.strip() for ln in p.stderr.splitlines() if ln.strip()]
+    return [], f"{fw}: not measured: its process died ({why}) {tail[-1] if tail else ''}"[:300]
+
+
+def _machine():
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count() or 0,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
+        progress=None):
+    """The whole report (see SCHEMA); progress(fw) is called before each
+    framework is measured."""
+    import dlbridge
+
+    from ._doctor import _versions
+    t0 = time.perf_counter()
+    fws = list(frameworks or installed_frameworks())
+    d, peers = find_peers(peers_dir)
+    settings = MODES[mode]
+    cfg = {"settings": settings._asdict(), "kernel": find_kernel(kernel),
+           "peers_dir": d, "peers": peers}
+    rows, notes = [], []
     for fw in fws:
-        ref = res.get((fw, "own from_dlpack"))
-        for (f, what), v in res.items():
-            if f != fw:
-                continue
-            ratio = v / ref if isinstance(v, float) and isinstance(ref, float) else None
-            rows.append({"framework": fw, "call": what,
-                         "ns": v if isinstance(v, float) else None,
-                         "ratio_to_own": ratio,
-                         "error": None if isinstance(v, float) else v})
-    return {"schema_version": 1, "quick": not full, "rows": rows}
+        if progress:
+            progress(fw)
+        got, note = run_child(fw, cfg)
+        rows += got
+        if note:
+            notes.append(note)
+    notes += [p["note"] for p in peers.values() if not p["present"]]
+    if cfg["kernel"] is None:
+        notes.append(f"Function: not measured: no {KERNEL_LIB} (set "
+                     f"{KERNELS_ENV} or pass --kernels; meson builds it in build/)")
+    return {"schema_version": SCHEMA_VERSION, "mode": mode,
+            "settings": dict(settings._asdict(), unroll=_measure.Case.unroll),
+            "seconds": round(time.perf_counter() - t0, 1),
+            "machine": _machine(), "dlbridge": dlbridge.__version__,
+            "versions": _versions(fws), "frameworks": fws,
+            "kernel": cfg["kernel"], "peers": peers, "rows": rows,
+            "notes": notes}
+
+
+_SIDE = {"type": "object", "required": ["expr", "ns", "error"],
+         "properties": {"expr": {"type": "string"},
+                        "ns": {"type": ["number", "null"]},
+                        "error": {"type": ["string", "null"]}}}
+
+# JSON-Schema-like description of the --json output (docs/bench.md; checked
+# by the tests with dlbridge._doctor.validate).
+SCHEMA = {
+    "type": "object",
+    "required": ["schema_version", "mode", "settings", "machine", "dlbridge",
+                 "versions", "frameworks", "kernel", "peers", "rows", "notes"],
+    "properties": {
+        "schema_version": {"enum": [SCHEMA_VERSION]},
+        "mode": {"enum": list(MODES)},
+        "settings": {"type": "object",
+                     "required": ["rounds", "repeats", "target_s", "unroll"],
+                     "properties": {"rounds": {"type": "integer"},
+                                    "repeats": {"type": "integer"},
+                                    "target_s": {"type": "number"},
+                                    "unroll": {"type": "integer"}}},
+        "seconds": {"type": "number"},
+        "machine": {"type": "object", "required": ["cpu", "cpus", "python"],
+                    "properties": {"cpu": {"type": "string"},
+                                   "cpus": {"type": "integer"},
+                                   "python": {"type": "string"}}},
+        "dlbridge": {"type": "string"},
+        "versions": {"type": "object"},
+        "frameworks": {"type": "array", "items": {"enum": list(FRAMEWORKS)}},
+        "kernel": {"type": ["string", "null"]},
+        "peers": {"type": "object", "required": ["nanobind", "tvm-ffi", "no-op"],
+                  "properties": {k: {"type": "object",
+                                     "required": ["present", "path", "note"],
+                                     "properties": {
+                                         "present": {"enum": [True, False]},
+                                         "path": {"type": ["string", "null"]},
+                                         "note": {"type": "string"}}}
+                                 for k in ("nanobind", "tvm-ffi", "no-op")}},
+        "rows": {"type": "array", "items": {
+            "type": "object",
+            "required": ["framework", "call", "dlbridge", "reference", "ratio"],
+            "properties": {
+                "framework": {"enum": list(FRAMEWORKS)},
+                "call": {"enum": list(CALLS)},
+                "dlbridge": _SIDE,
+                "reference": dict(_SIDE, required=["kind"] + _SIDE["required"],
+                                  properties=dict(_SIDE["properties"],
+                                                  kind={"enum": list(REFERENCES)})),
+                "ratio": {"type": ["number", "null"]}}}},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
+# ------------------------------------------------------------ rendering
+
+COLUMNS = (("framework", 10), ("call", 11), ("dlbridge", 9), ("reference", 30),
+           ("ns", 9), ("ref/dlb", 8))
+
+
+def _ns(v):
+    return "n/a" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _ratio(v):
+    # against the no-op floor a ratio is far below 1: keep its digits
+    return "" if v is None else f"{v:.2f}x" if v >= 0.1 else f"{v:.3f}x"
+
+
+def table_rows(report):
+    """[(framework, call, dlb ns, reference, ref ns, ratio)] as text, the
+    framework and call named once per group, and the errors as notes."""
+    out, errors, last = [], [], (None, None)
+    for r in report["rows"]:
+        fw, call = r["framework"], r["call"]
+        key = (fw, call)
+        first_fw = fw != last[0]
+        out.append((fw if first_fw else "",
+                    call if key != last else "",
+                    _ns(r["dlbridge"]["ns"]) if key != last else "",
+                    r["reference"]["expr"], _ns(r["reference"]["ns"]),
+                    _ratio(r["ratio"])))
+        for side in ("dlbridge", "reference"):
+            e = r[side]["error"]
+            if e and (side == "reference" or key != last):
+                msg = f"{fw} {call} {r[side]['expr']}: {e}"
+                if msg not in errors:
+                    errors.append(msg)
+        last = key
+    return out, errors
+
+
+def _header(report):
+    s = report["settings"]
+    return (f"dlbridge bench ({report['mode']}: best of {s['rounds']} rounds of "
+            f"{s['repeats']} x ~{s['target_s'] * 1e3:g} ms), "
+            f"{report['machine']['cpus']} CPUs, Python {report['machine']['python']}, "
+            f"dlbridge {report['dlbridge']}")
+
+
+def _wrap(text, width, indent="  "):
+    import textwrap
+    return textwrap.fill(text, width=width, subsequent_indent=indent)
+
+
+def plain(report, width=100):
+    lines = [_wrap(_header(report), width)]
+    rows, errors = table_rows(report)
+    fmt = "  ".join(("{:<%d}" if i in (0, 1, 3) else "{:>%d}") % w
+                    for i, (_, w) in enumerate(COLUMNS))
+    lines.append(fmt.format(*(name for name, _ in COLUMNS)).rstrip())
+    for r in rows:
+        lines.append(fmt.format(*(v[:w] for v, (_, w) in zip(r, COLUMNS))).rstrip())
+    lines.append("")
+    lines += [_wrap(t, width) for t in _tail(report, errors)]
+    return "\n".join(lines)
+
+
+def _tail(report, errors):
+    out = [LEGEND]
+    out += [f"not measured: {e}" for e in errors]
+    out += report["notes"]
+    return out
+
+
+def rich_table(report, console):
+    from rich.table import Table
+    console.print(f"[bold]{_header(report)}[/]")
+    t = Table(padding=(0, 1), show_edge=False)
+    for i, (name, _) in enumerate(COLUMNS):
+        t.add_column(name, justify="left" if i in (0, 1, 3) else "right",
+                     no_wrap=True, style="bold" if i == 0 else None)
+    rows, errors = table_rows(report)
+    for r in rows:
+        ratio = r[5]
+        style = "" if not ratio else "green" if float(ratio[:-1]) >= 1 else "yellow"
+        t.add_row(*r[:5], f"[{style}]{ratio}[/]" if style else ratio)
+    console.print(t)
+    for line in _tail(report, errors):
+        console.print(f"[dim]{line}[/]", highlight=False)
+
+
+# ------------------------------------------------------------ plot
+
+class PlotUnavailable(Exception):
+    pass
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")   # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise PlotUnavailable(
+            f"--plot needs matplotlib, which is not installed ({e}); "
+            "install it with: pip install 'dlbridge[plot]'") from None
+    return plt
+
+
+def plot(report, path, plt=None):
+    """A PNG bar chart: per framework and call, dlbridge's ns per call next
+    to each reference's, log scale (the figures span 50 ns to 50 us)."""
+    plt = plt or _pyplot()
+    labels, ours, theirs = [], [], []
+    for r in report["rows"]:
+        if r["dlbridge"]["ns"] is None and r["reference"]["ns"] is None:
+            continue
+        labels.append(f"{r['framework']} {r['call']} vs {r['reference']['expr']}")
+        # NaN: no bar (0 has no place on a log axis)
+        ours.append(r["dlbridge"]["ns"] or float("nan"))
+        theirs.append(r["reference"]["ns"] or float("nan"))
+    n = len(labels)
+    fig, ax = plt.subplots(figsize=(10, 0.32 * n + 1.5))
+    pos = list(range(n))
+    ax.barh([p - 0.2 for p in pos], ours, height=0.4, label="dlbridge")
+    ax.barh([p + 0.2 for p in pos], theirs, height=0.4, label="reference")
+    ax.set_yticks(pos)
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("ns per call (log scale; shorter is faster)")
+    ax.set_title(_header(report), fontsize=8)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------ command line
+
+def _console(plain_text):
+    if plain_text or importlib.util.find_spec("rich") is None:
+        return None
+    from rich.console import Console
+    return Console(width=100)
 
 
 def main(args):
-    fws = args.frameworks.split(",") if args.frameworks else None
-    report = run(fws, args.full)
+    plt = None
+    if args.plot:
+        # Before measuring: no one should wait a minute to learn this.
+        try:
+            plt = _pyplot()
+        except PlotUnavailable as e:
+            print(f"dlbridge bench: {e}", file=sys.stderr)
+            return 2
+    fws = [f for f in args.frameworks.split(",") if f] if args.frameworks else None
+    unknown = [f for f in fws or () if f not in FRAMEWORKS]
+    if unknown:
+        print(f"dlbridge bench: unknown framework(s) {', '.join(unknown)}; "
+              f"known: {', '.join(FRAMEWORKS)}", file=sys.stderr)
+        return 2
+    mode = "full" if args.full else "quick" if args.quick else "default"
+    to_stdout = args.json == "-"
+    console = None if to_stdout else _console(args.plain)
+
+    def progress(fw):
+        if not to_stdout:
+            print(f"measuring {fw} …", file=sys.stderr, flush=True)
+    if console is not None:
+        with console.status("measuring") as status:
+            report = run(fws, mode, args.kernels, args.peers,
+                         progress=lambda fw: status.update(f"measuring {fw} …"))
+    else:
+        report = run(fws, mode, args.kernels, args.peers, progress=progress)
     if args.json:
         text = json.dumps(report, indent=1)
-        if args.json == "-":
+        if to_stdout:
             print(text)
-            return 0
-        with open(args.json, "w") as f:
-            f.write(text)
-    print(f"{'framework':<10} {'call':<18} {'ns/call':>9} {'× own':>7}")
-    for r in report["rows"]:
-        ns = f"{r['ns']:9.0f}" if r["ns"] is not None else f"{'n/a':>9}"
-        ratio = f"{r['ratio_to_own']:7.2f}" if r["ratio_to_own"] else f"{'':>7}"
-        print(f"{r['framework']:<10} {r['call']:<18} {ns} {ratio}"
-              + (f"  {r['error']}" if r["error"] else ""))
-    print("(× own: time relative to the framework's own from_dlpack of a "
-          "NumPy array, same run)")
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    if not to_stdout:
+        if console is not None:
+            rich_table(report, console)
+        else:
+            print(plain(report))
     if args.plot:
-        if importlib.util.find_spec("matplotlib") is None:
-            print("--plot needs matplotlib: pip install 'dlbridge[plot]'",
-                  file=sys.stderr)
-            return 2
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        rows = [r for r in report["rows"] if r["ns"] is not None]
-        fig, ax = plt.subplots(figsize=(8, 0.3 * len(rows) + 1))
-        ax.barh([f"{r['framework']}: {r['call']}" for r in rows],
-                [r["ns"] for r in rows])
-        ax.set_xlabel("ns per call")
-        ax.invert_yaxis()
-        fig.tight_layout()
-        fig.savefig(args.plot)
-        print(f"plot: {args.plot}")
+        plot(report, args.plot, plt)
+        print(f"plot: {args.plot}", file=sys.stderr if to_stdout else sys.stdout)
     return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "child":
+        _child_main(sys.argv[2:])
+    else:
+        sys.exit("usage: python -m dlbridge bench (this module's own entry "
+                 "point is for its child processes)")

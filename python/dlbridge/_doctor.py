@@ -35,8 +35,15 @@ _SEVERITY = {"zero-copy": 0, "copied": 1, "refused": 2, "wrong": 3, "crashed": 4
 _GPU_ONLY = ("cupy", "numba", "cuda.core")
 CANDIDATES = tuple([n for n in REGISTRY if n not in _GPU_ONLY + ("dlbridge",)]
                    + ["dlbridge"])
+# float8 (DLPack 1.1's codes) is probed where a framework that can hold it
+# is installed: ml_dtypes (NumPy's, JAX's and TensorFlow's float8 types),
+# torch, paddle.
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+FP8_HOLDERS = ("ml_dtypes", "torch", "paddle")
 DTYPES = ("bool", "int8", "int32", "int64", "uint8", "uint16", "float16",
-          "float32", "float64", "complex64", "bfloat16")
+          "float32", "float64", "complex64", "bfloat16") + (
+              FP8_DTYPES if any(importlib.util.find_spec(m) is not None
+                                for m in FP8_HOLDERS) else ())
 LAYOUTS = ("contiguous", "transposed", "step", "negative", "0-d", "size-0",
            "offset", "read-only")
 CRASH_ENV = "DLBRIDGE_DOCTOR_TEST_CRASH"   # test hook: adds an aborting producer
@@ -50,6 +57,12 @@ KNOWN_LIMITATIONS = {
     ("torch", "read-only"): "torch tensors cannot be read-only",
     ("numpy", "bfloat16"): "NumPy has no bfloat16 dtype (an ml_dtypes "
                            "bfloat16 array cannot be exported either)",
+    ("numpy", "float8"): "NumPy has no float8 dtypes (np.from_dlpack refuses "
+                         "them; an ml_dtypes float8 array cannot be exported "
+                         "either)",
+    ("tensorflow", "float8"): "TensorFlow's DLPack has no float8 dtypes "
+                              "(\"DT_FLOAT8_E4M3FN is not supported by "
+                              "dlpack\"), either way",
     ("tensorflow", "layout"): "TensorFlow imports only compact row-major, "
                               "64-byte aligned data",
     ("tensorflow", "read-only"): "TensorFlow imports through the legacy "
@@ -98,6 +111,10 @@ def known_reason(consumer, producer, dtype, layout, path="own"):
                 return lim[(fw, key)]
     if dtype == "bfloat16" and "numpy" in (consumer, producer):
         return lim[("numpy", "bfloat16")]
+    if dtype in FP8_DTYPES:
+        for fw in ("numpy", "tensorflow"):
+            if fw in (consumer, producer):
+                return lim[(fw, "float8")]
     if (consumer, dtype) in lim:
         return lim[(consumer, dtype)]
     if (consumer, layout) in lim:
@@ -111,7 +128,8 @@ def known_reason(consumer, producer, dtype, layout, path="own"):
 
 def _source(np, dtype, layout):
     """The NumPy reference for a case and its storage dtype."""
-    storage = "uint16" if dtype == "bfloat16" else dtype
+    storage = ("uint16" if dtype == "bfloat16" else
+               "uint8" if dtype in FP8_DTYPES else dtype)
     if layout == "0-d":
         return np.array(7, dtype=storage)
     base = (np.arange(1, 25) % 5).astype(storage).reshape(4, 6)
@@ -132,12 +150,18 @@ def _produce(fw, np, dtype, layout):
     """(object, reference ndarray) or raise NotImplementedError."""
     a = _source(np, dtype, layout)
     bf = dtype == "bfloat16"
+    # float8: the bit patterns 0..4 of the uint8 source, viewed as float8
+    # (small finite numbers in both formats), so bytes compare exactly.
+    f8 = dtype if dtype in FP8_DTYPES else None
     strided = layout in ("transposed", "step", "negative", "offset")
     ref = _layout_np(a, layout)
     if fw == "numpy":
-        if bf:
-            import ml_dtypes
-            obj = ref.view(ml_dtypes.bfloat16)
+        if bf or f8:
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise NotImplementedError("no ml_dtypes") from None
+            obj = ref.view(getattr(ml_dtypes, f8 or "bfloat16"))
         else:
             obj = ref.copy() if layout == "read-only" else ref
         if layout == "read-only":
@@ -147,6 +171,13 @@ def _produce(fw, np, dtype, layout):
         import dlbridge
         if bf:
             raise NotImplementedError("no bfloat16 source")
+        if f8:
+            # NumPy cannot export float8, so the bytes are put into a
+            # dlbridge float8 tensor directly.
+            import ctypes
+            t = dlbridge.empty(ref.shape, f8)
+            ctypes.memmove(t.data_ptr, ref.ctypes.data, ref.nbytes)
+            return t, ref
         v = ref.copy() if layout == "read-only" else ref
         if layout == "read-only":
             v.setflags(write=False)
@@ -168,6 +199,10 @@ def _produce(fw, np, dtype, layout):
         t = torch.from_numpy(a.copy())
         if bf:
             t = t.view(torch.bfloat16)
+        if f8:
+            if not hasattr(torch, f8):
+                raise NotImplementedError(f"torch {torch.__version__} has no {f8}")
+            t = t.view(getattr(torch, f8))
         t = {"transposed": lambda: t.T, "step": lambda: t[:, ::2],
              "offset": lambda: t[1:]}.get(layout, lambda: t)()
         return t, ref
@@ -176,24 +211,34 @@ def _produce(fw, np, dtype, layout):
     if fw == "jax":
         import jax.numpy as jnp
         x = jnp.asarray(a)
-        return (x.view(jnp.bfloat16) if bf else x), ref
+        return (x.view(getattr(jnp, f8 or "bfloat16")) if bf or f8 else x), ref
     if fw == "tensorflow":
         import tensorflow as tf
+        if f8:   # tf.bitcast has no float8; TF's float8 types are ml_dtypes'
+            import ml_dtypes
+            return tf.constant(a.view(getattr(ml_dtypes, f8))), ref
         x = tf.constant(a)
         return (tf.bitcast(x, tf.bfloat16) if bf else x), ref
     if fw == "paddle":
         import paddle
         if bf or a.dtype.kind == "u" and a.dtype.itemsize > 1:
             raise NotImplementedError("dtype not held")
+        if f8:
+            if not hasattr(paddle, f8):
+                raise NotImplementedError(f"paddle has no {f8}")
+            return paddle.to_tensor(a).view(getattr(paddle, f8)), ref
         return paddle.to_tensor(a), ref
     if fw == "pyarrow":
         import pyarrow as pa
-        if a.ndim != 1 and layout != "contiguous" or bf or dtype.startswith("complex"):
+        if (a.ndim != 1 and layout != "contiguous" or bf or f8
+                or dtype.startswith("complex")):
             raise NotImplementedError("1-D primitive arrays only")
         flat = a.ravel()
         return pa.array(flat), flat
     if fw == "tvm_ffi":
         import tvm_ffi
+        if f8:
+            raise NotImplementedError("no float8 source")
         return tvm_ffi.from_dlpack(a), ref
     raise NotImplementedError(fw)
 

@@ -12,19 +12,33 @@ from dlbridge import _doctor, _render
 
 pytest.importorskip("torch")
 
+# float8 cases, probed when ml_dtypes or torch is installed: NumPy has no
+# float8 dtypes and cannot export an ml_dtypes float8 array; torch and
+# dlbridge share them zero-copy (checked with torch 2.13, ml_dtypes 0.6).
+FP8 = [(d, "contiguous") for d in _doctor.FP8_DTYPES]
+FP8_REFUSED = dict.fromkeys(FP8, "refused")
+
 # What each pair must show, per (producer, consumer, path): outcome of
 # every probe, by case; cases not listed must be zero-copy.
 EXPECT = {
     ("numpy", "torch", "own"): {("bfloat16", "contiguous"): "refused",
                                 ("float32", "negative"): "crashed",
-                                ("float32", "read-only"): "zero-copy"},
+                                ("float32", "read-only"): "zero-copy",
+                                **FP8_REFUSED},
     ("numpy", "torch", "dlb"): {("bfloat16", "contiguous"): "refused",
                                 ("float32", "negative"): "refused",
-                                ("float32", "read-only"): "refused"},
-    ("torch", "numpy", "own"): {("bfloat16", "contiguous"): "refused"},
-    ("torch", "numpy", "dlb"): {("bfloat16", "contiguous"): "refused"},
-    ("numpy", "dlbridge", "own"): {("bfloat16", "contiguous"): "refused"},
-    ("torch", "dlbridge", "dlb"): {},
+                                ("float32", "read-only"): "refused",
+                                **FP8_REFUSED},
+    ("torch", "numpy", "own"): {("bfloat16", "contiguous"): "refused",
+                                **FP8_REFUSED},
+    ("torch", "numpy", "dlb"): {("bfloat16", "contiguous"): "refused",
+                                **FP8_REFUSED},
+    ("numpy", "dlbridge", "own"): {("bfloat16", "contiguous"): "refused",
+                                   **FP8_REFUSED},
+    ("torch", "dlbridge", "dlb"): {},      # float8 included: zero-copy
+    ("dlbridge", "torch", "dlb"): {("float32", "negative"): "refused",
+                                   ("float32", "read-only"): "refused"},
+    ("dlbridge", "numpy", "own"): FP8_REFUSED,
 }
 
 
@@ -64,6 +78,18 @@ def test_crashing_producer_is_reported_not_fatal(report):
     assert any("signal 6" in c["message"] for c in crashed)
 
 
+def test_float8_is_probed_where_present(report):
+    if "float8_e4m3fn" not in _doctor.DTYPES:
+        pytest.skip("neither ml_dtypes nor torch installed")
+    torch_dlb = _cells(report, "torch", "dlbridge", "own")
+    dlb_torch = _cells(report, "dlbridge", "torch", "own")
+    for case in FP8:
+        assert torch_dlb[case]["outcome"] == "zero-copy"
+        assert dlb_torch[case]["outcome"] == "zero-copy"
+        cell = _cells(report, "torch", "numpy", "own")[case]
+        assert "float8" in cell["known_limitation"]
+
+
 def test_no_dlbridge_defects(report):
     assert report["defects"] == []
 
@@ -79,7 +105,8 @@ def test_json_schema(report):
 def test_plain_grid_fits_100_columns(report):
     text = _render.plain(report)
     assert max(len(line) for line in text.splitlines()) <= 100
-    assert "✓ 16/16" in text    # torch -> torch, all zero-copy
+    n = 16 + len(FP8) * ("float8_e4m3fn" in _doctor.DTYPES)
+    assert f"✓ {n}/{n}" in text    # torch -> torch, all zero-copy
     assert "☠" in text
 
 
