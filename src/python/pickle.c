@@ -106,12 +106,29 @@ PyObject *dlb__tensor_reduce_ex(PyObject *op, PyObject *arg) {
   long protocol = PyLong_AsLong(arg);
   if (protocol == -1 && PyErr_Occurred()) return NULL;
 
-  /* Device memory travels through the host: a copy, made by copy(). */
+  /* Device memory travels through the host: a host copy is pickled, and
+   * the device goes along so the rebuild puts the data back there. */
   if (!dlb_device_is_host_accessible(self->t.device)) {
-    host = PyObject_CallMethod(op, "copy", "()");
+    DLManagedTensorVersioned *hm = NULL;
+    DLDevice cpu = {kDLCPU, 0};
+    if (dlb__copy_managed(&self->t, self->flags, cpu,
+                          "pickling a device tensor", &hm) < 0)
+      goto cleanup;
+    host = dlb__tensor_from_managed(st, hm);
     if (host == NULL) goto cleanup;
-    /* copy() into host memory: pickle that one. */
-    res = dlb__tensor_reduce_ex(host, arg);
+    PyObject *inner = dlb__tensor_reduce_ex(host, arg);
+    if (inner == NULL) goto cleanup;
+    /* (rebuild, args) -> (rebuild, args + ((device_type, device_id),)) */
+    PyObject *dev = Py_BuildValue("((ii))", (int)self->t.device.device_type,
+                                  (int)self->t.device.device_id);
+    PyObject *args = dev != NULL
+                         ? PySequence_Concat(PyTuple_GET_ITEM(inner, 1), dev)
+                         : NULL;
+    if (args != NULL)
+      res = PyTuple_Pack(2, PyTuple_GET_ITEM(inner, 0), args);
+    Py_XDECREF(args);
+    Py_XDECREF(dev);
+    Py_DECREF(inner);
     goto cleanup;
   }
   bool padded = (self->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
@@ -269,7 +286,9 @@ int dlb__check_pickled_layout(DLTensor *view, uint64_t flags, int64_t *need) {
 
 /* ---- _rebuild_tensor ------------------------------------------------------------ */
 
-/* _rebuild_tensor(buffer, dtype, shape, strides, flags, copy) */
+/* _rebuild_tensor(buffer, dtype, shape, strides, flags, copy[, device]):
+ * device, a (device_type, device_id) pair, is where a tensor that was on a
+ * device goes back to (a copy from the rebuilt host tensor, cuda.c). */
 static PyObject *py_rebuild_tensor(PyObject *module, PyObject *const *args,
                                    Py_ssize_t nargs) {
   dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
@@ -280,10 +299,13 @@ static PyObject *py_rebuild_tensor(PyObject *module, PyObject *const *args,
   int32_t ndim = 0, nstrides = 0;
   int64_t need = 0;
   dlb_error err;
-  if (nargs != 6) {
-    PyErr_SetString(PyExc_TypeError, "_rebuild_tensor takes 6 arguments");
+  DLDevice target = {kDLCPU, 0};
+  if (nargs != 6 && nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "_rebuild_tensor takes 6 or 7 arguments");
     return NULL;
   }
+  if (nargs == 7 && dlb__device_converter(st, args[6], &target) < 0)
+    return NULL;
   memset(&view, 0, sizeof view);
   if (dlb__parse_dtype_tuple(args[1], &view.dtype) < 0) return NULL;
   if (dlb__parse_dims(args[2], "shape", &ndim, shape) < 0) return NULL;
@@ -362,6 +384,16 @@ static PyObject *py_rebuild_tensor(PyObject *module, PyObject *const *args,
     }
     base = NULL; /* m's release owns it now */
   }
+  if (target.device_type != kDLCPU) {
+    DLManagedTensorVersioned *moved = NULL;
+    int rc = dlb__copy_managed(&m->dl_tensor, m->flags, target,
+                               "unpickling a device tensor", &moved);
+    dlb__delete_keep_error(m); /* the host tensor: its owner goes too */
+    m = NULL;
+    if (rc < 0) goto cleanup;
+    moved->flags |= flags & DLPACK_FLAG_BITMASK_READ_ONLY;
+    m = moved;
+  }
   res = dlb__tensor_from_managed(st, m);
 
 cleanup:
@@ -373,7 +405,7 @@ cleanup:
 
 static PyMethodDef pickle_methods[] = {
     {"_rebuild_tensor", (PyCFunction)(void (*)(void))py_rebuild_tensor, METH_FASTCALL,
-     "_rebuild_tensor(buffer, dtype, shape, strides, flags, copy)\n--\n\n"
+     "_rebuild_tensor(buffer, dtype, shape, strides, flags, copy, device=cpu)\n--\n\n"
      "Rebuild a pickled Tensor (used by pickle; validates everything)."},
     {NULL, NULL, 0, NULL},
 };

@@ -518,3 +518,23 @@ def test_copy_errors_free_what_was_allocated():
     import gc; gc.collect()
     assert fake.dlb_fake_cuda_live_allocations() == 0, fake.dlb_fake_cuda_live_allocations()
     """)
+
+
+# ---- pickling -----------------------------------------------------------------------------------
+
+def test_cuda_tensors_pickle_through_the_host_and_come_back_on_their_device():
+    run("""
+    import pickle
+    t = dlb.from_dlpack(np.arange(12.0).reshape(3, 4).T, device="cuda:1")
+    small = dlb.from_dlpack(np.arange(3, dtype=np.int16), device="cuda:0")
+    for proto in (2, 4, 5):
+        bufs = []
+        data = pickle.dumps(t, protocol=proto,
+                            buffer_callback=bufs.append if proto == 5 else None)
+        u = pickle.loads(data, buffers=bufs)
+        assert u.device == "cuda:1" and u.shape == (4, 3), (u.device, u.shape)
+        assert u.data_ptr != t.data_ptr
+        assert host(u).tolist() == host(t).tolist()
+    u = pickle.loads(pickle.dumps(small, protocol=5))
+    assert u.device == "cuda:0" and u.tolist() == [0, 1, 2]
+    """)

@@ -248,8 +248,9 @@ def test_framework_tensors_through_pickle5():
 
 
 def test_device_tensor_pickles_through_host_copy(tp):
-    # A CUDA tensor goes through copy() to the host; this build cannot copy
-    # from a device yet, so pickling says why instead of sending garbage.
+    # A CUDA tensor travels through a host copy (test_cuda_fake.py); with no
+    # CUDA driver here the copy cannot be made, and pickling says why
+    # instead of sending garbage.
     t = dlb.from_dlpack(tp.Producer(shape=(4,), dtype=(2, 32, 1), device=(2, 0)))
     assert t.device == "cuda:0"
     for protocol in (2, 5):
