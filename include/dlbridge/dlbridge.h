@@ -513,7 +513,8 @@ DLB_API int dlb_cuda_stream_order(int device_id, void *producer, void *consumer,
  * tolist); never for ordering between streams.  A stream being captured
  * into a graph cannot be waited for: DLB_EUNSUPPORTED, without asking the
  * driver to (which would invalidate the capture). */
-int dlb_cuda_stream_synchronize(int device_id, void *stream, dlb_error *err);
+DLB_API int dlb_cuda_stream_synchronize(int device_id, void *stream,
+                                        dlb_error *err);
 
 /* Copy src's elements into dst, asynchronously on stream: same dtype and
  * shape, any layouts (strides, negative strides, byte_offset), either side
@@ -541,6 +542,66 @@ int dlb_cuda_stream_synchronize(int device_id, void *stream, dlb_error *err);
 DLB_API int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src,
                           void *stream,
                           dlb_error *err);
+
+/* ---- CUDA IPC (cuda_ipc.c) ---------------------------------------------------
+ *
+ * Device memory another process maps with no copy, for dlbridge.share of
+ * CUDA tensors.  CUDA's IPC handles work on memory from cuMemAlloc only
+ * (not on the stream-ordered pool memory of dlb_cuda_alloc), so memory to
+ * be shared is allocated for it.  A handle carries the allocation's
+ * cuIpcMemHandle, an interprocess event recorded on the exporter's stream
+ * when the handle was made (the importer's stream waits for it on the GPU),
+ * the device's UUID (devices are matched by UUID: CUDA_VISIBLE_DEVICES may
+ * order them differently in two processes), and the exporter's address and
+ * process id.  Lifetime, CUDA's rule: the exporting process must keep the
+ * allocation alive while any importer has it open.  The IPC entry points
+ * are optional in the driver table: without them these calls fail with
+ * DLB_EUNSUPPORTED and nothing else is affected. */
+
+typedef struct dlb_cuda_ipc_handle {
+  unsigned char memory[64]; /* CUipcMemHandle of the allocation */
+  unsigned char event[64];  /* CUipcEventHandle of the exporter's event */
+  unsigned char uuid[16];   /* CUuuid of the device */
+  uint64_t base;            /* the allocation's address in the exporter */
+  uint64_t size;            /* its size in bytes */
+  int64_t pid;              /* the exporter's process id */
+} dlb_cuda_ipc_handle;
+
+/* Memory that can be exported (cuMemAlloc in device_id's primary context;
+ * synchronous, so not during graph capture), and its free (cuMemFree). */
+DLB_API int dlb_cuda_ipc_alloc(int device_id, size_t nbytes, void **out,
+                               dlb_error *err);
+DLB_API int dlb_cuda_ipc_free(int device_id, void *ptr, dlb_error *err);
+
+/* An interprocess event (CU_EVENT_INTERPROCESS | DISABLE_TIMING) to export
+ * with an allocation; it must live as long as handles made with it can be
+ * opened. */
+DLB_API int dlb_cuda_ipc_event_create(int device_id, void **event,
+                                      dlb_error *err);
+DLB_API int dlb_cuda_ipc_event_destroy(int device_id, void *event,
+                                       dlb_error *err);
+
+/* Fill h for the allocation base (size bytes, from dlb_cuda_ipc_alloc on
+ * device_id), recording event on stream first: the importer will wait for
+ * the work queued on stream so far. */
+DLB_API int dlb_cuda_ipc_export(int device_id, void *base, size_t size,
+                                void *event, void *stream,
+                                dlb_cuda_ipc_handle *h, dlb_error *err);
+
+/* The local ordinal of the device h's memory lives on (by UUID); DLB_EINVAL
+ * when this process does not see it. */
+DLB_API int dlb_cuda_ipc_find_device(const dlb_cuda_ipc_handle *h,
+                                     int *device_id, dlb_error *err);
+
+/* Map h's allocation here (cuIpcOpenMemHandle, peer access enabled lazily):
+ * *device_id is its device, *base its address in this process; stream (of
+ * that device) waits for the exporter's event.  A handle made by this very
+ * process is DLB_EINVAL (CUDA cannot open those; the memory is at h->base
+ * already).  Close with dlb_cuda_ipc_close. */
+DLB_API int dlb_cuda_ipc_open(const dlb_cuda_ipc_handle *h, void *stream,
+                              int *device_id, void **base, dlb_error *err);
+DLB_API int dlb_cuda_ipc_close(int device_id, void *base, dlb_error *err);
+
 /* ---- Shared memory (shm.c) -------------------------------------------------
  *
  * POSIX shared-memory segments several processes map, for dlbridge.share.

@@ -220,6 +220,10 @@ typedef void *dlb__CUevent;
 typedef void *dlb__CUmodule;
 typedef void *dlb__CUfunction;
 typedef void *dlb__CUmemoryPool;
+/* IPC handles and UUIDs: opaque bytes, passed BY VALUE to the open calls */
+typedef struct { char reserved[64]; } dlb__CUipcMemHandle;
+typedef struct { char reserved[64]; } dlb__CUipcEventHandle;
+typedef struct { char bytes[16]; } dlb__CUuuid;
 
 #define DLB__CUDA_SUCCESS 0
 #define DLB__CUDA_ERROR_OUT_OF_MEMORY 2
@@ -228,6 +232,8 @@ typedef void *dlb__CUmemoryPool;
 #define DLB__CU_STREAM_PER_THREAD ((dlb__CUstream)(uintptr_t)2)
 #define DLB__CU_EVENT_DISABLE_TIMING 0x2u
 #define DLB__CU_EVENT_WAIT_EXTERNAL 0x1u
+#define DLB__CU_EVENT_INTERPROCESS 0x4u
+#define DLB__CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1u
 #define DLB__CU_STREAM_CAPTURE_MODE_RELAXED 2
 #define DLB__CU_MEMHOSTALLOC_PORTABLE 0x1u
 /* CUmemorytype */
@@ -304,6 +310,20 @@ typedef struct dlb__cuda_api {
   dlb__CUresult (*cuMemPoolSetAttribute)(dlb__CUmemoryPool pool, int attr,
                                          void *value);
   dlb__CUresult (*cuMemPoolTrimTo)(dlb__CUmemoryPool pool, size_t keep);
+  /* CUDA IPC (cuda_ipc.c), optional */
+  dlb__CUresult (*cuMemAlloc)(dlb__CUdeviceptr *ptr, size_t bytes);
+  dlb__CUresult (*cuMemFree)(dlb__CUdeviceptr ptr);
+  dlb__CUresult (*cuIpcGetMemHandle)(dlb__CUipcMemHandle *handle,
+                                     dlb__CUdeviceptr ptr);
+  dlb__CUresult (*cuIpcOpenMemHandle)(dlb__CUdeviceptr *ptr,
+                                      dlb__CUipcMemHandle handle,
+                                      unsigned flags);
+  dlb__CUresult (*cuIpcCloseMemHandle)(dlb__CUdeviceptr ptr);
+  dlb__CUresult (*cuIpcGetEventHandle)(dlb__CUipcEventHandle *handle,
+                                       dlb__CUevent event);
+  dlb__CUresult (*cuIpcOpenEventHandle)(dlb__CUevent *event,
+                                        dlb__CUipcEventHandle handle);
+  dlb__CUresult (*cuDeviceGetUuid)(dlb__CUuuid *uuid, dlb__CUdevice device);
   dlb__CUresult (*cuModuleLoadData)(dlb__CUmodule *module, const void *image);
   dlb__CUresult (*cuModuleGetFunction)(dlb__CUfunction *fn,
                                        dlb__CUmodule module, const char *name);

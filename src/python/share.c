@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* A shared tensor's managed struct, with its shape and strides after it. */
 typedef struct shared_block {
@@ -69,6 +70,148 @@ static dlb_shm *registry_find(const char *lo, const char *hi) {
   return found;
 }
 
+/* ---- CUDA tensors: CUDA IPC (src/core/cuda_ipc.c) -------------------------
+ *
+ * share() of a CUDA tensor copies it (on the current stream) into memory
+ * allocated for IPC; pickling such a tensor sends a dlb_cuda_ipc_handle
+ * (the memory's and an interprocess event's handles, the device UUID), and
+ * the receiver maps the same device memory, its stream waiting for the
+ * exporter's event on the GPU.  One cuda_shared per allocation or mapping
+ * in this process, shared by every Tensor over it (a share() result, views
+ * of it, same-process unpickles), counted: the last one frees the memory
+ * (exporter) or closes the mapping (importer).  Lifetime across processes
+ * is CUDA's rule, written down in docs/scale-out.md: the exporter keeps the
+ * memory alive while importers use it. */
+typedef struct cuda_shared {
+  int refs;                   /* guarded by registry_lock */
+  int device_id;
+  char *base;                 /* allocation (exported) or mapping (imported) */
+  size_t size;
+  void *event;                /* exporter's interprocess event, or NULL */
+  int imported;               /* opened from another process's handle */
+  dlb_cuda_ipc_handle handle; /* imported: the handle it came from */
+  struct cuda_shared *prev, *next;
+} cuda_shared;
+
+static cuda_shared *cuda_registry;
+
+/* A Tensor's managed struct over a cuda_shared, shape and strides after. */
+typedef struct cuda_block {
+  DLManagedTensorVersioned managed;
+  dlb_allocator allocator;
+  cuda_shared *shared;
+  int64_t dims[];
+} cuda_block;
+
+/* The cuda_shared holding [lo, hi) on device_id, with a reference taken,
+ * or NULL. */
+static cuda_shared *cuda_registry_find(int device_id, const char *lo,
+                                       const char *hi) {
+  cuda_shared *found = NULL;
+  pthread_mutex_lock(&registry_lock);
+  for (cuda_shared *c = cuda_registry; c != NULL; c = c->next) {
+    if (c->device_id == device_id && lo >= c->base && hi <= c->base + c->size) {
+      found = c;
+      found->refs++;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&registry_lock);
+  return found;
+}
+
+static void cuda_shared_drop(cuda_shared *c) {
+  pthread_mutex_lock(&registry_lock);
+  int last = --c->refs == 0;
+  if (last) {
+    if (c->prev != NULL) c->prev->next = c->next;
+    else cuda_registry = c->next;
+    if (c->next != NULL) c->next->prev = c->prev;
+  }
+  pthread_mutex_unlock(&registry_lock);
+  if (!last) return;
+  /* Deleters cannot report failure: a mapping or allocation the driver
+   * refuses to let go of is leaked, never freed twice. */
+  if (c->imported) {
+    (void)dlb_cuda_ipc_close(c->device_id, c->base, NULL);
+  } else {
+    (void)dlb_cuda_ipc_event_destroy(c->device_id, c->event, NULL);
+    (void)dlb_cuda_ipc_free(c->device_id, c->base, NULL);
+  }
+  PyMem_RawFree(c);
+}
+
+/* A new registered cuda_shared with one reference, or NULL (MemoryError). */
+static cuda_shared *cuda_shared_new(int device_id, void *base, size_t size,
+                                    void *event, const dlb_cuda_ipc_handle *from) {
+  cuda_shared *c = PyMem_RawCalloc(1, sizeof *c);
+  if (c == NULL) {
+    PyErr_NoMemory();
+    return NULL;
+  }
+  c->refs = 1;
+  c->device_id = device_id;
+  c->base = base;
+  c->size = size;
+  c->event = event;
+  if (from != NULL) {
+    c->imported = 1;
+    c->handle = *from;
+  }
+  pthread_mutex_lock(&registry_lock);
+  c->next = cuda_registry;
+  if (cuda_registry != NULL) cuda_registry->prev = c;
+  cuda_registry = c;
+  pthread_mutex_unlock(&registry_lock);
+  return c;
+}
+
+static void cuda_block_deleter(DLManagedTensorVersioned *self) {
+  if (self == NULL) return;
+  cuda_block *b = (cuda_block *)self->manager_ctx;
+  cuda_shared *c = b->shared;
+  dlb_allocator a = b->allocator;
+  a.release(b, a.ctx);
+  cuda_shared_drop(c);
+}
+
+/* A new Tensor over layout (inside c's memory, on c's device), holding the
+ * reference to c the caller had.  Takes that reference on success and
+ * failure. */
+static PyObject *cuda_shared_tensor(dlb_module_state *st, cuda_shared *c,
+                                    const DLTensor *layout, uint64_t flags) {
+  const dlb_allocator *a = dlb_get_allocator();
+  size_t bytes = sizeof(cuda_block) + 2u * (size_t)layout->ndim * sizeof(int64_t);
+  cuda_block *b = (cuda_block *)a->alloc(bytes, a->ctx);
+  if (b == NULL) {
+    cuda_shared_drop(c);
+    return PyErr_NoMemory();
+  }
+  memset(b, 0, sizeof *b);
+  b->allocator = *a;
+  b->shared = c;
+  DLManagedTensorVersioned *m = &b->managed;
+  m->version.major = DLPACK_MAJOR_VERSION;
+  m->version.minor = DLPACK_MINOR_VERSION;
+  m->manager_ctx = b;
+  m->deleter = cuda_block_deleter;
+  m->flags = flags;
+  m->dl_tensor = *layout;
+  m->dl_tensor.shape = NULL;
+  m->dl_tensor.strides = NULL;
+  if (layout->ndim > 0) {
+    int64_t *shape = b->dims, *strides = b->dims + layout->ndim;
+    memcpy(shape, layout->shape, (size_t)layout->ndim * sizeof(int64_t));
+    if (layout->strides != NULL)
+      memcpy(strides, layout->strides, (size_t)layout->ndim * sizeof(int64_t));
+    else
+      (void)dlb_strides_row_major(layout->ndim, shape, strides, NULL);
+    m->dl_tensor.shape = shape;
+    m->dl_tensor.strides = strides;
+  }
+  return dlb__tensor_from_managed(st, m); /* runs the deleter on failure */
+}
+
 static void shared_deleter(DLManagedTensorVersioned *self) {
   if (self == NULL) return;
   shared_block *b = (shared_block *)self->manager_ctx;
@@ -92,8 +235,25 @@ static int element_range(const DLTensor *t, const char **lo, const char **hi) {
   return 0;
 }
 
+/* The cuda_shared t's elements lie in, with a reference taken, or NULL
+ * (no exception). */
+static cuda_shared *cuda_shared_of(const DLTensor *t) {
+  const char *lo = NULL, *hi = NULL;
+  if (t->device.device_type != kDLCUDA || t->data == NULL) return NULL;
+  if (element_range(t, &lo, &hi) < 0) {
+    PyErr_Clear();
+    return NULL;
+  }
+  return cuda_registry_find(t->device.device_id, lo, hi);
+}
+
 int dlb__tensor_is_shared(const dlb_TensorObject *self) {
   const char *lo = NULL, *hi = NULL;
+  cuda_shared *c = cuda_shared_of(&self->t);
+  if (c != NULL) {
+    cuda_shared_drop(c);
+    return 1;
+  }
   if (!dlb_device_is_host_accessible(self->t.device) || self->t.data == NULL) return 0;
   if (element_range(&self->t, &lo, &hi) < 0) {
     PyErr_Clear();
@@ -154,6 +314,59 @@ static PyObject *shared_tensor(dlb_module_state *st, dlb_shm *shm,
  * terminate) does not pile up segments, rare enough to cost nothing. */
 static time_t last_cleanup;
 
+/* share() of a CUDA tensor: imported first (so its producer's stream is
+ * ordered before ours), then -- unless it already lies in IPC memory --
+ * copied compactly into a new IPC allocation on the current stream. */
+static PyObject *share_cuda(dlb_module_state *st, PyObject *obj) {
+  PyObject *src = dlb__import(st, obj, NULL, -1), *res = NULL;
+  void *base = NULL, *event = NULL;
+  int64_t nbytes = 0;
+  dlb_error err;
+  if (src == NULL) return NULL;
+  const DLTensor *t = &((dlb_TensorObject *)src)->t;
+  uint64_t flags = ((dlb_TensorObject *)src)->flags &
+                   (DLPACK_FLAG_BITMASK_READ_ONLY |
+                    DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+  int dev = t->device.device_id;
+  cuda_shared *c = cuda_shared_of(t);
+  if (c != NULL) {
+    cuda_shared_drop(c);
+    return src; /* a view of shared memory already: no copy */
+  }
+  DLTensor layout = *t;
+  int64_t strides[DLB_MAX_NDIM];
+  int rc = dlb_tensor_nbytes(t, (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0,
+                             &nbytes, &err);
+  if (rc == DLB_OK) rc = dlb_cuda_ipc_alloc(dev, (size_t)nbytes, &base, &err);
+  if (rc == DLB_OK) rc = dlb_cuda_ipc_event_create(dev, &event, &err);
+  if (rc == DLB_OK && nbytes > 0) {
+    layout.data = base;
+    layout.byte_offset = 0;
+    if (layout.ndim > 0) {
+      (void)dlb_strides_row_major(layout.ndim, layout.shape, strides, NULL);
+      layout.strides = strides;
+    }
+    rc = dlb_cuda_copy(&layout, t, dlb__stream_current(), &err);
+  }
+  if (rc != DLB_OK) {
+    PyErr_Format(rc == DLB_ENOMEM ? PyExc_MemoryError : PyExc_BufferError,
+                 "share(): %s", err.message);
+    goto cleanup;
+  }
+  layout.data = base;
+  layout.byte_offset = 0;
+  c = cuda_shared_new(dev, base, (size_t)(nbytes > 0 ? nbytes : 1), event, NULL);
+  if (c == NULL) goto cleanup;
+  base = event = NULL; /* c owns them now */
+  res = cuda_shared_tensor(st, c, &layout, flags);
+
+cleanup:
+  (void)dlb_cuda_ipc_event_destroy(dev, event, NULL);
+  (void)dlb_cuda_ipc_free(dev, base, NULL);
+  Py_DECREF(src);
+  return res;
+}
+
 static PyObject *py_share(PyObject *module, PyObject *obj) {
   dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
   dlb_view view;
@@ -166,10 +379,14 @@ static PyObject *py_share(PyObject *module, PyObject *obj) {
   if (dlb__is_tensor(st, obj) && dlb__tensor_is_shared((dlb_TensorObject *)obj))
     return Py_NewRef(obj);
   if (dlb__view_get(st, obj, 0, &view) < 0) return NULL;
-  if (view.t.device.device_type == kDLCUDA || view.t.device.device_type == kDLCUDAManaged) {
+  if (view.t.device.device_type == kDLCUDA) {
+    dlb__view_release(&view);
+    return share_cuda(st, obj);
+  }
+  if (view.t.device.device_type == kDLCUDAManaged) {
     PyErr_SetString(PyExc_BufferError,
-                    "share(): sharing CUDA tensors needs CUDA IPC, which this "
-                    "dlbridge does not support yet; share a host copy instead");
+                    "share(): CUDA managed memory cannot be exported with CUDA "
+                    "IPC; copy it to a device first (copy(device='cuda:N'))");
     goto cleanup;
   }
   if (!dlb_device_is_host_accessible(view.t.device)) {
@@ -241,12 +458,61 @@ static PyObject *int64_tuple(int32_t n, const int64_t *v) {
   return t;
 }
 
+/* A shared CUDA tensor's pickle: (_rebuild_cuda_shared, (handle bytes,
+ * offset, dtype, shape, strides, flags)).  The exporter's event is
+ * recorded anew on the current stream each time, so the receiver waits for
+ * everything queued on it before this pickle was made.  A tensor that was
+ * itself imported passes its original handle on (CUDA cannot export a
+ * mapping it opened); its own later writes are then the caller's to order. */
+static PyObject *cuda_shared_reduce(dlb_module_state *st, dlb_TensorObject *self,
+                                    cuda_shared *c) {
+  PyObject *module = NULL, *rebuild = NULL, *shape = NULL, *strides = NULL;
+  PyObject *res = NULL;
+  int64_t scratch[DLB_MAX_NDIM];
+  dlb_cuda_ipc_handle h;
+  dlb_error err;
+  if (c->imported) {
+    h = c->handle;
+  } else if (dlb_cuda_ipc_export(c->device_id, c->base, c->size, c->event,
+                                 dlb__stream_current(), &h, &err) != DLB_OK) {
+    PyErr_Format(PyExc_BufferError, "pickling a shared CUDA tensor: %s",
+                 err.message);
+    goto cleanup;
+  }
+  module = PyType_GetModule(st->TensorType);
+  if (module == NULL) goto cleanup;
+  rebuild = PyObject_GetAttrString(module, "_rebuild_cuda_shared");
+  if (rebuild == NULL) goto cleanup;
+  shape = int64_tuple(self->t.ndim, self->t.shape);
+  strides = int64_tuple(self->t.ndim, dlb_tensor_strides(&self->t, scratch));
+  if (shape == NULL || strides == NULL) goto cleanup;
+  long long offset = (long long)((const char *)dlb_tensor_data(&self->t) - c->base);
+  PyObject *args = Py_BuildValue(
+      "(y#L(iii)OOK)", (const char *)&h, (Py_ssize_t)sizeof h, offset,
+      (int)self->t.dtype.code, (int)self->t.dtype.bits, (int)self->t.dtype.lanes,
+      shape, strides,
+      (unsigned long long)(self->flags & (DLPACK_FLAG_BITMASK_READ_ONLY |
+                                          DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)));
+  if (args == NULL) goto cleanup;
+  res = PyTuple_Pack(2, rebuild, args);
+  Py_DECREF(args);
+
+cleanup:
+  cuda_shared_drop(c);
+  Py_XDECREF(rebuild);
+  Py_XDECREF(shape);
+  Py_XDECREF(strides);
+  return res;
+}
+
 PyObject *dlb__shared_reduce(dlb_module_state *st, dlb_TensorObject *self) {
   PyObject *module = NULL, *rebuild = NULL, *shape = NULL, *strides = NULL;
   PyObject *res = NULL;
   const char *lo = NULL, *hi = NULL;
   int64_t scratch[DLB_MAX_NDIM];
   dlb_error err;
+  cuda_shared *c = cuda_shared_of(&self->t);
+  if (c != NULL) return cuda_shared_reduce(st, self, c); /* takes c's reference */
   if (element_range(&self->t, &lo, &hi) < 0) return NULL;
   dlb_shm *shm = registry_find(lo, hi);
   if (shm == NULL) {
@@ -354,6 +620,104 @@ fail:
   return NULL;
 }
 
+/* _rebuild_cuda_shared(handle, offset, dtype, shape, strides, flags): the
+ * receiving end of cuda_shared_reduce.  Another process's handle is opened
+ * (its event waited for on the current stream); this process's own is
+ * found in the registry by address.  Everything is validated: the layout
+ * must lie inside the allocation the handle names. */
+static PyObject *py_rebuild_cuda_shared(PyObject *module, PyObject *const *args,
+                                        Py_ssize_t nargs) {
+  dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
+  dlb_cuda_ipc_handle h;
+  dlb_error err;
+  DLTensor layout;
+  int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
+  int32_t ndim = 0, nstrides = 0;
+  int64_t need = 0;
+  cuda_shared *c = NULL;
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "_rebuild_cuda_shared takes 6 arguments");
+    return NULL;
+  }
+  if (!PyBytes_Check(args[0]) || PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof h) {
+    PyErr_Format(PyExc_ValueError,
+                 "shared CUDA tensor handle: expected %zu bytes of handle",
+                 sizeof h);
+    return NULL;
+  }
+  memcpy(&h, PyBytes_AS_STRING(args[0]), sizeof h);
+  long long offset = PyLong_AsLongLong(args[1]);
+  if (offset == -1 && PyErr_Occurred()) return NULL;
+  memset(&layout, 0, sizeof layout);
+  if (dlb__parse_dtype_tuple(args[2], &layout.dtype) < 0) return NULL;
+  if (dlb__parse_dims(args[3], "shape", &ndim, shape) < 0) return NULL;
+  if (dlb__parse_dims(args[4], "strides", &nstrides, strides) < 0) return NULL;
+  if (nstrides != ndim) {
+    PyErr_SetString(PyExc_ValueError,
+                    "shared CUDA tensor handle: strides and shape differ in length");
+    return NULL;
+  }
+  unsigned long long flags = PyLong_AsUnsignedLongLong(args[5]);
+  if (flags == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  flags &= DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+  if (h.size == 0 || offset < 0 || (unsigned long long)offset > h.size) {
+    PyErr_Format(PyExc_ValueError,
+                 "shared CUDA tensor handle: offset %lld outside the %llu-byte "
+                 "allocation",
+                 offset, (unsigned long long)h.size);
+    return NULL;
+  }
+
+  if (h.pid == (int64_t)getpid()) {
+    /* Our own export: the memory is at h.base, alive while its cuda_shared
+     * is (the registry gives us a reference, or nothing). */
+    int dev = -1;
+    if (dlb_cuda_ipc_find_device(&h, &dev, &err) != DLB_OK) return dlb__raise(&err);
+    char *b = (char *)(uintptr_t)h.base;
+    c = cuda_registry_find(dev, b, b + h.size);
+    if (c == NULL || c->base != b) {
+      if (c != NULL) cuda_shared_drop(c);
+      PyErr_SetString(PyExc_ValueError,
+                      "shared CUDA tensor handle: made by this process for "
+                      "memory that is no longer shared (the exporting tensor "
+                      "is gone)");
+      return NULL;
+    }
+  } else {
+    int dev = -1;
+    void *base = NULL;
+    if (dlb_cuda_ipc_open(&h, dlb__stream_current(), &dev, &base, &err) != DLB_OK) {
+      PyErr_Format(PyExc_BufferError, "unpickling a shared CUDA tensor: %s",
+                   err.message);
+      return NULL;
+    }
+    c = cuda_shared_new(dev, base, (size_t)h.size, NULL, &h);
+    if (c == NULL) {
+      (void)dlb_cuda_ipc_close(dev, base, NULL);
+      return NULL;
+    }
+  }
+  /* From here c holds one reference: dropped on every failure. */
+  layout.data = c->base + offset;
+  layout.device = (DLDevice){kDLCUDA, c->device_id};
+  layout.ndim = ndim;
+  layout.shape = ndim > 0 ? shape : NULL;
+  layout.strides = ndim > 0 ? strides : NULL;
+  if (dlb__check_pickled_layout(&layout, flags, &need) < 0) goto fail;
+  if (need > (int64_t)c->size - (int64_t)offset) {
+    PyErr_Format(PyExc_ValueError,
+                 "shared CUDA tensor handle: the tensor needs %lld bytes from "
+                 "offset %lld, the allocation has %zu",
+                 (long long)need, offset, c->size);
+    goto fail;
+  }
+  return cuda_shared_tensor(st, c, &layout, (uint64_t)flags);
+
+fail:
+  cuda_shared_drop(c);
+  return NULL;
+}
+
 /* _shm_cleanup() -> int: remove dead processes' leftover segments. */
 static PyObject *py_shm_cleanup(PyObject *module, PyObject *unused) {
   (void)module;
@@ -394,6 +758,10 @@ static PyMethodDef share_methods[] = {
      "_rebuild_shared(name, offset, dtype, shape, strides, flags)\n--\n\n"
      "Map a pickled shared-memory handle (used by pickle; validates "
      "everything)."},
+    {"_rebuild_cuda_shared", (PyCFunction)(void (*)(void))py_rebuild_cuda_shared,
+     METH_FASTCALL,
+     "_rebuild_cuda_shared(handle, offset, dtype, shape, strides, flags)\n--\n\n"
+     "Map a pickled CUDA IPC handle (used by pickle; validates everything)."},
     {"_shm_cleanup", py_shm_cleanup, METH_NOARGS,
      "_shm_cleanup() -> int\n--\n\nRemove the shared-memory segments of dead "
      "processes that nobody maps; returns how many."},

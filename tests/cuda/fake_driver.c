@@ -16,6 +16,8 @@
  *   DLB_FAKE_CUDA_DEVICES=n        number of devices (default 2)
  *   DLB_FAKE_CUDA_FAIL=name:code,...  make those entries return code
  */
+/* shm_open, ftruncate, mmap: POSIX, not plain C11 */
+#define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -23,6 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <threads.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "internal.h" /* dlb__cuda_copy_params, the kernel's arguments */
 
@@ -42,7 +48,12 @@ enum {
 typedef struct fake_ctx { int device; const char *name; } fake_ctx;
 typedef struct fake_stream { int id; int device; bool capturing; bool live; } fake_stream;
 typedef struct fake_event { int id; bool captured; struct fake_event *next; } fake_event;
-typedef struct alloc_rec { char *base; size_t size; int device; int kind; int id; } alloc_rec;
+/* ipc: 0 plain host memory; 1 a POSIX shm mapping this process created
+ * (cuMemAlloc: exportable); 2 a mapping of another's (cuIpcOpenMemHandle). */
+typedef struct alloc_rec {
+  char *base; size_t size; int device; int kind; int id;
+  int ipc; size_t mapped; char shm[48];
+} alloc_rec;
 enum { KIND_DEVICE = 2, KIND_HOST = 1, KIND_MANAGED = 4 };
 
 static struct {
@@ -177,14 +188,48 @@ static int add_alloc(size_t size, int device, int kind, void **out) {
   if (p == NULL) return OUT_OF_MEMORY;
   /* Fresh "device memory" is garbage, as on a GPU. */
   memset(p, 0xAB, rounded ? rounded : 256);
-  st.allocs[st.nallocs++] = (alloc_rec){p, size, device, kind, ++st.alloc_ids};
+  st.allocs[st.nallocs++] = (alloc_rec){p, size, device, kind, ++st.alloc_ids,
+                                        0, 0, ""};
   *out = p;
   return OK;
 }
 
 static void remove_alloc(alloc_rec *a) {
-  free(a->base);
+  if (a->ipc != 0)
+    munmap(a->base, a->mapped);
+  else
+    free(a->base);
+  if (a->ipc == 1) shm_unlink(a->shm);
   *a = st.allocs[--st.nallocs];
+}
+
+/* IPC memory lives in a POSIX shared-memory segment, so a second process
+ * (a test's child) can open its handle and see the same bytes. */
+static int add_shm_alloc(const char *name, size_t size, int device, bool create,
+                         void **out) {
+  if (st.nallocs == MAX_ALLOCS) return OUT_OF_MEMORY;
+  size_t mapped = (size + 255) / 256 * 256;
+  if (mapped == 0) mapped = 256;
+  int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+  if (fd < 0) return create ? OUT_OF_MEMORY : INVALID_HANDLE;
+  if (create && ftruncate(fd, (off_t)mapped) != 0) {
+    close(fd);
+    shm_unlink(name);
+    return OUT_OF_MEMORY;
+  }
+  void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    if (create) shm_unlink(name);
+    return create ? OUT_OF_MEMORY : INVALID_HANDLE;
+  }
+  if (create) memset(p, 0xAB, mapped);
+  alloc_rec r = {p, size, device, KIND_DEVICE, ++st.alloc_ids, create ? 1 : 2,
+                 mapped, ""};
+  snprintf(r.shm, sizeof r.shm, "%s", name);
+  st.allocs[st.nallocs++] = r;
+  *out = p;
+  return OK;
 }
 
 /* ---- entries ------------------------------------------------------------ */
@@ -571,6 +616,142 @@ static int f_cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz,
   RETURN(rc_);
 }
 
+/* ---- IPC ----------------------------------------------------------------- */
+
+typedef struct { char reserved[64]; } fake_ipc_handle;
+typedef struct { char bytes[16]; } fake_uuid;
+static const char ipc_mem_magic[] = "DLBFAKEIPCMEM";
+static const char ipc_event_magic[] = "DLBFAKEIPCEV";
+static int ipc_serial;
+
+static int f_cuMemAlloc(uint64_t *ptr, size_t bytes) {
+  ENTER("cuMemAlloc");
+  char c[24], name[48];
+  void *p = NULL;
+  if (rc_ == OK && current == NULL) rc_ = INVALID_CONTEXT;
+  if (rc_ == OK && sync_violation("cuMemAlloc")) rc_ = CAPTURE_UNSUPPORTED;
+  if (rc_ == OK && bytes == 0) rc_ = INVALID_VALUE;
+  if (rc_ == OK) {
+    snprintf(name, sizeof name, "/dlbfake-%ld-%d", (long)getpid(), ++ipc_serial);
+    rc_ = add_shm_alloc(name, bytes, current->device, true, &p);
+  }
+  if (rc_ == OK) *ptr = (uint64_t)(uintptr_t)p;
+  logf_("cuMemAlloc bytes=%zu ctx=%s -> %d (a%d)", bytes, ctx_name(current, c),
+        rc_, rc_ == OK ? st.alloc_ids : 0);
+  RETURN(rc_);
+}
+
+static int f_cuMemFree(uint64_t ptr) {
+  ENTER("cuMemFree");
+  alloc_rec *a = find_alloc((void *)(uintptr_t)ptr, true);
+  int id = a ? a->id : 0;
+  if (rc_ == OK && (a == NULL || a->ipc != 1)) {
+    st.violations++;
+    logf_("VIOLATION cuMemFree of memory not from cuMemAlloc (double free?)");
+    rc_ = INVALID_VALUE;
+  }
+  if (rc_ == OK && sync_violation("cuMemFree")) rc_ = CAPTURE_UNSUPPORTED;
+  if (rc_ == OK) remove_alloc(a);
+  logf_("cuMemFree ptr=a%d -> %d", id, rc_);
+  RETURN(rc_);
+}
+
+static int f_cuIpcGetMemHandle(fake_ipc_handle *h, uint64_t ptr) {
+  ENTER("cuIpcGetMemHandle");
+  alloc_rec *a = find_alloc((void *)(uintptr_t)ptr, true);
+  if (rc_ == OK && (a == NULL || a->ipc != 1)) rc_ = INVALID_VALUE;
+  if (rc_ == OK) {
+    memset(h, 0, sizeof *h);
+    snprintf(h->reserved, sizeof h->reserved, "%s %zu %s", ipc_mem_magic,
+             a->size, a->shm);
+  }
+  logf_("cuIpcGetMemHandle ptr=a%d -> %d", a ? a->id : 0, rc_);
+  RETURN(rc_);
+}
+
+static int f_cuIpcOpenMemHandle(uint64_t *ptr, fake_ipc_handle h,
+                                unsigned flags) {
+  ENTER("cuIpcOpenMemHandle");
+  char name[48] = "", magic[16] = "";
+  size_t size = 0;
+  void *p = NULL;
+  h.reserved[63] = '\0';
+  if (rc_ == OK && current == NULL) rc_ = INVALID_CONTEXT;
+  if (rc_ == OK && (sscanf(h.reserved, "%15s %zu %47s", magic, &size, name) != 3 ||
+                    strcmp(magic, ipc_mem_magic) != 0))
+    rc_ = INVALID_HANDLE;
+  if (rc_ == OK) {
+    /* CUDA refuses a process's own handles; so does the fake. */
+    for (int i = 0; i < st.nallocs; i++)
+      if (st.allocs[i].ipc == 1 && strcmp(st.allocs[i].shm, name) == 0)
+        rc_ = INVALID_CONTEXT;
+  }
+  if (rc_ == OK) rc_ = add_shm_alloc(name, size, current->device, false, &p);
+  if (rc_ == OK) *ptr = (uint64_t)(uintptr_t)p;
+  logf_("cuIpcOpenMemHandle size=%zu flags=%u ctx=%s -> %d (a%d)", size, flags,
+        ctx_name(current, (char[24]){0}), rc_, rc_ == OK ? st.alloc_ids : 0);
+  RETURN(rc_);
+}
+
+static int f_cuIpcCloseMemHandle(uint64_t ptr) {
+  ENTER("cuIpcCloseMemHandle");
+  alloc_rec *a = find_alloc((void *)(uintptr_t)ptr, true);
+  int id = a ? a->id : 0;
+  if (rc_ == OK && (a == NULL || a->ipc != 2)) {
+    st.violations++;
+    logf_("VIOLATION cuIpcCloseMemHandle of memory not opened by cuIpcOpenMemHandle");
+    rc_ = INVALID_VALUE;
+  }
+  if (rc_ == OK) remove_alloc(a);
+  logf_("cuIpcCloseMemHandle ptr=a%d -> %d", id, rc_);
+  RETURN(rc_);
+}
+
+static int f_cuIpcGetEventHandle(fake_ipc_handle *h, void *event) {
+  ENTER("cuIpcGetEventHandle");
+  if (rc_ == OK) {
+    memset(h, 0, sizeof *h);
+    snprintf(h->reserved, sizeof h->reserved, "%s %d", ipc_event_magic,
+             ((fake_event *)event)->id);
+  }
+  logf_("cuIpcGetEventHandle event=e%d -> %d", ((fake_event *)event)->id, rc_);
+  RETURN(rc_);
+}
+
+static int f_cuIpcOpenEventHandle(void **event, fake_ipc_handle h) {
+  ENTER("cuIpcOpenEventHandle");
+  char magic[16] = "";
+  int remote = 0;
+  fake_event *e = NULL;
+  h.reserved[63] = '\0';
+  if (rc_ == OK && (sscanf(h.reserved, "%15s %d", magic, &remote) != 2 ||
+                    strcmp(magic, ipc_event_magic) != 0))
+    rc_ = INVALID_HANDLE;
+  if (rc_ == OK && (e = malloc(sizeof *e)) == NULL) rc_ = OUT_OF_MEMORY;
+  if (rc_ == OK) {
+    e->id = ++st.event_ids;
+    e->captured = false;
+    e->next = st.events;
+    st.events = e;
+    *event = e;
+  }
+  logf_("cuIpcOpenEventHandle remote=e%d -> %d (e%d)", remote, rc_, e ? e->id : 0);
+  RETURN(rc_);
+}
+
+static int f_cuDeviceGetUuid(fake_uuid *uuid, int device) {
+  ENTER("cuDeviceGetUuid");
+  if (rc_ == OK && (device < 0 || device >= st.devices)) rc_ = INVALID_DEVICE;
+  if (rc_ == OK) {
+    char text[32];
+    memset(text, 0, sizeof text);
+    snprintf(text, sizeof text, "fake-gpu-uuid-%02d", device & 0x3f);
+    memcpy(uuid->bytes, text, 16);
+  }
+  logf_("cuDeviceGetUuid device=%d -> %d", device, rc_);
+  RETURN(rc_);
+}
+
 /* Synchronising calls: never made by dlbridge; present so that a test
  * proves it. */
 static int sync_call(const char *name) {
@@ -599,6 +780,9 @@ static const proc procs[] = {
     P(cuModuleGetFunction), P(cuLaunchKernel), P(cuCtxSynchronize),
     P(cuStreamSynchronize), P(cuEventSynchronize),
     P(cuDeviceGetDefaultMemPool), P(cuMemPoolSetAttribute), P(cuMemPoolTrimTo),
+    P(cuMemAlloc), P(cuMemFree), P(cuIpcGetMemHandle), P(cuIpcOpenMemHandle),
+    P(cuIpcCloseMemHandle), P(cuIpcGetEventHandle), P(cuIpcOpenEventHandle),
+    P(cuDeviceGetUuid),
 };
 #undef P
 

@@ -538,3 +538,99 @@ def test_cuda_tensors_pickle_through_the_host_and_come_back_on_their_device():
     u = pickle.loads(pickle.dumps(small, protocol=5))
     assert u.device == "cuda:0" and u.tolist() == [0, 1, 2]
     """)
+
+
+# ---- CUDA IPC: dlb.share of CUDA tensors ----------------------------------------------------------
+
+def test_share_cuda_tensor_maps_the_same_device_memory_in_another_process():
+    run('''
+    import gc, pickle, subprocess
+    x = dlb.from_dlpack(np.arange(12.0).reshape(3, 4).T, device="cuda:1")
+    s = dlb.share(x)
+    assert s.is_shared and not x.is_shared
+    assert s.device == "cuda:1" and s.data_ptr != x.data_ptr
+    assert host(s).tolist() == host(x).tolist()
+    assert dlb.share(s).data_ptr == s.data_ptr          # already shared
+    st = new_stream(1)
+    clear()
+    with dlb.stream(st):
+        data = pickle.dumps(s, protocol=5)
+    assert len(data) < 1024, len(data)
+    rec = calls("cuEventRecord")
+    assert len(rec) == 1 and "stream=s1" in rec[0], log()
+    assert calls("cuIpcGetMemHandle") and calls("cuIpcGetEventHandle"), log()
+    # this process: the same memory, no IPC open
+    u = pickle.loads(data)
+    assert u.data_ptr == s.data_ptr and u.is_shared and not calls("cuIpcOpenMemHandle")
+    # another process maps it, waits for the event, reads, writes
+    child = """
+import ctypes, os, pickle, sys
+import numpy as np, dlbridge as dlb
+fake = ctypes.CDLL(os.environ["DLB_FAKE_LIB"])
+fake.dlb_fake_cuda_log_text.restype = ctypes.c_char_p
+t = pickle.loads(sys.stdin.buffer.read())
+assert t.device == "cuda:1" and t.is_shared, t.device
+print(t.tolist())
+# fake device memory is host memory: write through it directly
+ctypes.memmove(t.data_ptr, np.array([100.0]).ctypes.data, 8)
+log = fake.dlb_fake_cuda_log_text().decode()
+assert "cuIpcOpenMemHandle" in log and "cuIpcOpenEventHandle" in log, log
+assert "cuStreamWaitEvent stream=legacy" in log, log
+del t
+import gc; gc.collect()
+log = fake.dlb_fake_cuda_log_text().decode()
+assert "cuIpcCloseMemHandle" in log, log
+assert fake.dlb_fake_cuda_live_allocations() == 0
+print("CHILD-DONE")
+"""
+    p = subprocess.run([sys.executable, "-c", child], input=data,
+                       capture_output=True)
+    out = p.stdout.decode()
+    assert p.returncode == 0 and "CHILD-DONE" in out, out + p.stderr.decode()
+    assert "[[0.0, 4.0, 8.0]" in out, out
+    assert host(s)[0, 0] == 100.0                        # the child's write
+    # hostile handles
+    fn, args = s.__reduce_ex__(5)
+    for bad in ((b"short",) + args[1:],
+                (args[0], -8) + args[2:],
+                (args[0], 1 << 40) + args[2:],
+                args[:3] + ((1 << 20, 4),) + args[4:]):
+        try:
+            fn(*bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(bad)
+    # the last reference frees the IPC memory
+    clear()
+    del s, u
+    gc.collect()
+    assert len(calls("cuMemFree")) == 1, log()
+    assert "VIOLATION" not in log()
+    del x
+    gc.collect()
+    assert fake.dlb_fake_cuda_live_allocations() == 0
+    # a handle of memory no longer shared, in its own process
+    try:
+        pickle.loads(data)
+    except ValueError as e:
+        assert "no longer shared" in str(e), e
+    else:
+        raise AssertionError("stale handle accepted")
+    ''')
+
+
+def test_share_cuda_without_ipc_entry_points():
+    run('''
+    fake.dlb_fake_cuda_hide.argtypes = [ctypes.c_char_p]
+    fake.dlb_fake_cuda_hide(b"cuIpcGetMemHandle")   # before the driver loads
+    x = dlb.zeros((4,), device="cuda:0")             # everything else works
+    assert x.tolist() == [0.0] * 4
+    try:
+        dlb.share(x)
+    except BufferError as e:
+        assert "no IPC entry points" in str(e), e
+    else:
+        raise AssertionError("shared without IPC")
+    assert fake.dlb_fake_cuda_live_allocations() == 1   # x only: nothing leaked
+    ''')
