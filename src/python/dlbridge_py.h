@@ -180,7 +180,9 @@ void dlb__delete_keep_error(DLManagedTensorVersioned *m);
 
 /* Raise the Python exception matching a dlb_status: DLB_ENOMEM ->
  * MemoryError, DLB_EINVAL -> ValueError, everything describing a tensor that
- * cannot be exported or imported -> BufferError.  Returns NULL. */
+ * cannot be exported or imported -> BufferError.  The message is read up to
+ * its first NUL or its DLB_ERROR_MESSAGE_SIZE bytes, bytes that are not UTF-8
+ * becoming \xNN escapes.  Returns NULL. */
 PyObject *dlb__raise(const dlb_error *err);
 
 /* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
