@@ -437,7 +437,10 @@ int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out) {
 
 /* ai[key], borrowed, in *v (NULL when absent): 0, or -1 with an exception.
  * Not PyDict_GetItemString: it swallows a failure to make the key (a
- * MemoryError), which would then be reported as the key missing. */
+ * MemoryError), which would then be reported as the key missing.  ai must
+ * be a dict nobody else can reach (the reader's private copy): reading a
+ * value can run Python code (__index__ of a shape entry), which could
+ * otherwise mutate the dict and free the values still in use. */
 static int ai_item(PyObject *ai, const char *key, PyObject **v) {
   PyObject *k = PyUnicode_FromString(key);
   if (k == NULL) return -1;
@@ -472,6 +475,57 @@ static int int_tuple(PyObject *o, int64_t *arr, const char *key) {
   return (int)n;
 }
 
+/* The raw bytes of an __array_interface__ 'data' buffer (or of the owner's
+ * own buffer): writable when the exporter allows, read-only otherwise.  A
+ * SIMPLE request, since the interface lays its own shape and strides over
+ * the bytes from buf on: an exporter whose memory is not one contiguous
+ * block (a strided memoryview) refuses it, and must not be read as if it
+ * were. */
+static int get_bytes_rw(PyObject *src, const char *which, Py_buffer *view) {
+  if (PyObject_GetBuffer(src, view, PyBUF_WRITABLE) == 0) return 0;
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  PyErr_Clear();
+  if (PyObject_GetBuffer(src, view, PyBUF_SIMPLE) == 0) return 0;
+  if (!PyErr_ExceptionMatches(PyExc_BufferError)) return -1;
+  dlb__saved_error first;
+  dlb__error_save(&first);
+  PyErr_Format(PyExc_BufferError,
+               "from_dlpack: the %s data buffer of type '%.200s' is not one "
+               "contiguous block of bytes",
+               which, Py_TYPE(src)->tp_name);
+  dlb__error_chain_context(&first);
+  return -1;
+}
+
+/* Check that the bytes t's elements touch lie inside the len-byte buffer
+ * at t->data (t->byte_offset is from that buffer's start): the interface
+ * is untrusted, and nothing else ever compares its shape, strides and
+ * offset with the length of the memory it names. */
+static int check_inside_buffer(const DLTensor *t, Py_ssize_t len,
+                               const char *which) {
+  dlb_error err;
+  int64_t lo, hi;
+  if (dlb_tensor_validate(t, 0, &err) != DLB_OK) {
+    dlb__raise_import("the array interface cannot be described", &err);
+    return -1;
+  }
+  if (dlb_tensor_byte_span(t, &lo, &hi, &err) != DLB_OK) {
+    dlb__raise_import("the array interface cannot be described", &err);
+    return -1;
+  }
+  if (lo == hi) return 0; /* no elements: no byte is read */
+  /* byte_offset <= len (checked by the caller), so neither sum overflows. */
+  int64_t off = (int64_t)t->byte_offset;
+  if (off + lo < 0 || hi > (int64_t)len - off) {
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: %s describes bytes [%lld, %lld) of its data "
+                 "buffer, which holds %zd bytes",
+                 which, (long long)(off + lo), (long long)(off + hi), len);
+    return -1;
+  }
+  return 0;
+}
+
 /* Import a v3 __array_interface__ (cuda == 0) or __cuda_array_interface__
  * (cuda == 1) dictionary whose owner is obj. */
 int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
@@ -482,7 +536,7 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
   DLTensor t;
   uint64_t flags = 0;
   py_keeper *k = NULL;
-  PyObject *v;
+  PyObject *v, *d = NULL;
 
   memset(&t, 0, sizeof t);
   if (!PyDict_Check(ai)) {
@@ -490,6 +544,12 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
                  which, Py_TYPE(ai)->tp_name);
     goto error;
   }
+  /* Read a private shallow copy: it holds strong references to every value
+   * (and the tuples to their items) whatever Python code run by the reads
+   * below does to the producer's dict (ai_item). */
+  d = PyDict_Copy(ai);
+  if (d == NULL) goto error;
+  ai = d;
   k = keeper_new();
   if (k == NULL) goto error;
   k->owner = Py_NewRef(obj); /* the memory lives as long as its owner */
@@ -577,7 +637,7 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
   } else if (!cuda) {
     /* data is a buffer object, or None/absent: the owner's own buffer. */
     PyObject *src = (v == NULL || v == Py_None) ? obj : v;
-    if (get_buffer_rw(src, &k->view) < 0) goto error;
+    if (get_bytes_rw(src, which, &k->view) < 0) goto error;
     k->has_view = 1;
     t.data = k->view.buf;
     if (k->view.readonly) flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
@@ -596,6 +656,8 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
       }
       t.byte_offset = (uint64_t)o;
     }
+    t.device.device_type = kDLCPU;
+    if (check_inside_buffer(&t, k->view.len, which) < 0) goto error;
   } else {
     PyErr_Format(PyExc_TypeError,
                  "from_dlpack: %s 'data' must be a (pointer, readonly) tuple",
@@ -621,11 +683,13 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
     k = NULL;
     if (wrap_keeper(&t, flags, kk, &m) < 0) goto error;
   }
+  Py_DECREF(d);
   *out = m;
   return 0;
 
 error:
   keeper_free(k);
+  dlb__clear_keep_error(&d);
   return -1;
 }
 

@@ -274,3 +274,78 @@ def test_raise_error_non_utf8_message():
         print(want.__name__, type(e).__name__, e)
         print("OK" if type(e) is want and "bad" in str(e) else "WRONG TYPE")
     """)
+
+
+def test_array_interface_dict_mutated_by_index():
+    """Finding: __array_interface__ dict mutated by a shape item's __index__
+    -> use-after-free of borrowed dict values."""
+    check("""
+    buf = np.arange(16, dtype=np.float32)
+    class Evil:
+        def __index__(self):
+            d.clear(); d["junk"] = [object() for _ in range(100)]
+            gc.collect(); return 4
+    d = {"version": 3, "typestr": "<f4", "data": (buf.ctypes.data, False),
+         "shape": (Evil(), Evil()), "strides": (Evil(), Evil())}
+    class Obj:
+        __array_interface__ = property(lambda self: d)
+    o = Obj(); o.keep = buf
+    for _ in range(3):
+        d.update({"version": 3, "typestr": "<f4", "data": (buf.ctypes.data, False),
+                  "shape": (Evil(), Evil()), "strides": (Evil(), Evil())})
+        try:
+            dlb.from_dlpack(o)
+        except (TypeError, ValueError, BufferError, KeyError):
+            pass
+    print("OK")
+    """)
+
+
+
+def _ai(data, shape, strides=None, offset=None, typestr="<f8"):
+    return ("""
+    class AI:
+        def __init__(self, data, shape, strides, offset, typestr):
+            self.__array_interface__ = {"version": 3, "typestr": typestr,
+                "data": data, "shape": shape, "strides": strides}
+            if offset is not None:
+                self.__array_interface__["offset"] = offset
+    o = AI(%s, %r, %r, %r, %r)
+    """ % (data, shape, strides, offset, typestr))
+
+
+
+@pytest.mark.parametrize("shape,strides,offset", [
+    ((1 << 27,), None, None),        # 1 GiB described over 8 bytes
+    ((2,), (-8,), None),             # negative stride walks before the buffer
+    ((1,), None, 8),                 # offset == len
+    ((2,), None, 8),                 # offset + extent past the end
+])
+def test_array_interface_buffer_data_bounds_checked(shape, strides, offset):
+    """Finding: __array_interface__ with a buffer as data -- shape/strides/
+    offset never checked against the buffer's length (1 GiB over 8 bytes is
+    accepted and copy() crashes; negative strides and offset == len read
+    outside).  Must be refused (BufferError/ValueError)."""
+    check(_ai("bytearray(8)", shape, strides, offset) + """
+    try:
+        t = dlb.from_dlpack(o)
+    except (BufferError, ValueError):
+        print("OK"); sys.exit(0)
+    t.copy()
+    print("accepted", t.shape, t.strides)
+    """)
+
+
+
+def test_array_interface_noncontiguous_buffer_data():
+    """Finding: __array_interface__ with a non-contiguous buffer as data is
+    read as if it were contiguous (wrong values, no error)."""
+    check(_ai("memoryview(np.arange(8, dtype=np.float64))[::2]", (4,)) + """
+    try:
+        t = dlb.from_dlpack(o)
+    except (BufferError, ValueError):
+        print("OK"); sys.exit(0)
+    got = np.asarray(t.copy().tolist())
+    print(got)
+    print("OK" if list(got) == [0.0, 2.0, 4.0, 6.0] else "WRONG")
+    """)
