@@ -492,9 +492,14 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
                                const DLDevice *target, int copy,
                                DLManagedTensorVersioned **out);
 
-/* The capsule of a legacy producer (toDlpack(), TensorFlow's to_dlpack):
+/* The capsule of a legacy producer (toDlpack(), to_dlpack(),
+ * to_dlpack_for_write(), to_dlpack_for_read(), TensorFlow's to_dlpack):
  * 1 with *cap set (new ref), 0 not a legacy producer, -1 error. */
 int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap);
+/* The same capsule consumed: 1 with *out owned and validated (READ_ONLY
+ * when it came from to_dlpack_for_read()), 0 not a legacy producer, -1
+ * error. */
+int dlb__legacy_producer_managed(PyObject *obj, DLManagedTensorVersioned **out);
 
 /* obj's buffer (CPU), held until the tensor is deleted. */
 int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out);

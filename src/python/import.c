@@ -13,8 +13,10 @@
  *   c. __dlpack__ / __dlpack_device__, versioned first, legacy on TypeError
  *      only when that loses nothing the caller asked for;
  *   d. raw PyCapsules named "dltensor_versioned" / "dltensor";
- *   e. legacy producers: obj.toDlpack() (old CuPy), and
- *      tensorflow.experimental.dlpack.to_dlpack(obj) for TensorFlow objects;
+ *   e. legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
+ *      MXNet's to_dlpack_for_write() / to_dlpack_for_read() (read-only),
+ *      and tensorflow.experimental.dlpack.to_dlpack(obj) for TensorFlow
+ *      objects;
  *   f. the buffer protocol;
  *   g. __array_interface__ (version 3);
  *   h. __cuda_array_interface__ (imported as a kDLCUDA view; see readers.c).
@@ -269,15 +271,11 @@ PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
     return import_capsule(st, obj, device, copy, "the capsule");
 
   /* e. legacy producers */
-  found = dlb__legacy_producer_capsule(obj, &attr);
-  if (found < 0) return NULL;
-  if (found) {
-    result = import_capsule(st, attr, device, copy, "the legacy producer");
-    if (result == NULL)
-      dlb__clear_keep_error(&attr);
-    else
-      Py_DECREF(attr);
-    return result;
+  {
+    DLManagedTensorVersioned *m = NULL;
+    found = dlb__legacy_producer_managed(obj, &m);
+    if (found < 0) return NULL;
+    if (found) return finish(st, m, device, copy);
   }
 
   /* f. buffer protocol */

@@ -6,9 +6,11 @@
  *   - __dlpack__ / __dlpack_device__, versioned first, legacy on TypeError
  *     only when that loses nothing the caller asked for
  *     (dlb__dunder_dlpack_managed);
- *   - legacy producers: obj.toDlpack() (old CuPy), and
- *     tensorflow.experimental.dlpack.to_dlpack(obj) for TensorFlow objects
- *     (dlb__legacy_producer_capsule gives the capsule);
+ *   - legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
+ *     MXNet's obj.to_dlpack_for_write() / to_dlpack_for_read() (the latter
+ *     imported read-only), and tensorflow.experimental.dlpack.to_dlpack(obj)
+ *     for TensorFlow objects (dlb__legacy_producer_capsule gives the
+ *     capsule, dlb__legacy_producer_managed the tensor);
  *   - the buffer protocol (dlb__buffer_managed);
  *   - __array_interface__ (version 3) and __cuda_array_interface__
  *     (dlb__array_interface_managed, dlb__array_interface_dict_managed).
@@ -373,15 +375,30 @@ cleanup:
 
 /* ---- e. legacy producers ------------------------------------------------------ */
 
-/* 1 with *cap set (new ref), 0 not a legacy producer, -1 error. */
-int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap) {
-  PyObject *meth = NULL;
-  int found = get_optional_attr_str(obj, "toDlpack", &meth);
-  if (found < 0) return -1;
-  if (found) {
-    *cap = PyObject_CallNoArgs(meth);
-    Py_DECREF(meth);
-    return *cap == NULL ? -1 : 1;
+/* The methods of legacy producers that return a "dltensor" capsule, in
+ * the order they are tried: old CuPy's toDlpack(), cuDF's to_dlpack(), and
+ * MXNet's pair -- to_dlpack_for_write() first, since from_dlpack's result
+ * may be written (MXNet then orders the export after pending reads and
+ * writes), to_dlpack_for_read() when it is the only one (MXNet orders only
+ * after pending writes, so that capsule is imported READ-ONLY). */
+static const char *const LEGACY_METHODS[] = {
+    "toDlpack", "to_dlpack", "to_dlpack_for_write", "to_dlpack_for_read"};
+#define LEGACY_FOR_READ 3
+
+/* 1 with *cap set (new ref) and *read_only, 0 not a legacy producer, -1
+ * error. */
+static int legacy_capsule(PyObject *obj, PyObject **cap, int *read_only) {
+  *read_only = 0;
+  for (size_t i = 0; i < sizeof LEGACY_METHODS / sizeof *LEGACY_METHODS; i++) {
+    PyObject *meth = NULL;
+    int found = get_optional_attr_str(obj, LEGACY_METHODS[i], &meth);
+    if (found < 0) return -1;
+    if (found) {
+      *cap = PyObject_CallNoArgs(meth);
+      Py_DECREF(meth);
+      *read_only = i == LEGACY_FOR_READ;
+      return *cap == NULL ? -1 : 1;
+    }
   }
   /* TensorFlow is imported only for an object TensorFlow made. */
   PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
@@ -400,6 +417,33 @@ int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap) {
   *cap = PyObject_CallMethod(tfdl, "to_dlpack", "O", obj);
   Py_DECREF(tfdl);
   return *cap == NULL ? -1 : 1;
+}
+
+int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap) {
+  int read_only;
+  return legacy_capsule(obj, cap, &read_only);
+}
+
+int dlb__legacy_producer_managed(PyObject *obj, DLManagedTensorVersioned **out) {
+  PyObject *cap = NULL;
+  int read_only;
+  int found = legacy_capsule(obj, &cap, &read_only);
+  if (found <= 0) return found;
+  int rc = -1;
+  if (!PyCapsule_CheckExact(cap)) {
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: the legacy producer returned %.200s, not a "
+                 "DLPack PyCapsule",
+                 Py_TYPE(cap)->tp_name);
+  } else if (dlb__consume_capsule(cap, out) == 0) {
+    if (read_only) (*out)->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+    rc = 1;
+  }
+  if (rc < 0)
+    dlb__clear_keep_error(&cap);
+  else
+    Py_DECREF(cap);
+  return rc;
 }
 
 /* ---- buffer protocol ------------------------------------------------------------ */

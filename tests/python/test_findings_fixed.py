@@ -349,3 +349,36 @@ def test_array_interface_noncontiguous_buffer_data():
     print(got)
     print("OK" if list(got) == [0.0, 2.0, 4.0, 6.0] else "WRONG")
     """)
+
+
+@pytest.mark.parametrize("method", ["to_dlpack", "to_dlpack_for_read",
+                                    "to_dlpack_for_write"])
+def test_legacy_producer_methods_recognised(method):
+    """Finding: objects with to_dlpack() (cuDF) or MXNet's
+    to_dlpack_for_read()/to_dlpack_for_write() are not recognised."""
+    check("""
+    a = np.arange(4, dtype=np.float32)
+    class P:
+        def %s(self):
+            return a.__dlpack__(max_version=None) if False else a.__dlpack__()
+    t = dlb.from_dlpack(P())
+    print("OK" if t.tolist() == [0.0, 1.0, 2.0, 3.0] else t.tolist())
+    """ % method)
+
+
+@pytest.mark.parametrize("methods,readonly", [
+    (("to_dlpack_for_read",), True),
+    (("to_dlpack_for_write",), False),
+    (("to_dlpack_for_read", "to_dlpack_for_write"), False),
+])
+def test_mxnet_legacy_producer_read_only(methods, readonly):
+    """MXNet's to_dlpack_for_read() promises only ordering after writes:
+    imported read-only; to_dlpack_for_write() is preferred when both exist."""
+    import numpy as np
+    import dlbridge as dlb
+    a = np.arange(4, dtype=np.float32)
+    ns = {m: (lambda self: a.__dlpack__()) for m in methods}
+    P = type("P", (), ns)
+    t = dlb.from_dlpack(P())
+    assert t.readonly is readonly
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -11,21 +11,6 @@ pytestmark_open_finding = pytest.mark.xfail(
     strict=True, reason="issue 7 finding not fixed yet")
 
 
-@pytest.mark.parametrize("method", ["to_dlpack", "to_dlpack_for_read",
-                                    "to_dlpack_for_write"])
-def test_legacy_producer_methods_recognised(method):
-    """Finding: objects with to_dlpack() (cuDF) or MXNet's
-    to_dlpack_for_read()/to_dlpack_for_write() are not recognised."""
-    check("""
-    a = np.arange(4, dtype=np.float32)
-    class P:
-        def %s(self):
-            return a.__dlpack__(max_version=None) if False else a.__dlpack__()
-    t = dlb.from_dlpack(P())
-    print("OK" if t.tolist() == [0.0, 1.0, 2.0, 3.0] else t.tolist())
-    """ % method)
-
-
 @pytest.mark.parametrize("copy", [True, False])
 def test_copy_keyword_retried_with_old_producer(copy):
     """Finding: from_dlpack(p, copy=True|False) with a producer whose
