@@ -10,8 +10,9 @@
  *      DLPack C exchange table (__dlpack_c_exchange_api__, or the 1.2
  *      __c_dlpack_exchange_api__) is imported through the table's owning
  *      export; numpy.ndarray has its fields read directly (try_handler());
- *   c. __dlpack__ / __dlpack_device__, versioned first, legacy on TypeError
- *      only when that loses nothing the caller asked for;
+ *   c. __dlpack__ / __dlpack_device__, versioned first, then without the
+ *      2023.12 keywords on TypeError (the device and copy requests are then
+ *      carried out here, by plan());
  *   d. raw PyCapsules named "dltensor_versioned" / "dltensor";
  *   e. legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
  *      MXNet's to_dlpack_for_write() / to_dlpack_for_read() (read-only),
@@ -111,6 +112,14 @@ static int plan(const DLDevice *target, int copy, DLDevice src,
       return -1;
     }
     return 1; /* copy_to_cpu reports non-host memory */
+  }
+  if (copy == 0 && (flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
+    /* A producer asked without copy= (too old for the keyword, readers.c)
+     * may still copy, and says so only through this flag. */
+    PyErr_SetString(PyExc_BufferError,
+                    "from_dlpack: copy=False was given, but the producer "
+                    "returned a copy (its capsule says IS_COPIED)");
+    return -1;
   }
   if (copy == 1) {
     /* A producer's own fresh, writable copy is as good as ours. */

@@ -3,9 +3,9 @@
  * can arrive by is read here, in one place, into an owned, validated
  * DLManagedTensorVersioned (0, or -1 with an exception and nothing owned):
  *   - DLPack capsules, "dltensor_versioned" / "dltensor" (dlb__consume_capsule);
- *   - __dlpack__ / __dlpack_device__, versioned first, legacy on TypeError
- *     only when that loses nothing the caller asked for
- *     (dlb__dunder_dlpack_managed);
+ *   - __dlpack__ / __dlpack_device__, versioned first, then without the
+ *     2023.12 keywords on TypeError; what copy= and dl_device= asked is then
+ *     done by import.c (dlb__dunder_dlpack_managed);
  *   - legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
  *     MXNet's obj.to_dlpack_for_write() / to_dlpack_for_read() (the latter
  *     imported read-only), and tensorflow.experimental.dlpack.to_dlpack(obj)
@@ -324,10 +324,13 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
   cap = PyObject_VectorcallMethod(st->str_dlpack, args,
                                   1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
   if (cap == NULL) {
-    /* Fall back to the pre-2023.12 signature only on TypeError and only
-     * when nothing the caller asked for would be dropped (B57, B58). */
-    if (!PyErr_ExceptionMatches(PyExc_TypeError) || asked_device || copy >= 0)
-      goto cleanup;
+    /* Fall back to the pre-2023.12 signature on TypeError.  Nothing the
+     * caller asked for is lost by it (B57, B58): the old protocol exports
+     * without copying and where the data is, so import.c's plan() then does
+     * what copy= and dl_device= asked -- copies for copy=True or another
+     * device (a legacy capsule never says IS_COPIED), and refuses
+     * copy=False only when the capsule says it was copied. */
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto cleanup;
     dlb__saved_error first;
     dlb__error_save(&first);
     if (stream != NULL) {

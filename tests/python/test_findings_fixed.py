@@ -2,7 +2,7 @@
 strict-xfail test_findings_*.py files when their fix landed."""
 import pytest
 
-from _findings_util import check
+from _findings_util import CAPSULE, check
 
 SAXPY = '"saxpy(a: float32, x: float32[n], y: mut float32[n])"'
 
@@ -382,3 +382,42 @@ def test_mxnet_legacy_producer_read_only(methods, readonly):
     t = dlb.from_dlpack(P())
     assert t.readonly is readonly
     assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_copy_keyword_retried_with_old_producer(copy):
+    """Finding: from_dlpack(p, copy=True|False) with a producer whose
+    __dlpack__ rejects the new keywords raises its TypeError instead of
+    retrying; for copy=True dlbridge must copy itself."""
+    check("""
+    a = np.arange(4, dtype=np.float32)
+    class Old:
+        def __dlpack__(self, stream=None):
+            return a.__dlpack__()
+        def __dlpack_device__(self):
+            return (1, 0)
+    t = dlb.from_dlpack(Old(), copy=%r)
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    if %r:
+        a[0] = 42
+        assert t.tolist()[0] == 0.0, "copy=True shares memory"
+    print("OK")
+    """ % (copy, copy))
+
+
+def test_copy_false_refuses_copied_capsule_from_old_producer():
+    """After the retry without copy=, a capsule that says IS_COPIED cannot
+    satisfy copy=False: BufferError, not a silent copy."""
+    check(pre=CAPSULE, code="""
+    class Old:
+        def __dlpack__(self, stream=None):
+            return capsule(flags=2)              # DLPACK_FLAG_BITMASK_IS_COPIED
+        def __dlpack_device__(self):
+            return (1, 0)
+    try:
+        dlb.from_dlpack(Old(), copy=False)
+    except BufferError as e:
+        assert "IS_COPIED" in str(e), e
+        print("OK"); sys.exit(0)
+    print("accepted")
+    """)
