@@ -349,6 +349,26 @@ PyObject *dlb__tensor_from_managed(dlb_module_state *st,
 /* A tuple of n Python ints (new reference, NULL with an exception). */
 PyObject *dlb__int64_tuple(int32_t n, const int64_t *v);
 
+/* Python owners of a Tensor's memory: the release contexts of tensors
+ * wrapped (dlb_managed_wrap) around memory a Python object owns.  The
+ * Tensor's GC traversal recognises exactly these, so every reader that
+ * keeps a Python object alive from a managed tensor uses one of them. */
+typedef struct {
+  PyObject *owner;   /* strong reference or NULL */
+  int has_view;      /* view holds a buffer to release */
+  Py_buffer view;
+} dlb_py_keeper;
+/* A zeroed keeper (raw allocator), or NULL with MemoryError. */
+dlb_py_keeper *dlb__keeper_new(void);
+/* dlb_release_fn of a keeper: releases the buffer and the owner; any
+ * thread, with or without the GIL, even at shutdown (then it leaks). */
+void dlb__keeper_release(void *ctx);
+/* Free a keeper never attached to a managed tensor.  GIL held; NULL ok. */
+void dlb__keeper_free(dlb_py_keeper *k);
+/* dlb_release_fn whose ctx is a strong reference to the owner itself (the
+ * NumPy import: no keeper allocation on that path). */
+void dlb__owner_release(void *ctx);
+
 /* Module-level factories. */
 PyObject *dlb__py_empty(PyObject *module, PyObject *const *args,
                         Py_ssize_t nargs, PyObject *kwnames);
@@ -370,6 +390,14 @@ PyObject *dlb__tensor_dlpack_device(PyObject *self, PyObject *unused);
 int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err);
+
+/* The Tensor a zero-copy export made by dlb__tensor_export_managed /
+ * __dlpack__ keeps alive (borrowed: valid while m is), or NULL when m was
+ * not made here.  Its view is the Tensor's (byte_offset folded), its flags
+ * the Tensor's: importers return the Tensor instead of wrapping the export
+ * again. */
+PyObject *dlb__export_source(const DLManagedTensorVersioned *m);
+PyObject *dlb__export_source_legacy(const DLManagedTensor *m);
 
 /* dlb.Tensor's own exchange table (process lifetime). */
 extern const DLPackExchangeAPI dlb__tensor_exchange_api;

@@ -229,6 +229,16 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
   return rc;
 }
 
+PyObject *dlb__export_source(const DLManagedTensorVersioned *m) {
+  if (m == NULL || m->deleter != versioned_export_deleter) return NULL;
+  return ((const export_block *)m->manager_ctx)->owner;
+}
+
+PyObject *dlb__export_source_legacy(const DLManagedTensor *m) {
+  if (m == NULL || m->deleter != legacy_export_deleter) return NULL;
+  return ((const export_block *)m->manager_ctx)->owner;
+}
+
 /* A new contiguous owning CPU copy of self, IS_COPIED and writable. */
 static int export_copy(dlb_TensorObject *self, DLManagedTensorVersioned **out,
                        dlb_error *err) {

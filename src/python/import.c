@@ -131,10 +131,32 @@ static int plan(const DLDevice *target, int copy, DLDevice src,
   return 0;
 }
 
+/* Our own Tensor obj: returned as it is, or copied when asked. */
+static PyObject *import_own(dlb_module_state *st, PyObject *obj,
+                            const DLDevice *target, int copy) {
+  dlb_TensorObject *self = (dlb_TensorObject *)obj;
+  int p = plan(target, copy, self->t.device, 0);
+  if (p < 0) return NULL;
+  return p == 0 ? Py_NewRef(obj) : copy_to_cpu(st, &self->t, self->flags);
+}
+
 /* Turn an owned, validated managed tensor into the Tensor the caller asked
  * for.  Steals m on every path. */
 static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
                         const DLDevice *target, int copy) {
+  PyObject *src = dlb__export_source(m);
+  if (src != NULL) {
+    /* One of our own zero-copy exports come back (a capsule from
+     * Tensor.__dlpack__, directly or through a producer that forwards it):
+     * the Tensor it shares, with the same view and flags, rather than a new
+     * Tensor wrapping the export -- t = from_dlpack(t.__dlpack__()) in a
+     * loop must not build a chain of tensors each keeping the last alive. */
+    Py_INCREF(src);
+    dlb__delete_keep_error(m);
+    PyObject *res = import_own(st, src, target, copy);
+    Py_DECREF(src);
+    return res;
+  }
   int p = plan(target, copy, m->dl_tensor.device, m->flags);
   if (p < 0) {
     dlb__delete_keep_error(m);
@@ -191,12 +213,6 @@ static PyObject *import_array_interface(dlb_module_state *st, PyObject *obj,
 
 /* ---- b. the per-type handler: exchange tables and NumPy ---------------------- */
 
-/* dlb_release_fn for a NumPy import: drops the array the Tensor views.  Any
- * thread, with or without the GIL, even at shutdown (then it leaks). */
-static void release_pyobject(void *ctx) {
-  if (ctx != NULL) dlb__release_ref((PyObject *)ctx, 0);
-}
-
 /* Objects whose type the handler cache (handlers.c) reads directly: types
  * publishing a DLPack C exchange table, imported through the table's
  * managed_tensor_from_py_object_no_sync (an owning export, so the Tensor
@@ -211,11 +227,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
   DLManagedTensorVersioned *m = NULL;
   dlb_error err;
   if (h->kind == DLB_KIND_TENSOR) {
-    /* Our own Tensor: returned as it is, or copied when asked. */
-    dlb_TensorObject *self = (dlb_TensorObject *)obj;
-    int p = plan(target, copy, self->t.device, 0);
-    if (p < 0) return -1;
-    *out = p == 0 ? Py_NewRef(obj) : copy_to_cpu(st, &self->t, self->flags);
+    *out = import_own(st, obj, target, copy);
     return *out != NULL ? 1 : -1;
   }
   if (h->kind == DLB_KIND_EXCHANGE) {
@@ -247,7 +259,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     /* NUMPY views own nothing, so v needs no release; the managed tensor
      * keeps the array (and so its memory) alive instead. */
     Py_INCREF(obj);
-    if (dlb_managed_wrap(&v.t, v.flags, release_pyobject, obj, &m, &err) !=
+    if (dlb_managed_wrap(&v.t, v.flags, dlb__owner_release, obj, &m, &err) !=
         DLB_OK) {
       Py_DECREF(obj); /* release is not called on failure */
       dlb__raise_import("cannot wrap the array", &err);

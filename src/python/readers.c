@@ -71,64 +71,25 @@ static int get_optional_attr_str(PyObject *obj, const char *name,
 
 /* ---- keeping Python owners alive from a managed tensor -------------------- */
 
-/* The release context of tensors that view memory a Python object owns: a
- * Py_buffer (buffer protocol) and/or a strong reference (array interface
- * owner).  Allocated with the raw allocator so it can be freed without the
- * GIL if it ever had to be. */
-typedef struct py_keeper {
-  PyObject *owner;   /* strong reference or NULL */
-  int has_view;      /* view holds a buffer to release */
-  Py_buffer view;
-} py_keeper;
-
-/* dlb_release_fn: may run on any thread, with or without the GIL, even
- * during interpreter shutdown (B15).  Once the interpreter is gone it leaks
- * rather than touch Python. */
-static void release_py_keeper(void *ctx) {
-  py_keeper *k = (py_keeper *)ctx;
-  if (k == NULL) return;
-  if (dlb__python_gone()) return;
-  PyGILState_STATE g = PyGILState_Ensure();
-  dlb__saved_error e;
-  dlb__error_save(&e);
-  if (k->has_view) PyBuffer_Release(&k->view);
-  Py_XDECREF(k->owner);
-  PyMem_RawFree(k);
-  dlb__error_restore(&e);
-  PyGILState_Release(g);
-}
-
-static py_keeper *keeper_new(void) {
-  py_keeper *k = PyMem_RawCalloc(1, sizeof *k);
-  if (k == NULL) PyErr_NoMemory();
-  return k;
-}
-
-/* Free a keeper that never got attached to a managed tensor.  GIL held. */
-static void keeper_free(py_keeper *k) {
-  if (k == NULL) return;
-  dlb__saved_error e;
-  dlb__error_save(&e);
-  if (k->has_view) PyBuffer_Release(&k->view);
-  Py_XDECREF(k->owner);
-  PyMem_RawFree(k);
-  dlb__error_restore(&e);
-}
+/* The release context of tensors that view memory a Python object owns is
+ * a dlb_py_keeper (tensor.c): a Py_buffer (buffer protocol) and/or a strong
+ * reference (array interface owner), which the Tensor's GC traversal can
+ * see. */
 
 /* Wrap view (CPU or CUDA memory a Python object owns) into a managed tensor
  * that releases k when deleted.  Steals k on success and on failure. */
-static int wrap_keeper(const DLTensor *view, uint64_t flags, py_keeper *k,
+static int wrap_keeper(const DLTensor *view, uint64_t flags, dlb_py_keeper *k,
                        DLManagedTensorVersioned **out) {
   dlb_error err;
   int rc = dlb_tensor_validate(view, 0, &err);
   if (rc != DLB_OK) {
-    keeper_free(k);
+    dlb__keeper_free(k);
     dlb__raise_import("the object's memory cannot be described", &err);
     return -1;
   }
-  rc = dlb_managed_wrap(view, flags, release_py_keeper, k, out, &err);
+  rc = dlb_managed_wrap(view, flags, dlb__keeper_release, k, out, &err);
   if (rc != DLB_OK) {
-    keeper_free(k);
+    dlb__keeper_free(k);
     dlb__raise_import("cannot wrap the object's memory", &err);
     return -1;
   }
@@ -191,6 +152,18 @@ static int consume_capsule_locked(PyObject *cap, DLManagedTensorVersioned **out)
      * below deletes it here, and the destructor never does (B02). */
     if (PyCapsule_SetName(cap, NAME_USED_LEGACY) < 0) return -1;
     DLManagedTensorVersioned *m = NULL;
+    PyObject *src = dlb__export_source_legacy(lm);
+    if (src != NULL &&
+        dlb__tensor_export_managed((dlb_TensorObject *)src, &m, &err) ==
+            DLB_OK) {
+      /* A legacy export of a dlb.Tensor: the same export, versioned, which
+       * import.c recognises and answers with the Tensor itself instead of
+       * a wrapper around a wrapper (the Tensor is writable: a legacy export
+       * of a read-only one is refused, decision 3.6 holds). */
+      dlb_managed_delete_legacy(lm);
+      *out = m;
+      return 0;
+    }
     if (dlb_managed_from_legacy(lm, &m, &err) != DLB_OK) {
       dlb_managed_delete_legacy(lm);
       dlb__raise_import("cannot wrap the legacy tensor", &err);
@@ -465,15 +438,15 @@ static int get_buffer_rw(PyObject *obj, Py_buffer *view) {
 int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out) {
   int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
   DLTensor t;
-  py_keeper *k = keeper_new();
+  dlb_py_keeper *k = dlb__keeper_new();
   if (k == NULL) return -1;
   if (get_buffer_rw(obj, &k->view) < 0) {
-    keeper_free(k);
+    dlb__keeper_free(k);
     return -1;
   }
   k->has_view = 1;
   if (dlb__dltensor_from_buffer(&k->view, &t, shape, strides) < 0) {
-    keeper_free(k);
+    dlb__keeper_free(k);
     return -1;
   }
   uint64_t flags = k->view.readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
@@ -582,7 +555,7 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
   int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
   DLTensor t;
   uint64_t flags = 0;
-  py_keeper *k = NULL;
+  dlb_py_keeper *k = NULL;
   PyObject *v, *d = NULL;
 
   memset(&t, 0, sizeof t);
@@ -597,7 +570,7 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
   d = PyDict_Copy(ai);
   if (d == NULL) goto error;
   ai = d;
-  k = keeper_new();
+  k = dlb__keeper_new();
   if (k == NULL) goto error;
   k->owner = Py_NewRef(obj); /* the memory lives as long as its owner */
 
@@ -726,7 +699,7 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
     t.device.device_id = 0;
   }
   {
-    py_keeper *kk = k;
+    dlb_py_keeper *kk = k;
     k = NULL;
     if (wrap_keeper(&t, flags, kk, &m) < 0) goto error;
   }
@@ -735,7 +708,7 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
   return 0;
 
 error:
-  keeper_free(k);
+  dlb__keeper_free(k);
   dlb__clear_keep_error(&d);
   return -1;
 }

@@ -421,3 +421,106 @@ def test_copy_false_refuses_copied_capsule_from_old_producer():
         print("OK"); sys.exit(0)
     print("accepted")
     """)
+
+
+def test_reimport_chain_does_not_overflow_stack():
+    """Finding: freeing a chain of 200k re-imports
+    (t = dlb.from_dlpack(t.__dlpack__())) overflows the C stack; dlbridge
+    must recognise its own exports (or use the trashcan)."""
+    check("""
+    import threading
+    threading.stack_size(1 << 20)   # a modest 1 MiB stack, so it fails fast
+    def work():
+        t = dlb.zeros((4,))
+        for _ in range(200000):
+            t = dlb.from_dlpack(t.__dlpack__())
+        del t
+        gc.collect()
+        print("OK")
+    th = threading.Thread(target=work); th.start(); th.join()
+    """, timeout=120)
+
+
+def test_cycle_through_buffer_import_collected():
+    """Finding: a Tensor -> owner -> Tensor cycle through a buffer import is
+    never collected."""
+    check("""
+    class Owner(bytearray):
+        pass
+    o = Owner(16)
+    t = dlb.from_dlpack(o)
+    o.t = t                     # owner -> tensor, tensor -> owner (buffer)
+    r = weakref.ref(o)
+    del o, t
+    for _ in range(3): gc.collect()
+    print("OK" if r() is None else "LEAKED")
+    """)
+
+
+
+def test_cycle_through_array_interface_import_collected():
+    """Finding: a Tensor -> owner -> Tensor cycle through an
+    __array_interface__ import is never collected."""
+    check("""
+    class Owner:
+        def __init__(self):
+            self.a = np.zeros(4, dtype=np.float32)
+        @property
+        def __array_interface__(self):
+            return self.a.__array_interface__
+    o = Owner()
+    t = dlb.from_dlpack(o)
+    o.t = t
+    r = weakref.ref(o)
+    del o, t
+    for _ in range(3): gc.collect()
+    print("OK" if r() is None else "LEAKED")
+    """)
+
+
+def test_reimport_chain_through_numpy_freed_by_trashcan():
+    """A chain dlbridge cannot collapse (each Tensor keeps a NumPy array
+    alive, which keeps the previous Tensor's export alive) is freed by the
+    trashcan in Tensor's dealloc, without overflowing a 1 MiB stack."""
+    check("""
+    import threading
+    threading.stack_size(1 << 20)
+    def work():
+        t = dlb.zeros((4,))
+        for _ in range(100000):
+            t = dlb.from_dlpack(np.from_dlpack(t))
+        del t
+        gc.collect()
+        print("OK")
+    th = threading.Thread(target=work); th.start(); th.join()
+    """, timeout=120)
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_version": (1, 3)}])
+def test_own_export_reimported_as_the_tensor(kw):
+    """dlbridge recognises its own exported capsules: from_dlpack of one is
+    the Tensor it came from (same view and flags), not a wrapper around it;
+    copy=True still copies."""
+    import numpy as np
+    import dlbridge as dlb
+    t = dlb.from_dlpack(np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::2])
+    assert dlb.from_dlpack(t.__dlpack__(**kw)) is t
+    c = dlb.from_dlpack(t.__dlpack__(**kw), copy=True)
+    assert c is not t and c.tolist() == t.tolist()
+    assert c.data_ptr != t.data_ptr
+
+    class Forward:          # a producer that hands our capsule on
+        def __dlpack__(self, **k):
+            return t.__dlpack__(**k)
+    assert dlb.from_dlpack(Forward()) is t
+
+
+def test_gc_sees_the_owner_of_an_imported_buffer():
+    """tp_traverse reports the Python owner a Tensor keeps alive."""
+    import gc
+    import dlbridge as dlb
+    b = bytearray(16)
+    t = dlb.from_dlpack(b)
+    assert gc.is_tracked(t)
+    assert any(r is b for r in gc.get_referents(t))
+    assert not gc.is_tracked(dlb.zeros((4,)))   # owns its memory: untracked
