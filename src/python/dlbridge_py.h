@@ -55,6 +55,13 @@
 
 /* ---- Module state (module.c) ------------------------------------------------ */
 
+/* The methods of legacy producers that return a "dltensor" capsule, in the
+ * order readers.c tries them (interned in module state). */
+#define DLB_LEGACY_METHOD_NAMES \
+  {"toDlpack", "to_dlpack", "to_dlpack_for_write", "to_dlpack_for_read"}
+#define DLB_N_LEGACY_METHODS 4
+#define DLB_LEGACY_FOR_READ 3 /* index of to_dlpack_for_read */
+
 /* Per-module state: the heap types and interned names.  Reached from a
  * method through PyModule_GetState(module), from a Tensor method through
  * dlb__state_from_type(Py_TYPE(self)). */
@@ -72,6 +79,8 @@ typedef struct {
   PyObject *str_array_interface;   /* "__array_interface__" */
   PyObject *str_cuda_array_interface; /* "__cuda_array_interface__" */
   PyObject *max_version_tuple;     /* (1, 3): what we ask producers for */
+  /* readers.c: the legacy producers' methods, in the order tried */
+  PyObject *str_legacy[DLB_N_LEGACY_METHODS];
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -523,11 +532,13 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
 /* The capsule of a legacy producer (toDlpack(), to_dlpack(),
  * to_dlpack_for_write(), to_dlpack_for_read(), TensorFlow's to_dlpack):
  * 1 with *cap set (new ref), 0 not a legacy producer, -1 error. */
-int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap);
+int dlb__legacy_producer_capsule(dlb_module_state *st, PyObject *obj,
+                                 PyObject **cap);
 /* The same capsule consumed: 1 with *out owned and validated (READ_ONLY
  * when it came from to_dlpack_for_read()), 0 not a legacy producer, -1
  * error. */
-int dlb__legacy_producer_managed(PyObject *obj, DLManagedTensorVersioned **out);
+int dlb__legacy_producer_managed(dlb_module_state *st, PyObject *obj,
+                                 DLManagedTensorVersioned **out);
 
 /* obj's buffer (CPU), held until the tensor is deleted. */
 int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out);

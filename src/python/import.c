@@ -294,7 +294,7 @@ PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
   /* e. legacy producers */
   {
     DLManagedTensorVersioned *m = NULL;
-    found = dlb__legacy_producer_managed(obj, &m);
+    found = dlb__legacy_producer_managed(st, obj, &m);
     if (found < 0) return NULL;
     if (found) return finish(st, m, device, copy);
   }

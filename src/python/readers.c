@@ -60,15 +60,6 @@ int dlb__get_optional_attr(PyObject *obj, PyObject *name, PyObject **out) {
 #endif
 }
 
-static int get_optional_attr_str(PyObject *obj, const char *name,
-                                 PyObject **out) {
-  PyObject *n = PyUnicode_InternFromString(name);
-  if (n == NULL) return -1;
-  int rc = dlb__get_optional_attr(obj, n, out);
-  Py_DECREF(n);
-  return rc;
-}
-
 /* ---- keeping Python owners alive from a managed tensor -------------------- */
 
 /* The release context of tensors that view memory a Python object owns is
@@ -351,30 +342,25 @@ cleanup:
 
 /* ---- e. legacy producers ------------------------------------------------------ */
 
-/* The methods of legacy producers that return a "dltensor" capsule, in
- * the order they are tried: old CuPy's toDlpack(), cuDF's to_dlpack(), and
- * MXNet's pair -- to_dlpack_for_write() first, since from_dlpack's result
- * may be written (MXNet then orders the export after pending reads and
- * writes), to_dlpack_for_read() when it is the only one (MXNet orders only
- * after pending writes, so that capsule is imported READ-ONLY). */
-static const char *const LEGACY_METHODS[] = {
-    "toDlpack", "to_dlpack", "to_dlpack_for_write", "to_dlpack_for_read"};
-#define LEGACY_FOR_READ 3
+/* The methods of legacy producers (DLB_LEGACY_METHOD_NAMES), tried in
+ * order: old CuPy's toDlpack(), cuDF's to_dlpack(), and MXNet's pair --
+ * to_dlpack_for_write() first, since from_dlpack's result may be written
+ * (MXNet then orders the export after pending reads and writes),
+ * to_dlpack_for_read() when it is the only one (MXNet orders only after
+ * pending writes, so that capsule is imported READ-ONLY).  Looked up on the
+ * type, as methods (a cached lookup: this ladder runs before the buffer
+ * protocol for every bytes-like object). */
 
 /* 1 with *cap set (new ref) and *read_only, 0 not a legacy producer, -1
  * error. */
-static int legacy_capsule(PyObject *obj, PyObject **cap, int *read_only) {
+static int legacy_capsule(dlb_module_state *st, PyObject *obj, PyObject **cap,
+                          int *read_only) {
   *read_only = 0;
-  for (size_t i = 0; i < sizeof LEGACY_METHODS / sizeof *LEGACY_METHODS; i++) {
-    PyObject *meth = NULL;
-    int found = get_optional_attr_str(obj, LEGACY_METHODS[i], &meth);
-    if (found < 0) return -1;
-    if (found) {
-      *cap = PyObject_CallNoArgs(meth);
-      Py_DECREF(meth);
-      *read_only = i == LEGACY_FOR_READ;
-      return *cap == NULL ? -1 : 1;
-    }
+  for (int i = 0; i < DLB_N_LEGACY_METHODS; i++) {
+    if (!dlb__type_has(Py_TYPE(obj), st->str_legacy[i])) continue;
+    *cap = PyObject_CallMethodNoArgs(obj, st->str_legacy[i]);
+    *read_only = i == DLB_LEGACY_FOR_READ;
+    return *cap == NULL ? -1 : 1;
   }
   /* TensorFlow is imported only for an object TensorFlow made. */
   PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
@@ -395,15 +381,17 @@ static int legacy_capsule(PyObject *obj, PyObject **cap, int *read_only) {
   return *cap == NULL ? -1 : 1;
 }
 
-int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap) {
+int dlb__legacy_producer_capsule(dlb_module_state *st, PyObject *obj,
+                                 PyObject **cap) {
   int read_only;
-  return legacy_capsule(obj, cap, &read_only);
+  return legacy_capsule(st, obj, cap, &read_only);
 }
 
-int dlb__legacy_producer_managed(PyObject *obj, DLManagedTensorVersioned **out) {
+int dlb__legacy_producer_managed(dlb_module_state *st, PyObject *obj,
+                                 DLManagedTensorVersioned **out) {
   PyObject *cap = NULL;
   int read_only;
-  int found = legacy_capsule(obj, &cap, &read_only);
+  int found = legacy_capsule(st, obj, &cap, &read_only);
   if (found <= 0) return found;
   int rc = -1;
   if (!PyCapsule_CheckExact(cap)) {
