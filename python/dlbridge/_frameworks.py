@@ -92,6 +92,14 @@ _NO_NEGATIVE_STRIDES = frozenset({"torch"})
 # array from DLPack" otherwise).
 _COMPACT_ONLY = frozenset({"tensorflow"})
 
+# TensorFlow's importer accepts data at any address, but its kernels check
+# Tensor::IsAligned() (64 bytes, its allocator's alignment) and abort the
+# process on the first op over unaligned data.  NumPy's small arrays are
+# only 16-byte aligned, so refusing would fail half of all conversions:
+# such data is copied into dlbridge's own (256-byte aligned) memory
+# instead, as TensorFlow's own numpy conversion does.
+_MIN_ALIGNMENT = {"tensorflow": 64}
+
 # type -> framework name or None.  type.__module__ of a C type is a new
 # string built from tp_name on every read (~150 ns with the split), so it is
 # read once per type.  Bounded, so a program that makes classes on the fly
@@ -298,6 +306,17 @@ def _import_checked(t, target):
             f"{t.strides} for shape {t.shape}); copy it first: "
             f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
         )
+    align = _MIN_ALIGNMENT.get(target)
+    if align is not None and t.data_ptr % align:
+        if t.readonly:
+            # A copy would be writable: refuse as for aligned read-only data
+            # (which the target's legacy importer cannot take).
+            raise BufferError(
+                f"convert: the data is read-only and not aligned to {align} "
+                f"bytes as {target} needs; copy it first: "
+                f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
+            )
+        t = _from_dlpack(t, copy=True)
     try:
         importer = _BOUND.get(target)
         if importer is None:

@@ -524,3 +524,51 @@ def test_gc_sees_the_owner_of_an_imported_buffer():
     assert gc.is_tracked(t)
     assert any(r is b for r in gc.get_referents(t))
     assert not gc.is_tracked(dlb.zeros((4,)))   # owns its memory: untracked
+
+
+@pytest.mark.parametrize("offset", [4, 32])
+def test_convert_unaligned_to_tensorflow(offset):
+    """Finding: TF convert of non-64-byte-aligned data must be refused with
+    BufferError or copied into aligned memory; the returned tensor must work."""
+    pytest.importorskip("tensorflow")
+    check("""
+    import tensorflow as tf
+    raw = np.zeros(64 + 16 + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) %% 64 + %d        # 64-aligned plus offset
+    a = raw[start:start + 64].view(np.float32)
+    a[:] = np.arange(16, dtype=np.float32)
+    assert a.ctypes.data %% 64 == %d
+    try:
+        t = dlb.convert(a, "tensorflow")
+    except BufferError:
+        print("OK"); sys.exit(0)
+    s = float(tf.reduce_sum(t * 1.0))
+    print("OK" if s == 120.0 else "WRONG %%r" %% s)
+    """ % (offset, offset), timeout=120)
+
+
+def test_unaligned_to_tensorflow_is_copied_aligned():
+    """convert(x, "tensorflow") of unaligned data copies it into aligned
+    memory (the result works and no longer aliases x); aligned data is
+    still shared; unaligned read-only data is refused."""
+    pytest.importorskip("tensorflow")
+    check("""
+    import tensorflow as tf
+    raw = np.zeros(64 + 16 + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64
+    for off, shared in ((4, False), (0, True)):
+        a = raw[start + off:start + off + 64].view(np.float32)
+        a[:] = np.arange(16, dtype=np.float32)
+        t = dlb.convert(a, "tensorflow")
+        a[0] = 100.0
+        s = float(tf.reduce_sum(t * 1.0))
+        assert s == (220.0 if shared else 120.0), (off, s)
+    ro = raw[start + 4:start + 68].view(np.float32)
+    ro.flags.writeable = False
+    try:
+        dlb.convert(ro, "tensorflow")
+        print("accepted read-only"); sys.exit(0)
+    except BufferError:
+        pass
+    print("OK")
+    """, timeout=120)
