@@ -358,6 +358,13 @@ PyObject *dlb__tensor_from_managed(dlb_module_state *st,
 /* A tuple of n Python ints (new reference, NULL with an exception). */
 PyObject *dlb__int64_tuple(int32_t n, const int64_t *v);
 
+/* Note self as exported (export.c, with the GIL): while it lives, an import
+ * whose view is exactly self's is answered with self (tensor.c explains). */
+void dlb__tensor_note_exported(dlb_TensorObject *self);
+/* The live exported Tensor whose view and flags are exactly t's and flags'
+ * (borrowed), or NULL.  GIL held. */
+PyObject *dlb__tensor_find_exported(const DLTensor *t, uint64_t flags);
+
 /* Python owners of a Tensor's memory: the release contexts of tensors
  * wrapped (dlb_managed_wrap) around memory a Python object owns.  The
  * Tensor's GC traversal recognises exactly these, so every reader that

@@ -199,6 +199,7 @@ static int export_view(dlb_TensorObject *self, int versioned, void **out,
   b->allocator = *allocator;
   b->owner = (PyObject *)self;
   Py_INCREF(self); /* last: nothing above can fail after it */
+  dlb__tensor_note_exported(self); /* so an import of it is recognised */
   if (versioned) {
     DLManagedTensorVersioned *m = &b->m.versioned;
     m->version.major = DLPACK_MAJOR_VERSION;

@@ -145,12 +145,14 @@ static PyObject *import_own(dlb_module_state *st, PyObject *obj,
 static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
                         const DLDevice *target, int copy) {
   PyObject *src = dlb__export_source(m);
+  if (src == NULL) src = dlb__tensor_find_exported(&m->dl_tensor, m->flags);
   if (src != NULL) {
     /* One of our own zero-copy exports come back (a capsule from
-     * Tensor.__dlpack__, directly or through a producer that forwards it):
-     * the Tensor it shares, with the same view and flags, rather than a new
-     * Tensor wrapping the export -- t = from_dlpack(t.__dlpack__()) in a
-     * loop must not build a chain of tensors each keeping the last alive. */
+     * Tensor.__dlpack__, directly or through a producer that forwards it),
+     * or another framework's tensor over exactly an exported Tensor's
+     * memory (tensor.c): the Tensor itself, with the same view and flags,
+     * rather than a new Tensor wrapping the export -- round trips in a loop
+     * must not build a chain of objects each keeping the last alive. */
     Py_INCREF(src);
     dlb__delete_keep_error(m);
     PyObject *res = import_own(st, src, target, copy);

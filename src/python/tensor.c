@@ -196,6 +196,87 @@ static int managed_has_owner(const DLManagedTensorVersioned *m) {
          (release == dlb__keeper_release || release == dlb__owner_release);
 }
 
+/* ---- exported tensors, recognised when their memory comes back -------------------
+ *
+ * A Tensor handed to another framework often comes back: convert(convert(x,
+ * "torch"), "numpy") in a loop imports a torch tensor that views a Tensor's
+ * export, whose numpy result is imported again, and so on.  Wrapping each
+ * import anew builds a chain in which every object keeps the previous one
+ * alive (~1.3 KB per round trip, never freed), through frameworks whose
+ * managed tensors dlbridge cannot look inside.  So every exported Tensor is
+ * noted here, by the address of its element 0, and an import whose view is
+ * exactly a noted Tensor's -- same device, element-0 address, dtype, shape,
+ * strides and read-only flag -- is answered with that Tensor.  This is
+ * sound because a noted Tensor is alive (its entry is cleared in dealloc
+ * and tp_clear) and keeps its memory alive: another live tensor at the same
+ * address on the same device views that same memory, which the Tensor
+ * keeps alive at least as long.  The table is a small direct-mapped cache
+ * of borrowed pointers, touched only with the GIL held (export, import,
+ * dealloc); a collision just forgets an entry.  Process-wide, like the
+ * memory it describes (sub-interpreters are refused); off in free-threaded
+ * builds, where it would need a lock. */
+#define EXPORTED_SLOTS 256
+#ifndef Py_GIL_DISABLED
+static dlb_TensorObject *exported[EXPORTED_SLOTS];
+#endif
+
+static size_t exported_slot(const DLTensor *t) {
+  uintptr_t a = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  return (size_t)((a >> 4) ^ (a >> 12) ^ (a >> 20)) & (EXPORTED_SLOTS - 1);
+}
+
+static void exported_forget(dlb_TensorObject *self) {
+#ifndef Py_GIL_DISABLED
+  size_t i = exported_slot(&self->t);
+  if (exported[i] == self) exported[i] = NULL;
+#else
+  (void)self;
+#endif
+}
+
+void dlb__tensor_note_exported(dlb_TensorObject *self) {
+#ifndef Py_GIL_DISABLED
+  if (tensor_numel(&self->t) > 0) exported[exported_slot(&self->t)] = self;
+#else
+  (void)self;
+#endif
+}
+
+/* Same layout: every dim of extent > 1 has the same stride (the others'
+ * strides mean nothing and frameworks normalise them differently). */
+static int same_view(const DLTensor *a, const DLTensor *b) {
+  if (a->ndim != b->ndim || a->dtype.code != b->dtype.code ||
+      a->dtype.bits != b->dtype.bits || a->dtype.lanes != b->dtype.lanes ||
+      !dlb__same_device(a->device, b->device) ||
+      (char *)a->data + a->byte_offset != (char *)b->data + b->byte_offset)
+    return 0;
+  int64_t sa[DLB_MAX_NDIM], sb[DLB_MAX_NDIM];
+  const int64_t *ta = a->ndim > 0 ? dlb_tensor_strides(a, sa) : NULL;
+  const int64_t *tb = b->ndim > 0 ? dlb_tensor_strides(b, sb) : NULL;
+  for (int32_t i = 0; i < a->ndim; i++) {
+    if (a->shape[i] != b->shape[i]) return 0;
+    if (a->shape[i] > 1 && ta[i] != tb[i]) return 0;
+  }
+  return 1;
+}
+
+PyObject *dlb__tensor_find_exported(const DLTensor *t, uint64_t flags) {
+#ifndef Py_GIL_DISABLED
+  const uint64_t kept = DLPACK_FLAG_BITMASK_READ_ONLY |
+                        DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+  dlb_TensorObject *s = exported[exported_slot(t)];
+  if (s == NULL || (s->flags & kept) != (flags & kept) ||
+      !dlb_device_is_host_accessible(t->device) || tensor_numel(t) == 0 ||
+      !same_view(&s->t, t))
+    return NULL;
+  return (PyObject *)s;
+#else
+  (void)t;
+  (void)flags;
+  return NULL;
+#endif
+}
+
 /* ---- construction / destruction ---------------------------------------------------- */
 PyObject *dlb__tensor_from_managed(dlb_module_state *st,
                                    DLManagedTensorVersioned *m) {
@@ -232,6 +313,7 @@ static void tensor_dealloc(PyObject *op) {
    * Tensor (an owner, an export's source), whose dealloc may do the same:
    * the trashcan defers the deep end of such a chain instead of recursing. */
   Py_TRASHCAN_BEGIN(op, tensor_dealloc)
+  exported_forget(self);
   if (self->weakreflist != NULL) PyObject_ClearWeakRefs(op);
   if (self->managed != NULL) {
     DLManagedTensorVersioned *m = self->managed;
@@ -258,6 +340,7 @@ static int tensor_clear(PyObject *op) {
   dlb_TensorObject *self = AS_TENSOR(op);
   if (self->managed == NULL || self->buffer_exports > 0) return 0;
   DLManagedTensorVersioned *m = self->managed;
+  exported_forget(self);
   self->managed = NULL;
   self->t.data = NULL;
   self->t.ndim = 1;

@@ -478,17 +478,17 @@ def test_cycle_through_array_interface_import_collected():
     """)
 
 
-def test_reimport_chain_through_numpy_freed_by_trashcan():
-    """A chain dlbridge cannot collapse (each Tensor keeps a NumPy array
-    alive, which keeps the previous Tensor's export alive) is freed by the
-    trashcan in Tensor's dealloc, without overflowing a 1 MiB stack."""
+def test_reimport_chain_through_buffers_freed_by_trashcan():
+    """A chain dlbridge does not collapse (each Tensor keeps a memoryview
+    alive, which keeps the previous Tensor alive) is freed by the trashcan
+    in Tensor's dealloc, without overflowing a 1 MiB stack."""
     check("""
     import threading
     threading.stack_size(1 << 20)
     def work():
         t = dlb.zeros((4,))
         for _ in range(100000):
-            t = dlb.from_dlpack(np.from_dlpack(t))
+            t = dlb.from_dlpack(memoryview(t))
         del t
         gc.collect()
         print("OK")
@@ -572,3 +572,46 @@ def test_unaligned_to_tensorflow_is_copied_aligned():
         pass
     print("OK")
     """, timeout=120)
+
+
+def test_convert_round_trip_does_not_grow_memory():
+    """Finding: convert(convert(x, "torch"), "numpy") round trips grow memory
+    (~1.3 KB each)."""
+    check("""
+    import torch
+    x = np.arange(16, dtype=np.float32)
+    for _ in range(2000):
+        x = dlb.convert(dlb.convert(x, "torch"), "numpy")
+    gc.collect()
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    r0 = rss()
+    for _ in range(20000):
+        x = dlb.convert(dlb.convert(x, "torch"), "numpy")
+    gc.collect()
+    grow = (rss() - r0) / 20000
+    print("bytes per round trip", grow)
+    print("OK" if grow < 200 else "GROWS")
+    """, timeout=120)
+
+
+def test_exported_tensor_recognised_through_other_frameworks():
+    """A framework's tensor over exactly an exported Tensor's memory imports
+    as that Tensor (no chain of wrappers); a different view, dtype or
+    read-only flag is a new Tensor."""
+    import numpy as np
+    import dlbridge as dlb
+    t = dlb.from_dlpack(np.arange(8, dtype=np.float32))
+    a = np.from_dlpack(t)
+    assert dlb.from_dlpack(a) is t
+    assert dlb.from_dlpack(a[::2]) is not t               # another view
+    assert dlb.from_dlpack(a.view(np.int32)) is not t     # another dtype
+    ro = a.view()
+    ro.flags.writeable = False
+    r = dlb.from_dlpack(ro)
+    assert r is not t and r.readonly                      # flags differ
+    torch = pytest.importorskip("torch")
+    tt = torch.from_dlpack(t)
+    assert dlb.from_dlpack(tt) is t
+    assert dlb.convert(dlb.convert(t, "torch"), "dlbridge") is t
