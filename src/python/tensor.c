@@ -236,7 +236,9 @@ static void exported_forget(dlb_TensorObject *self) {
 
 void dlb__tensor_note_exported(dlb_TensorObject *self) {
 #ifndef Py_GIL_DISABLED
-  if (tensor_numel(&self->t) > 0) exported[exported_slot(&self->t)] = self;
+  /* Empty tensors are noted too (the lookup refuses them): counting the
+   * elements here would cost every export a call. */
+  exported[exported_slot(&self->t)] = self;
 #else
   (void)self;
 #endif
