@@ -14,8 +14,9 @@
  * here (the "owners" section) so that the garbage collector can see it: a
  * Tensor -> owner -> Tensor cycle (o.t = dlb.from_dlpack(o)) is otherwise
  * never collected.  Such tensors are GC-tracked and tp_traverse visits the
- * owner; every other Tensor (our own allocations, foreign capsules) is a
- * GC type left untracked, which costs the collector nothing.  Dealloc uses
+ * owner; every other Tensor (our own allocations, foreign capsules, NumPy
+ * imports -- see managed_has_owner) is a GC type left untracked, which
+ * costs the collector nothing.  Dealloc uses
  * the trashcan, so freeing a long chain of tensors that keep each other
  * alive (through owners or exports) cannot overflow the C stack.
  *
@@ -189,11 +190,17 @@ static int managed_traverse(const DLManagedTensorVersioned *m, visitproc visit,
   return 0;
 }
 
-/* Whether m keeps Python objects alive that managed_traverse can see. */
+/* Whether the collector should track a Tensor owning m: m keeps a Python
+ * owner alive through a keeper (buffer, array interface), which may lead
+ * back to the Tensor.  A NumPy import (dlb__owner_release) is traversed
+ * but not tracked: ndarray is not a GC type, so the collector can never
+ * account for the references an array holds, and no cycle through one can
+ * be collected whatever the Tensor does -- tracking it would only add the
+ * collector's cost to the fastest import. */
 static int managed_has_owner(const DLManagedTensorVersioned *m) {
   dlb_release_fn release;
   return dlb_managed_wrap_context(m, &release, NULL) &&
-         (release == dlb__keeper_release || release == dlb__owner_release);
+         release == dlb__keeper_release;
 }
 
 /* ---- exported tensors, recognised when their memory comes back -------------------

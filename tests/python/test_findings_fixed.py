@@ -524,6 +524,13 @@ def test_gc_sees_the_owner_of_an_imported_buffer():
     assert gc.is_tracked(t)
     assert any(r is b for r in gc.get_referents(t))
     assert not gc.is_tracked(dlb.zeros((4,)))   # owns its memory: untracked
+    # NumPy imports are traversed but not tracked: ndarray is no GC type, so
+    # no cycle through one is collectable and tracking would only cost.
+    import numpy as np
+    a = np.zeros(4)
+    n = dlb.from_dlpack(a)
+    assert not gc.is_tracked(n)
+    assert any(r is a for r in gc.get_referents(n))
 
 
 @pytest.mark.parametrize("offset", [4, 32])
