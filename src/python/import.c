@@ -145,6 +145,11 @@ static PyObject *import_own(dlb_module_state *st, PyObject *obj,
 static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
                         const DLDevice *target, int copy) {
   PyObject *src = dlb__export_source(m);
+  /* An export carries its Tensor's flags unless a reader added READ_ONLY
+   * since (MXNet's to_dlpack_for_read): then it is not the Tensor's view. */
+  if (src != NULL && ((m->flags ^ ((dlb_TensorObject *)src)->flags) &
+                      DLPACK_FLAG_BITMASK_READ_ONLY))
+    src = NULL;
   if (src == NULL) src = dlb__tensor_find_exported(&m->dl_tensor, m->flags);
   if (src != NULL) {
     /* One of our own zero-copy exports come back (a capsule from

@@ -10,15 +10,16 @@
  * deleter runs once, in tp_dealloc (or tp_clear).  Tensors hold no Python
  * objects in fields of their own, but a tensor imported from a Python
  * owner -- a buffer, an __array_interface__ owner, a NumPy array -- keeps
- * that owner alive through its managed tensor's release context, made
- * here (the "owners" section) so that the garbage collector can see it: a
- * Tensor -> owner -> Tensor cycle (o.t = dlb.from_dlpack(o)) is otherwise
- * never collected.  Such tensors are GC-tracked and tp_traverse visits the
- * owner; every other Tensor (our own allocations, foreign capsules, NumPy
- * imports -- see managed_has_owner) is a GC type left untracked, which
- * costs the collector nothing.  Dealloc uses
- * the trashcan, so freeing a long chain of tensors that keep each other
- * alive (through owners or exports) cannot overflow the C stack.
+ * that owner alive through its managed tensor's release context, made here
+ * (the "owners" section) so that the garbage collector can see it:
+ * tp_traverse visits the owner.  Tensors kept alive through a keeper
+ * (buffer, array interface) are GC-tracked, so a Tensor -> owner -> Tensor
+ * cycle (o.t = dlb.from_dlpack(o)) is collected; every other Tensor (our
+ * own allocations, foreign capsules, NumPy imports: managed_has_owner says
+ * why) is a GC type left untracked, which costs the collector nothing.
+ * Dealloc uses the trashcan, so freeing a long chain of tensors that keep
+ * each other alive (through owners or exports) cannot overflow the C
+ * stack.
  *
  * Decisions recorded here (DESIGN.md asks that each be written down):
  *

@@ -622,3 +622,17 @@ def test_exported_tensor_recognised_through_other_frameworks():
     tt = torch.from_dlpack(t)
     assert dlb.from_dlpack(tt) is t
     assert dlb.convert(dlb.convert(t, "torch"), "dlbridge") is t
+
+
+def test_own_export_through_read_only_legacy_method_stays_read_only():
+    """A dlbridge capsule handed out by to_dlpack_for_read() imports
+    read-only: it is not answered with the writable Tensor itself."""
+    import dlbridge as dlb
+    t = dlb.zeros((4,))
+
+    class P:
+        def to_dlpack_for_read(self):
+            return t.__dlpack__()
+    r = dlb.from_dlpack(P())
+    assert r is not t and r.readonly and not t.readonly
+    assert r.data_ptr == t.data_ptr
