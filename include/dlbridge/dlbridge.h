@@ -291,6 +291,15 @@ DLB_API int dlb_managed_wrap(const DLTensor *view, uint64_t flags,
                              dlb_release_fn release, void *ctx,
                              DLManagedTensorVersioned **out, dlb_error *err);
 
+/* The release function and context a tensor made by dlb_managed_wrap will
+ * call: true with *release and *ctx set when m was made by dlb_managed_wrap
+ * (or dlb_managed_from_legacy) in this library, false otherwise (any other
+ * tensor, NULL).  For owners that must look inside what they hold, such as
+ * a garbage collector visiting the objects a wrapped tensor keeps alive;
+ * the tensor still runs release itself when deleted. */
+bool dlb_managed_wrap_context(const DLManagedTensorVersioned *m,
+                              dlb_release_fn *release, void **ctx);
+
 /* Versioned view of a legacy tensor, without copying data.  On success the
  * result owns legacy: deleting it runs legacy's deleter exactly once.  The
  * result is writable (flags 0): the legacy format cannot say read-only.  On

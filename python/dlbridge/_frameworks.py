@@ -53,11 +53,12 @@ class Framework:
     ``_c_target``)."""
 
     __slots__ = ("name", "roots", "dist", "target", "tensor_type",
-                 "readonly", "negative_strides", "compact_only", "dtypes")
+                 "readonly", "negative_strides", "compact_only", "dtypes",
+                 "alignment")
 
     def __init__(self, name, roots=None, dist=None, target=True,
                  tensor_type=None, readonly=True, negative_strides=True,
-                 compact_only=False, dtypes=None):
+                 compact_only=False, dtypes=None, alignment=None):
         self.name = name
         #: root module names whose types belong to it
         self.roots = roots or (name,)
@@ -76,6 +77,9 @@ class Framework:
         self.compact_only = compact_only
         #: the dtypes its importer is known to accept (None: ask it)
         self.dtypes = dtypes
+        #: the data alignment (bytes) its kernels need; unaligned data is
+        #: copied into dlbridge's own (256-byte aligned) memory
+        self.alignment = alignment
 
     def __repr__(self):
         return f"<dlbridge framework {self.name!r}>"
@@ -109,7 +113,11 @@ REGISTRY = {fw.name: fw for fw in (
               negative_strides=False, dtypes=_TORCH_DTYPES),
     Framework("cupy", roots=("cupy", "cupyx"), readonly=False),
     Framework("jax", roots=("jax", "jaxlib")),
-    Framework("tensorflow", dist="tensorflow-cpu", compact_only=True),
+    # TensorFlow's importer accepts data at any address, but its kernels
+    # check Tensor::IsAligned() (64 bytes) and abort the process on the
+    # first op over unaligned data; NumPy's small arrays are 16-byte aligned.
+    Framework("tensorflow", dist="tensorflow-cpu", compact_only=True,
+              alignment=64),
     # CUDA only: numba's device arrays (read over __cuda_array_interface__)
     # and cuda.core's StridedMemoryView (types under the "cuda" package)
     Framework("numba"),
@@ -142,6 +150,8 @@ _NO_READONLY = frozenset(fw.name for fw in REGISTRY.values() if not fw.readonly)
 _NO_NEGATIVE_STRIDES = frozenset(
     fw.name for fw in REGISTRY.values() if not fw.negative_strides)
 _COMPACT_ONLY = frozenset(fw.name for fw in REGISTRY.values() if fw.compact_only)
+_MIN_ALIGNMENT = {fw.name: fw.alignment for fw in REGISTRY.values()
+                  if fw.alignment is not None}
 
 
 def _type_framework(tp):
@@ -413,6 +423,17 @@ def _check(t, target):
 def _import_checked(t, target):
     """The checks for ``target``, then its importer (bound on first use)."""
     _check(t, target)
+    align = _MIN_ALIGNMENT.get(target)
+    if align is not None and t.data_ptr % align:
+        if t.readonly:
+            # A copy would be writable: refuse as for aligned read-only data
+            # (which the target's legacy importer cannot take).
+            raise BufferError(
+                f"convert: the data is read-only and not aligned to {align} "
+                f"bytes as {target} needs; copy it first: "
+                f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
+            )
+        t = _from_dlpack(t, copy=True)
     try:
         importer = _BOUND.get(target)
         if importer is None:

@@ -366,6 +366,18 @@ int dlb_managed_wrap(const DLTensor *view, uint64_t flags,
   return DLB_OK;
 }
 
+bool dlb_managed_wrap_context(const DLManagedTensorVersioned *m,
+                              dlb_release_fn *release, void **ctx) {
+  /* Every tensor made here has versioned_deleter and its block as
+   * manager_ctx; empty/zeros blocks have no release and say false too. */
+  if (m == NULL || m->deleter != versioned_deleter) return false;
+  const versioned_block *b = (const versioned_block *)m->manager_ctx;
+  if (b == NULL || b->release == NULL) return false;
+  if (release != NULL) *release = b->release;
+  if (ctx != NULL) *ctx = b->release_ctx;
+  return true;
+}
+
 /* release function of from_legacy: ctx is the legacy tensor it owns. */
 static void release_legacy(void *ctx) {
   dlb_managed_delete_legacy((DLManagedTensor *)ctx);

@@ -61,6 +61,13 @@
 
 /* ---- Module state (module.c) ------------------------------------------------ */
 
+/* The methods of legacy producers that return a "dltensor" capsule, in the
+ * order readers.c tries them (interned in module state). */
+#define DLB_LEGACY_METHOD_NAMES \
+  {"toDlpack", "to_dlpack", "to_dlpack_for_write", "to_dlpack_for_read"}
+#define DLB_N_LEGACY_METHODS 4
+#define DLB_LEGACY_FOR_READ 3 /* index of to_dlpack_for_read */
+
 /* Per-module state: the heap types and interned names.  Reached from a
  * method through PyModule_GetState(module), from a Tensor method through
  * dlb__state_from_type(Py_TYPE(self)). */
@@ -78,6 +85,8 @@ typedef struct {
   PyObject *str_array_interface;   /* "__array_interface__" */
   PyObject *str_cuda_array_interface; /* "__cuda_array_interface__" */
   PyObject *max_version_tuple;     /* (1, 3): what we ask producers for */
+  /* readers.c: the legacy producers' methods, in the order tried */
+  PyObject *str_legacy[DLB_N_LEGACY_METHODS];
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -186,7 +195,9 @@ void dlb__delete_keep_error(DLManagedTensorVersioned *m);
 
 /* Raise the Python exception matching a dlb_status: DLB_ENOMEM ->
  * MemoryError, DLB_EINVAL -> ValueError, everything describing a tensor that
- * cannot be exported or imported -> BufferError.  Returns NULL. */
+ * cannot be exported or imported -> BufferError.  The message is read up to
+ * its first NUL or its DLB_ERROR_MESSAGE_SIZE bytes, bytes that are not UTF-8
+ * becoming \xNN escapes.  Returns NULL. */
 PyObject *dlb__raise(const dlb_error *err);
 
 /* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
@@ -392,6 +403,33 @@ PyObject *dlb__tensor_from_managed(dlb_module_state *st,
 /* A tuple of n Python ints (new reference, NULL with an exception). */
 PyObject *dlb__int64_tuple(int32_t n, const int64_t *v);
 
+/* Note self as exported (export.c, with the GIL): while it lives, an import
+ * whose view is exactly self's is answered with self (tensor.c explains). */
+void dlb__tensor_note_exported(dlb_TensorObject *self);
+/* The live exported Tensor whose view and flags are exactly t's and flags'
+ * (borrowed), or NULL.  GIL held. */
+PyObject *dlb__tensor_find_exported(const DLTensor *t, uint64_t flags);
+
+/* Python owners of a Tensor's memory: the release contexts of tensors
+ * wrapped (dlb_managed_wrap) around memory a Python object owns.  The
+ * Tensor's GC traversal recognises exactly these, so every reader that
+ * keeps a Python object alive from a managed tensor uses one of them. */
+typedef struct {
+  PyObject *owner;   /* strong reference or NULL */
+  int has_view;      /* view holds a buffer to release */
+  Py_buffer view;
+} dlb_py_keeper;
+/* A zeroed keeper (raw allocator), or NULL with MemoryError. */
+dlb_py_keeper *dlb__keeper_new(void);
+/* dlb_release_fn of a keeper: releases the buffer and the owner; any
+ * thread, with or without the GIL, even at shutdown (then it leaks). */
+void dlb__keeper_release(void *ctx);
+/* Free a keeper never attached to a managed tensor.  GIL held; NULL ok. */
+void dlb__keeper_free(dlb_py_keeper *k);
+/* dlb_release_fn whose ctx is a strong reference to the owner itself (the
+ * NumPy import: no keeper allocation on that path). */
+void dlb__owner_release(void *ctx);
+
 /* Module-level factories. */
 PyObject *dlb__py_empty(PyObject *module, PyObject *const *args,
                         Py_ssize_t nargs, PyObject *kwnames);
@@ -413,6 +451,14 @@ PyObject *dlb__tensor_dlpack_device(PyObject *self, PyObject *unused);
 int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err);
+
+/* The Tensor a zero-copy export made by dlb__tensor_export_managed /
+ * __dlpack__ keeps alive (borrowed: valid while m is), or NULL when m was
+ * not made here.  Its view is the Tensor's (byte_offset folded), its flags
+ * the Tensor's: importers return the Tensor instead of wrapping the export
+ * again. */
+PyObject *dlb__export_source(const DLManagedTensorVersioned *m);
+PyObject *dlb__export_source_legacy(const DLManagedTensor *m);
 
 /* dlb.Tensor's own exchange table (process lifetime). */
 extern const DLPackExchangeAPI dlb__tensor_exchange_api;
@@ -547,9 +593,16 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
                                const DLDevice *target, int copy,
                                DLManagedTensorVersioned **out);
 
-/* The capsule of a legacy producer (toDlpack(), TensorFlow's to_dlpack):
+/* The capsule of a legacy producer (toDlpack(), to_dlpack(),
+ * to_dlpack_for_write(), to_dlpack_for_read(), TensorFlow's to_dlpack):
  * 1 with *cap set (new ref), 0 not a legacy producer, -1 error. */
-int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap);
+int dlb__legacy_producer_capsule(dlb_module_state *st, PyObject *obj,
+                                 PyObject **cap);
+/* The same capsule consumed: 1 with *out owned and validated (READ_ONLY
+ * when it came from to_dlpack_for_read()), 0 not a legacy producer, -1
+ * error. */
+int dlb__legacy_producer_managed(dlb_module_state *st, PyObject *obj,
+                                 DLManagedTensorVersioned **out);
 
 /* obj's buffer (CPU), held until the tensor is deleted. */
 int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out);

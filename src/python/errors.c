@@ -15,6 +15,8 @@
  */
 #include "dlbridge_py.h"
 
+#include <string.h>
+
 /* ---- the pending exception, put aside --------------------------------------- */
 
 /* PyErr_Fetch is deprecated from 3.12. */
@@ -228,10 +230,22 @@ PyObject *dlb__raise(const dlb_error *err) {
       exc = PyExc_RuntimeError;
       break;
   }
-  if (err->message[0] != '\0')
-    PyErr_SetString(exc, err->message);
-  else
+  /* The message may come from outside (a kernel, a C API caller): read at
+   * most its DLB_ERROR_MESSAGE_SIZE bytes even when it has no NUL, and
+   * decode bytes that are not UTF-8 as \xNN escapes, so a bad message
+   * still becomes the exception its code maps to, never a
+   * UnicodeDecodeError. */
+  const char *nul = memchr(err->message, '\0', sizeof err->message);
+  size_t n = nul != NULL ? (size_t)(nul - err->message) : sizeof err->message;
+  if (n == 0) {
     PyErr_Format(exc, "dlbridge error %s", dlb_status_name(err->code));
+    return NULL;
+  }
+  PyObject *msg = PyUnicode_DecodeUTF8(err->message, (Py_ssize_t)n,
+                                       "backslashreplace");
+  if (msg == NULL) return NULL; /* MemoryError */
+  PyErr_SetObject(exc, msg);
+  Py_DECREF(msg);
   return NULL;
 }
 

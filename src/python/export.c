@@ -206,6 +206,7 @@ static int export_view(dlb_TensorObject *self, int versioned, void **out,
   b->allocator = *allocator;
   b->owner = (PyObject *)self;
   Py_INCREF(self); /* last: nothing above can fail after it */
+  dlb__tensor_note_exported(self); /* so an import of it is recognised */
   if (versioned) {
     DLManagedTensorVersioned *m = &b->m.versioned;
     m->version.major = DLPACK_MAJOR_VERSION;
@@ -234,6 +235,16 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
   int rc = export_view(self, 1, &m, err);
   if (rc == DLB_OK) *out = (DLManagedTensorVersioned *)m;
   return rc;
+}
+
+PyObject *dlb__export_source(const DLManagedTensorVersioned *m) {
+  if (m == NULL || m->deleter != versioned_export_deleter) return NULL;
+  return ((const export_block *)m->manager_ctx)->owner;
+}
+
+PyObject *dlb__export_source_legacy(const DLManagedTensor *m) {
+  if (m == NULL || m->deleter != legacy_export_deleter) return NULL;
+  return ((const export_block *)m->manager_ctx)->owner;
 }
 
 /* ---- capsules ------------------------------------------------------------------------ */

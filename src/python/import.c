@@ -10,11 +10,14 @@
  *      DLPack C exchange table (__dlpack_c_exchange_api__, or the 1.2
  *      __c_dlpack_exchange_api__) is imported through the table's owning
  *      export; numpy.ndarray has its fields read directly (try_handler());
- *   c. __dlpack__ / __dlpack_device__, versioned first, legacy on TypeError
- *      only when that loses nothing the caller asked for;
+ *   c. __dlpack__ / __dlpack_device__, versioned first, then without the
+ *      2023.12 keywords on TypeError (the device and copy requests are then
+ *      carried out here, by plan());
  *   d. raw PyCapsules named "dltensor_versioned" / "dltensor";
- *   e. legacy producers: obj.toDlpack() (old CuPy), and
- *      tensorflow.experimental.dlpack.to_dlpack(obj) for TensorFlow objects;
+ *   e. legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
+ *      MXNet's to_dlpack_for_write() / to_dlpack_for_read() (read-only),
+ *      and tensorflow.experimental.dlpack.to_dlpack(obj) for TensorFlow
+ *      objects;
  *   f. the buffer protocol;
  *   g. __array_interface__ (version 3);
  *   h. __cuda_array_interface__ (imported as a kDLCUDA view; see readers.c).
@@ -88,6 +91,14 @@ static int plan(const DLDevice *target, int copy, DLDevice src,
     }
     return 1; /* dlb__copy_managed reports devices it cannot copy between */
   }
+  if (copy == 0 && (flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
+    /* A producer asked without copy= (too old for the keyword, readers.c)
+     * may still copy, and says so only through this flag. */
+    PyErr_SetString(PyExc_BufferError,
+                    "from_dlpack: copy=False was given, but the producer "
+                    "returned a copy (its capsule says IS_COPIED)");
+    return -1;
+  }
   if (copy == 1) {
     /* A producer's own fresh, writable copy is as good as ours. */
     if ((flags & DLPACK_FLAG_BITMASK_IS_COPIED) &&
@@ -98,10 +109,41 @@ static int plan(const DLDevice *target, int copy, DLDevice src,
   return 0;
 }
 
+/* Our own Tensor obj: returned as it is, or copied when asked. */
+static PyObject *import_own(dlb_module_state *st, PyObject *obj,
+                            const DLDevice *target, int copy) {
+  dlb_TensorObject *self = (dlb_TensorObject *)obj;
+  int p = plan(target, copy, self->t.device, 0);
+  if (p < 0) return NULL;
+  return p == 0 ? Py_NewRef(obj)
+                : copy_to(st, &self->t, self->flags,
+                          copy_target(target, self->t.device));
+}
+
 /* Turn an owned, validated managed tensor into the Tensor the caller asked
  * for.  Steals m on every path. */
 static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
                         const DLDevice *target, int copy) {
+  PyObject *src = dlb__export_source(m);
+  /* An export carries its Tensor's flags unless a reader added READ_ONLY
+   * since (MXNet's to_dlpack_for_read): then it is not the Tensor's view. */
+  if (src != NULL && ((m->flags ^ ((dlb_TensorObject *)src)->flags) &
+                      DLPACK_FLAG_BITMASK_READ_ONLY))
+    src = NULL;
+  if (src == NULL) src = dlb__tensor_find_exported(&m->dl_tensor, m->flags);
+  if (src != NULL) {
+    /* One of our own zero-copy exports come back (a capsule from
+     * Tensor.__dlpack__, directly or through a producer that forwards it),
+     * or another framework's tensor over exactly an exported Tensor's
+     * memory (tensor.c): the Tensor itself, with the same view and flags,
+     * rather than a new Tensor wrapping the export -- round trips in a loop
+     * must not build a chain of objects each keeping the last alive. */
+    Py_INCREF(src);
+    dlb__delete_keep_error(m);
+    PyObject *res = import_own(st, src, target, copy);
+    Py_DECREF(src);
+    return res;
+  }
   int p = plan(target, copy, m->dl_tensor.device, m->flags);
   if (p < 0) {
     dlb__delete_keep_error(m);
@@ -119,12 +161,6 @@ static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
 
 /* ---- b. the per-type handler: exchange tables and NumPy ---------------------- */
 
-/* dlb_release_fn for a NumPy import: drops the array the Tensor views.  Any
- * thread, with or without the GIL, even at shutdown (then it leaks). */
-static void release_pyobject(void *ctx) {
-  if (ctx != NULL) dlb__release_ref((PyObject *)ctx, 0);
-}
-
 /* Objects whose type the handler cache (handlers.c) reads directly: types
  * publishing a DLPack C exchange table, imported through the table's
  * managed_tensor_from_py_object_no_sync (an owning export, so the Tensor
@@ -139,13 +175,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
   DLManagedTensorVersioned *m = NULL;
   dlb_error err;
   if (h->kind == DLB_KIND_TENSOR) {
-    /* Our own Tensor: returned as it is, or copied when asked. */
-    dlb_TensorObject *self = (dlb_TensorObject *)obj;
-    int p = plan(target, copy, self->t.device, 0);
-    if (p < 0) return -1;
-    *out = p == 0 ? Py_NewRef(obj)
-                  : copy_to(st, &self->t, self->flags,
-                            copy_target(target, self->t.device));
+    *out = import_own(st, obj, target, copy);
     return *out != NULL ? 1 : -1;
   }
   if (h->kind == DLB_KIND_EXCHANGE) {
@@ -195,7 +225,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     /* NUMPY views own nothing, so v needs no release; the managed tensor
      * keeps the array (and so its memory) alive instead. */
     Py_INCREF(obj);
-    if (dlb_managed_wrap(&v.t, v.flags, release_pyobject, obj, &m, &err) !=
+    if (dlb_managed_wrap(&v.t, v.flags, dlb__owner_release, obj, &m, &err) !=
         DLB_OK) {
       Py_DECREF(obj); /* release is not called on failure */
       dlb__raise_import("cannot wrap the array", &err);

@@ -44,6 +44,10 @@ static int module_exec(PyObject *module) {
       intern_name(&st->str_cuda_array_interface, "__cuda_array_interface__") < 0) {
     return -1;
   }
+  static const char *const legacy[DLB_N_LEGACY_METHODS] =
+      DLB_LEGACY_METHOD_NAMES;
+  for (int i = 0; i < DLB_N_LEGACY_METHODS; i++)
+    if (intern_name(&st->str_legacy[i], legacy[i]) < 0) return -1;
   st->max_version_tuple = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION,
                                         DLPACK_MINOR_VERSION);
   if (st->max_version_tuple == NULL) return -1;
@@ -93,6 +97,7 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_array_interface);
   Py_CLEAR(st->str_cuda_array_interface);
   Py_CLEAR(st->max_version_tuple);
+  for (int i = 0; i < DLB_N_LEGACY_METHODS; i++) Py_CLEAR(st->str_legacy[i]);
   Py_CLEAR(st->FunctionType);
   for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)
     Py_CLEAR(st->dtype_cache[i]);

@@ -3,12 +3,14 @@
  * can arrive by is read here, in one place, into an owned, validated
  * DLManagedTensorVersioned (0, or -1 with an exception and nothing owned):
  *   - DLPack capsules, "dltensor_versioned" / "dltensor" (dlb__consume_capsule);
- *   - __dlpack__ / __dlpack_device__, versioned first, legacy on TypeError
- *     only when that loses nothing the caller asked for
- *     (dlb__dunder_dlpack_managed);
- *   - legacy producers: obj.toDlpack() (old CuPy), and
- *     tensorflow.experimental.dlpack.to_dlpack(obj) for TensorFlow objects
- *     (dlb__legacy_producer_capsule gives the capsule);
+ *   - __dlpack__ / __dlpack_device__, versioned first, then without the
+ *     2023.12 keywords on TypeError; what copy= and dl_device= asked is then
+ *     done by import.c (dlb__dunder_dlpack_managed);
+ *   - legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
+ *     MXNet's obj.to_dlpack_for_write() / to_dlpack_for_read() (the latter
+ *     imported read-only), and tensorflow.experimental.dlpack.to_dlpack(obj)
+ *     for TensorFlow objects (dlb__legacy_producer_capsule gives the
+ *     capsule, dlb__legacy_producer_managed the tensor);
  *   - the buffer protocol (dlb__buffer_managed);
  *   - __array_interface__ (version 3) and __cuda_array_interface__
  *     (dlb__array_interface_managed, dlb__array_interface_dict_managed).
@@ -61,75 +63,27 @@ int dlb__get_optional_attr(PyObject *obj, PyObject *name, PyObject **out) {
 #endif
 }
 
-static int get_optional_attr_str(PyObject *obj, const char *name,
-                                 PyObject **out) {
-  PyObject *n = PyUnicode_InternFromString(name);
-  if (n == NULL) return -1;
-  int rc = dlb__get_optional_attr(obj, n, out);
-  Py_DECREF(n);
-  return rc;
-}
-
 /* ---- keeping Python owners alive from a managed tensor -------------------- */
 
-/* The release context of tensors that view memory a Python object owns: a
- * Py_buffer (buffer protocol) and/or a strong reference (array interface
- * owner).  Allocated with the raw allocator so it can be freed without the
- * GIL if it ever had to be. */
-typedef struct py_keeper {
-  PyObject *owner;   /* strong reference or NULL */
-  int has_view;      /* view holds a buffer to release */
-  Py_buffer view;
-} py_keeper;
-
-/* dlb_release_fn: may run on any thread, with or without the GIL, even
- * during interpreter shutdown (B15).  Once the interpreter is gone it leaks
- * rather than touch Python. */
-static void release_py_keeper(void *ctx) {
-  py_keeper *k = (py_keeper *)ctx;
-  if (k == NULL) return;
-  if (dlb__python_gone()) return;
-  PyGILState_STATE g = PyGILState_Ensure();
-  dlb__saved_error e;
-  dlb__error_save(&e);
-  if (k->has_view) PyBuffer_Release(&k->view);
-  Py_XDECREF(k->owner);
-  PyMem_RawFree(k);
-  dlb__error_restore(&e);
-  PyGILState_Release(g);
-}
-
-static py_keeper *keeper_new(void) {
-  py_keeper *k = PyMem_RawCalloc(1, sizeof *k);
-  if (k == NULL) PyErr_NoMemory();
-  return k;
-}
-
-/* Free a keeper that never got attached to a managed tensor.  GIL held. */
-static void keeper_free(py_keeper *k) {
-  if (k == NULL) return;
-  dlb__saved_error e;
-  dlb__error_save(&e);
-  if (k->has_view) PyBuffer_Release(&k->view);
-  Py_XDECREF(k->owner);
-  PyMem_RawFree(k);
-  dlb__error_restore(&e);
-}
+/* The release context of tensors that view memory a Python object owns is
+ * a dlb_py_keeper (tensor.c): a Py_buffer (buffer protocol) and/or a strong
+ * reference (array interface owner), which the Tensor's GC traversal can
+ * see. */
 
 /* Wrap view (CPU or CUDA memory a Python object owns) into a managed tensor
  * that releases k when deleted.  Steals k on success and on failure. */
-static int wrap_keeper(const DLTensor *view, uint64_t flags, py_keeper *k,
+static int wrap_keeper(const DLTensor *view, uint64_t flags, dlb_py_keeper *k,
                        DLManagedTensorVersioned **out) {
   dlb_error err;
   int rc = dlb_tensor_validate(view, 0, &err);
   if (rc != DLB_OK) {
-    keeper_free(k);
+    dlb__keeper_free(k);
     dlb__raise_import("the object's memory cannot be described", &err);
     return -1;
   }
-  rc = dlb_managed_wrap(view, flags, release_py_keeper, k, out, &err);
+  rc = dlb_managed_wrap(view, flags, dlb__keeper_release, k, out, &err);
   if (rc != DLB_OK) {
-    keeper_free(k);
+    dlb__keeper_free(k);
     dlb__raise_import("cannot wrap the object's memory", &err);
     return -1;
   }
@@ -192,6 +146,18 @@ static int consume_capsule_locked(PyObject *cap, DLManagedTensorVersioned **out)
      * below deletes it here, and the destructor never does (B02). */
     if (PyCapsule_SetName(cap, NAME_USED_LEGACY) < 0) return -1;
     DLManagedTensorVersioned *m = NULL;
+    PyObject *src = dlb__export_source_legacy(lm);
+    if (src != NULL &&
+        dlb__tensor_export_managed((dlb_TensorObject *)src, &m, &err) ==
+            DLB_OK) {
+      /* A legacy export of a dlb.Tensor: the same export, versioned, which
+       * import.c recognises and answers with the Tensor itself instead of
+       * a wrapper around a wrapper (the Tensor is writable: a legacy export
+       * of a read-only one is refused, decision 3.6 holds). */
+      dlb_managed_delete_legacy(lm);
+      *out = m;
+      return 0;
+    }
     if (dlb_managed_from_legacy(lm, &m, &err) != DLB_OK) {
       dlb_managed_delete_legacy(lm);
       dlb__raise_import("cannot wrap the legacy tensor", &err);
@@ -336,10 +302,13 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
   cap = PyObject_VectorcallMethod(st->str_dlpack, args,
                                   1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
   if (cap == NULL) {
-    /* Fall back to the pre-2023.12 signature only on TypeError and only
-     * when nothing the caller asked for would be dropped (B57, B58). */
-    if (!PyErr_ExceptionMatches(PyExc_TypeError) || asked_device || copy >= 0)
-      goto cleanup;
+    /* Fall back to the pre-2023.12 signature on TypeError.  Nothing the
+     * caller asked for is lost by it (B57, B58): the old protocol exports
+     * without copying and where the data is, so import.c's plan() then does
+     * what copy= and dl_device= asked -- copies for copy=True or another
+     * device (a legacy capsule never says IS_COPIED), and refuses
+     * copy=False only when the capsule says it was copied. */
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto cleanup;
     dlb__saved_error first;
     dlb__error_save(&first);
     if (stream != NULL) {
@@ -387,14 +356,24 @@ cleanup:
 
 /* ---- e. legacy producers ------------------------------------------------------ */
 
-/* 1 with *cap set (new ref), 0 not a legacy producer, -1 error. */
-int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap) {
-  PyObject *meth = NULL;
-  int found = get_optional_attr_str(obj, "toDlpack", &meth);
-  if (found < 0) return -1;
-  if (found) {
-    *cap = PyObject_CallNoArgs(meth);
-    Py_DECREF(meth);
+/* The methods of legacy producers (DLB_LEGACY_METHOD_NAMES), tried in
+ * order: old CuPy's toDlpack(), cuDF's to_dlpack(), and MXNet's pair --
+ * to_dlpack_for_write() first, since from_dlpack's result may be written
+ * (MXNet then orders the export after pending reads and writes),
+ * to_dlpack_for_read() when it is the only one (MXNet orders only after
+ * pending writes, so that capsule is imported READ-ONLY).  Looked up on the
+ * type, as methods (a cached lookup: this ladder runs before the buffer
+ * protocol for every bytes-like object). */
+
+/* 1 with *cap set (new ref) and *read_only, 0 not a legacy producer, -1
+ * error. */
+static int legacy_capsule(dlb_module_state *st, PyObject *obj, PyObject **cap,
+                          int *read_only) {
+  *read_only = 0;
+  for (int i = 0; i < DLB_N_LEGACY_METHODS; i++) {
+    if (!dlb__type_has(Py_TYPE(obj), st->str_legacy[i])) continue;
+    *cap = PyObject_CallMethodNoArgs(obj, st->str_legacy[i]);
+    *read_only = i == DLB_LEGACY_FOR_READ;
     return *cap == NULL ? -1 : 1;
   }
   /* TensorFlow is imported only for an object TensorFlow made. */
@@ -416,6 +395,35 @@ int dlb__legacy_producer_capsule(PyObject *obj, PyObject **cap) {
   return *cap == NULL ? -1 : 1;
 }
 
+int dlb__legacy_producer_capsule(dlb_module_state *st, PyObject *obj,
+                                 PyObject **cap) {
+  int read_only;
+  return legacy_capsule(st, obj, cap, &read_only);
+}
+
+int dlb__legacy_producer_managed(dlb_module_state *st, PyObject *obj,
+                                 DLManagedTensorVersioned **out) {
+  PyObject *cap = NULL;
+  int read_only;
+  int found = legacy_capsule(st, obj, &cap, &read_only);
+  if (found <= 0) return found;
+  int rc = -1;
+  if (!PyCapsule_CheckExact(cap)) {
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: the legacy producer returned %.200s, not a "
+                 "DLPack PyCapsule",
+                 Py_TYPE(cap)->tp_name);
+  } else if (dlb__consume_capsule(cap, out) == 0) {
+    if (read_only) (*out)->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+    rc = 1;
+  }
+  if (rc < 0)
+    dlb__clear_keep_error(&cap);
+  else
+    Py_DECREF(cap);
+  return rc;
+}
+
 /* ---- buffer protocol ------------------------------------------------------------ */
 
 /* Get a buffer, writable when the exporter allows (to learn read-only-ness
@@ -432,15 +440,15 @@ static int get_buffer_rw(PyObject *obj, Py_buffer *view) {
 int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out) {
   int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
   DLTensor t;
-  py_keeper *k = keeper_new();
+  dlb_py_keeper *k = dlb__keeper_new();
   if (k == NULL) return -1;
   if (get_buffer_rw(obj, &k->view) < 0) {
-    keeper_free(k);
+    dlb__keeper_free(k);
     return -1;
   }
   k->has_view = 1;
   if (dlb__dltensor_from_buffer(&k->view, &t, shape, strides) < 0) {
-    keeper_free(k);
+    dlb__keeper_free(k);
     return -1;
   }
   uint64_t flags = k->view.readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
@@ -451,7 +459,10 @@ int dlb__buffer_managed(PyObject *obj, DLManagedTensorVersioned **out) {
 
 /* ai[key], borrowed, in *v (NULL when absent): 0, or -1 with an exception.
  * Not PyDict_GetItemString: it swallows a failure to make the key (a
- * MemoryError), which would then be reported as the key missing. */
+ * MemoryError), which would then be reported as the key missing.  ai must
+ * be a dict nobody else can reach (the reader's private copy): reading a
+ * value can run Python code (__index__ of a shape entry), which could
+ * otherwise mutate the dict and free the values still in use. */
 static int ai_item(PyObject *ai, const char *key, PyObject **v) {
   PyObject *k = PyUnicode_FromString(key);
   if (k == NULL) return -1;
@@ -523,6 +534,57 @@ static int cai_device_and_order(PyObject *ai, void *data, DLDevice *device) {
   return 0;
 }
 
+/* The raw bytes of an __array_interface__ 'data' buffer (or of the owner's
+ * own buffer): writable when the exporter allows, read-only otherwise.  A
+ * SIMPLE request, since the interface lays its own shape and strides over
+ * the bytes from buf on: an exporter whose memory is not one contiguous
+ * block (a strided memoryview) refuses it, and must not be read as if it
+ * were. */
+static int get_bytes_rw(PyObject *src, const char *which, Py_buffer *view) {
+  if (PyObject_GetBuffer(src, view, PyBUF_WRITABLE) == 0) return 0;
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  PyErr_Clear();
+  if (PyObject_GetBuffer(src, view, PyBUF_SIMPLE) == 0) return 0;
+  if (!PyErr_ExceptionMatches(PyExc_BufferError)) return -1;
+  dlb__saved_error first;
+  dlb__error_save(&first);
+  PyErr_Format(PyExc_BufferError,
+               "from_dlpack: the %s data buffer of type '%.200s' is not one "
+               "contiguous block of bytes",
+               which, Py_TYPE(src)->tp_name);
+  dlb__error_chain_context(&first);
+  return -1;
+}
+
+/* Check that the bytes t's elements touch lie inside the len-byte buffer
+ * at t->data (t->byte_offset is from that buffer's start): the interface
+ * is untrusted, and nothing else ever compares its shape, strides and
+ * offset with the length of the memory it names. */
+static int check_inside_buffer(const DLTensor *t, Py_ssize_t len,
+                               const char *which) {
+  dlb_error err;
+  int64_t lo, hi;
+  if (dlb_tensor_validate(t, 0, &err) != DLB_OK) {
+    dlb__raise_import("the array interface cannot be described", &err);
+    return -1;
+  }
+  if (dlb_tensor_byte_span(t, &lo, &hi, &err) != DLB_OK) {
+    dlb__raise_import("the array interface cannot be described", &err);
+    return -1;
+  }
+  if (lo == hi) return 0; /* no elements: no byte is read */
+  /* byte_offset <= len (checked by the caller), so neither sum overflows. */
+  int64_t off = (int64_t)t->byte_offset;
+  if (off + lo < 0 || hi > (int64_t)len - off) {
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: %s describes bytes [%lld, %lld) of its data "
+                 "buffer, which holds %zd bytes",
+                 which, (long long)(off + lo), (long long)(off + hi), len);
+    return -1;
+  }
+  return 0;
+}
+
 /* Import a v3 __array_interface__ (cuda == 0) or __cuda_array_interface__
  * (cuda == 1) dictionary whose owner is obj. */
 int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
@@ -532,8 +594,8 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
   int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
   DLTensor t;
   uint64_t flags = 0;
-  py_keeper *k = NULL;
-  PyObject *v;
+  dlb_py_keeper *k = NULL;
+  PyObject *v, *d = NULL;
 
   memset(&t, 0, sizeof t);
   if (!PyDict_Check(ai)) {
@@ -541,7 +603,13 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
                  which, Py_TYPE(ai)->tp_name);
     goto error;
   }
-  k = keeper_new();
+  /* Read a private shallow copy: it holds strong references to every value
+   * (and the tuples to their items) whatever Python code run by the reads
+   * below does to the producer's dict (ai_item). */
+  d = PyDict_Copy(ai);
+  if (d == NULL) goto error;
+  ai = d;
+  k = dlb__keeper_new();
   if (k == NULL) goto error;
   k->owner = Py_NewRef(obj); /* the memory lives as long as its owner */
 
@@ -628,7 +696,7 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
   } else if (!cuda) {
     /* data is a buffer object, or None/absent: the owner's own buffer. */
     PyObject *src = (v == NULL || v == Py_None) ? obj : v;
-    if (get_buffer_rw(src, &k->view) < 0) goto error;
+    if (get_bytes_rw(src, which, &k->view) < 0) goto error;
     k->has_view = 1;
     t.data = k->view.buf;
     if (k->view.readonly) flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
@@ -647,6 +715,8 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
       }
       t.byte_offset = (uint64_t)o;
     }
+    t.device.device_type = kDLCPU;
+    if (check_inside_buffer(&t, k->view.len, which) < 0) goto error;
   } else {
     PyErr_Format(PyExc_TypeError,
                  "from_dlpack: %s 'data' must be a (pointer, readonly) tuple",
@@ -654,21 +724,23 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
     goto error;
   }
   if (cuda) {
-    if (cai_device_and_order(ai, t.data, &t.device) < 0) goto error;
+    if (cai_device_and_order(d, t.data, &t.device) < 0) goto error;
   } else {
     t.device.device_type = kDLCPU;
     t.device.device_id = 0;
   }
   {
-    py_keeper *kk = k;
+    dlb_py_keeper *kk = k;
     k = NULL;
     if (wrap_keeper(&t, flags, kk, &m) < 0) goto error;
   }
+  Py_DECREF(d);
   *out = m;
   return 0;
 
 error:
-  keeper_free(k);
+  dlb__keeper_free(k);
+  dlb__clear_keep_error(&d);
   return -1;
 }
 
@@ -701,32 +773,14 @@ int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
  * the others accept. */
 int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
                     int copy, DLManagedTensorVersioned **out) {
-  PyObject *cap = NULL;
   int found;
 
   if (dlb__type_has(Py_TYPE(obj), st->str_dlpack))
     return dlb__dunder_dlpack_managed(st, obj, target, copy, out) < 0 ? -1 : 1;
   if (PyCapsule_CheckExact(obj))
     return dlb__consume_capsule(obj, out) < 0 ? -1 : 1;
-  found = dlb__legacy_producer_capsule(obj, &cap);
-  if (found < 0) return -1;
-  if (found) {
-    int rc;
-    if (!PyCapsule_CheckExact(cap)) {
-      PyErr_Format(PyExc_TypeError,
-                   "the legacy producer of type '%.200s' returned %.200s, not "
-                   "a DLPack PyCapsule",
-                   Py_TYPE(obj)->tp_name, Py_TYPE(cap)->tp_name);
-      dlb__clear_keep_error(&cap);
-      return -1;
-    }
-    rc = dlb__consume_capsule(cap, out);
-    if (rc < 0)
-      dlb__clear_keep_error(&cap);
-    else
-      Py_DECREF(cap);
-    return rc < 0 ? -1 : 1;
-  }
+  found = dlb__legacy_producer_managed(st, obj, out);
+  if (found != 0) return found;
   if (PyObject_CheckBuffer(obj)) return dlb__buffer_managed(obj, out) < 0 ? -1 : 1;
   for (int cuda = 0; cuda <= 1; cuda++) {
     PyObject *name = cuda ? st->str_cuda_array_interface : st->str_array_interface;

@@ -7,9 +7,19 @@
  * export.c, which sits above this file.
  *
  * A Tensor owns exactly one DLManagedTensorVersioned (self->managed); its
- * deleter runs once, in tp_dealloc.  Tensors hold no Python objects of their
- * own (an imported producer's owner is reached only through the managed
- * tensor's deleter), so the type does not take part in GC.
+ * deleter runs once, in tp_dealloc (or tp_clear).  Tensors hold no Python
+ * objects in fields of their own, but a tensor imported from a Python
+ * owner -- a buffer, an __array_interface__ owner, a NumPy array -- keeps
+ * that owner alive through its managed tensor's release context, made here
+ * (the "owners" section) so that the garbage collector can see it:
+ * tp_traverse visits the owner.  Tensors kept alive through a keeper
+ * (buffer, array interface) are GC-tracked, so a Tensor -> owner -> Tensor
+ * cycle (o.t = dlb.from_dlpack(o)) is collected; every other Tensor (our
+ * own allocations, foreign capsules, NumPy imports: managed_has_owner says
+ * why) is a GC type left untracked, which costs the collector nothing.
+ * Dealloc uses the trashcan, so freeing a long chain of tensors that keep
+ * each other alive (through owners or exports) cannot overflow the C
+ * stack.
  *
  * Decisions recorded here (DESIGN.md asks that each be written down):
  *
@@ -127,16 +137,169 @@ static int require_host(const dlb_TensorObject *self, const char *what) {
   return -1;
 }
 
+/* ---- Python owners of a Tensor's memory ------------------------------------------ */
+
+/* dlb_release_fn: may run on any thread, with or without the GIL, even
+ * during interpreter shutdown (B15).  Once the interpreter is gone it leaks
+ * rather than touch Python. */
+void dlb__keeper_release(void *ctx) {
+  dlb_py_keeper *k = (dlb_py_keeper *)ctx;
+  if (k == NULL) return;
+  if (dlb__python_gone()) return;
+  PyGILState_STATE g = PyGILState_Ensure();
+  dlb__saved_error e;
+  dlb__error_save(&e);
+  if (k->has_view) PyBuffer_Release(&k->view);
+  Py_XDECREF(k->owner);
+  PyMem_RawFree(k);
+  dlb__error_restore(&e);
+  PyGILState_Release(g);
+}
+
+dlb_py_keeper *dlb__keeper_new(void) {
+  dlb_py_keeper *k = PyMem_RawCalloc(1, sizeof *k);
+  if (k == NULL) PyErr_NoMemory();
+  return k;
+}
+
+void dlb__keeper_free(dlb_py_keeper *k) {
+  if (k == NULL) return;
+  dlb__saved_error e;
+  dlb__error_save(&e);
+  if (k->has_view) PyBuffer_Release(&k->view);
+  Py_XDECREF(k->owner);
+  PyMem_RawFree(k);
+  dlb__error_restore(&e);
+}
+
+void dlb__owner_release(void *ctx) {
+  if (ctx != NULL) dlb__release_ref((PyObject *)ctx, 0);
+}
+
+/* Visit the Python objects m keeps alive, when m is one of the wraps above
+ * (the only release contexts whose contents we know). */
+static int managed_traverse(const DLManagedTensorVersioned *m, visitproc visit,
+                            void *arg) {
+  dlb_release_fn release;
+  void *ctx;
+  if (!dlb_managed_wrap_context(m, &release, &ctx) || ctx == NULL) return 0;
+  if (release == dlb__keeper_release) {
+    dlb_py_keeper *k = (dlb_py_keeper *)ctx;
+    Py_VISIT(k->owner);
+    if (k->has_view) Py_VISIT(k->view.obj); /* the Py_buffer's reference */
+  } else if (release == dlb__owner_release) {
+    Py_VISIT((PyObject *)ctx);
+  }
+  return 0;
+}
+
+/* Whether the collector should track a Tensor owning m: m keeps a Python
+ * owner alive through a keeper (buffer, array interface), which may lead
+ * back to the Tensor.  A NumPy import (dlb__owner_release) is traversed
+ * but not tracked: ndarray is not a GC type, so the collector can never
+ * account for the references an array holds, and no cycle through one can
+ * be collected whatever the Tensor does -- tracking it would only add the
+ * collector's cost to the fastest import. */
+static int managed_has_owner(const DLManagedTensorVersioned *m) {
+  dlb_release_fn release;
+  return dlb_managed_wrap_context(m, &release, NULL) &&
+         release == dlb__keeper_release;
+}
+
+/* ---- exported tensors, recognised when their memory comes back -------------------
+ *
+ * A Tensor handed to another framework often comes back: convert(convert(x,
+ * "torch"), "numpy") in a loop imports a torch tensor that views a Tensor's
+ * export, whose numpy result is imported again, and so on.  Wrapping each
+ * import anew builds a chain in which every object keeps the previous one
+ * alive (~1.3 KB per round trip, never freed), through frameworks whose
+ * managed tensors dlbridge cannot look inside.  So every exported Tensor is
+ * noted here, by the address of its element 0, and an import whose view is
+ * exactly a noted Tensor's -- same device, element-0 address, dtype, shape,
+ * strides and read-only flag -- is answered with that Tensor.  This is
+ * sound because a noted Tensor is alive (its entry is cleared in dealloc
+ * and tp_clear) and keeps its memory alive: another live tensor at the same
+ * address on the same device views that same memory, which the Tensor
+ * keeps alive at least as long.  The table is a small direct-mapped cache
+ * of borrowed pointers, touched only with the GIL held (export, import,
+ * dealloc); a collision just forgets an entry.  Process-wide, like the
+ * memory it describes (sub-interpreters are refused); off in free-threaded
+ * builds, where it would need a lock. */
+#define EXPORTED_SLOTS 256
+#ifndef Py_GIL_DISABLED
+static dlb_TensorObject *exported[EXPORTED_SLOTS];
+#endif
+
+static size_t exported_slot(const DLTensor *t) {
+  uintptr_t a = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  return (size_t)((a >> 4) ^ (a >> 12) ^ (a >> 20)) & (EXPORTED_SLOTS - 1);
+}
+
+static void exported_forget(dlb_TensorObject *self) {
+#ifndef Py_GIL_DISABLED
+  size_t i = exported_slot(&self->t);
+  if (exported[i] == self) exported[i] = NULL;
+#else
+  (void)self;
+#endif
+}
+
+void dlb__tensor_note_exported(dlb_TensorObject *self) {
+#ifndef Py_GIL_DISABLED
+  /* Empty tensors are noted too (the lookup refuses them): counting the
+   * elements here would cost every export a call. */
+  exported[exported_slot(&self->t)] = self;
+#else
+  (void)self;
+#endif
+}
+
+/* Same layout: every dim of extent > 1 has the same stride (the others'
+ * strides mean nothing and frameworks normalise them differently). */
+static int same_view(const DLTensor *a, const DLTensor *b) {
+  if (a->ndim != b->ndim || a->dtype.code != b->dtype.code ||
+      a->dtype.bits != b->dtype.bits || a->dtype.lanes != b->dtype.lanes ||
+      !dlb__same_device(a->device, b->device) ||
+      (char *)a->data + a->byte_offset != (char *)b->data + b->byte_offset)
+    return 0;
+  int64_t sa[DLB_MAX_NDIM], sb[DLB_MAX_NDIM];
+  const int64_t *ta = a->ndim > 0 ? dlb_tensor_strides(a, sa) : NULL;
+  const int64_t *tb = b->ndim > 0 ? dlb_tensor_strides(b, sb) : NULL;
+  for (int32_t i = 0; i < a->ndim; i++) {
+    if (a->shape[i] != b->shape[i]) return 0;
+    if (a->shape[i] > 1 && ta[i] != tb[i]) return 0;
+  }
+  return 1;
+}
+
+PyObject *dlb__tensor_find_exported(const DLTensor *t, uint64_t flags) {
+#ifndef Py_GIL_DISABLED
+  const uint64_t kept = DLPACK_FLAG_BITMASK_READ_ONLY |
+                        DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+  dlb_TensorObject *s = exported[exported_slot(t)];
+  if (s == NULL || (s->flags & kept) != (flags & kept) ||
+      !dlb_device_is_host_accessible(t->device) || tensor_numel(t) == 0 ||
+      !same_view(&s->t, t))
+    return NULL;
+  return (PyObject *)s;
+#else
+  (void)t;
+  (void)flags;
+  return NULL;
+#endif
+}
+
 /* ---- construction / destruction ---------------------------------------------------- */
 PyObject *dlb__tensor_from_managed(dlb_module_state *st,
                                    DLManagedTensorVersioned *m) {
-  /* PyObject_New, not tp_alloc (PyType_GenericAlloc): the type is not GC
-   * tracked, has no items and cannot be subclassed (no Py_TPFLAGS_BASETYPE),
-   * so the zero-fill and GC bookkeeping of the generic path buy nothing; every
-   * field is set below.  tp_free of a non-GC heap type is PyObject_Free, the
-   * matching release; PyObject_New takes the reference to the heap type
-   * that tensor_dealloc drops. */
-  dlb_TensorObject *self = PyObject_New(dlb_TensorObject, st->TensorType);
+  /* PyObject_GC_New, not tp_alloc (PyType_GenericAlloc): the type has no
+   * items and cannot be subclassed (no Py_TPFLAGS_BASETYPE), so the
+   * zero-fill of the generic path buys nothing; every field is set below.
+   * tp_free of a GC heap type is PyObject_GC_Del, the matching release;
+   * PyObject_GC_New takes the reference to the heap type that
+   * tensor_dealloc drops.  Only a tensor whose memory a Python owner keeps
+   * alive is tracked (see the header comment). */
+  dlb_TensorObject *self = PyObject_GC_New(dlb_TensorObject, st->TensorType);
   if (self == NULL) {
     dlb__delete_keep_error(m); /* stolen even on failure */
     return NULL;
@@ -150,12 +313,19 @@ PyObject *dlb__tensor_from_managed(dlb_module_state *st,
   self->flags = m->flags;
   self->buffer_exports = 0;
   self->weakreflist = NULL;
+  if (managed_has_owner(m)) PyObject_GC_Track((PyObject *)self);
   return (PyObject *)self;
 }
 
 static void tensor_dealloc(PyObject *op) {
   dlb_TensorObject *self = AS_TENSOR(op);
   PyTypeObject *tp = Py_TYPE(op);
+  PyObject_GC_UnTrack(op);
+  /* Deleting the managed tensor may drop the last reference to another
+   * Tensor (an owner, an export's source), whose dealloc may do the same:
+   * the trashcan defers the deep end of such a chain instead of recursing. */
+  Py_TRASHCAN_BEGIN(op, tensor_dealloc)
+  exported_forget(self);
   if (self->weakreflist != NULL) PyObject_ClearWeakRefs(op);
   if (self->managed != NULL) {
     DLManagedTensorVersioned *m = self->managed;
@@ -164,6 +334,34 @@ static void tensor_dealloc(PyObject *op) {
   }
   tp->tp_free(op);
   Py_DECREF(tp);
+  Py_TRASHCAN_END
+}
+
+static int tensor_traverse(PyObject *op, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(op)); /* instances of heap types own their type */
+  return managed_traverse(AS_TENSOR(op)->managed, visit, arg);
+}
+
+/* The collector found self in a dead cycle: drop the owner (deleting the
+ * managed tensor) and leave an empty view, so the Tensor stays safe to
+ * touch until its own refcount reaches zero.  Not while a Py_buffer of it
+ * is out: its holder (in the same dead cycle) still points at the memory,
+ * and clearing the holder first breaks the cycle just as well. */
+static int tensor_clear(PyObject *op) {
+  static int64_t empty_dims[2] = {0, 1}; /* shape {0}, strides {1} */
+  dlb_TensorObject *self = AS_TENSOR(op);
+  if (self->managed == NULL || self->buffer_exports > 0) return 0;
+  DLManagedTensorVersioned *m = self->managed;
+  exported_forget(self);
+  self->managed = NULL;
+  self->t.data = NULL;
+  self->t.ndim = 1;
+  self->t.shape = &empty_dims[0];
+  self->t.strides = &empty_dims[1];
+  self->t.byte_offset = 0;
+  self->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+  dlb__delete_keep_error(m);
+  return 0;
 }
 
 static PyObject *tensor_new(PyTypeObject *type, PyObject *args,
@@ -962,6 +1160,8 @@ static PyMethodDef tensor_methods[] = {
 
 static PyType_Slot tensor_slots[] = {
     {Py_tp_dealloc, tensor_dealloc},
+    {Py_tp_traverse, tensor_traverse},
+    {Py_tp_clear, tensor_clear},
     {Py_tp_new, tensor_new},
     {Py_tp_repr, tensor_repr},
     {Py_tp_methods, tensor_methods},
@@ -983,7 +1183,7 @@ static PyType_Spec tensor_spec = {
     /* Immutable: the exchange API table and the fast paths cache this type;
      * C code may still add class attributes through tp_dict +
      * PyType_Modified. */
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_HAVE_GC,
     .slots = tensor_slots,
 };
 

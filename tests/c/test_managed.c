@@ -384,10 +384,28 @@ static void test_wrap(void) {
     CHECK_EQ(t->strides[0], 1);
     CHECK_EQ(t->strides[1], 3);
     CHECK_EQ(rel.calls, 0);
+    /* What it will release can be looked at (a GC visiting it). */
+    dlb_release_fn got = NULL;
+    void *ctx = NULL;
+    CHECK(dlb_managed_wrap_context(m, &got, &ctx));
+    CHECK(got == count_release);
+    CHECK(ctx == &rel);
+    CHECK_EQ(rel.calls, 0);
     dlb_managed_delete(m);
   }
   CHECK_EQ(rel.calls, 1);
   CHECK_EQ(failing_allocator_live(), base);
+  /* Not a wrapped tensor: NULL, an owning tensor, a foreign deleter. */
+  CHECK(!dlb_managed_wrap_context(NULL, NULL, NULL));
+  {
+    DLManagedTensorVersioned *own = NULL;
+    CHECK_EQ(dlb_managed_empty(2, shape, F32, CPU, false, &own, NULL), DLB_OK);
+    CHECK(!dlb_managed_wrap_context(own, NULL, NULL));
+    DLManagedTensorVersioned foreign = *own;
+    foreign.deleter = NULL;
+    CHECK(!dlb_managed_wrap_context(&foreign, NULL, NULL));
+    dlb_managed_delete(own);
+  }
 
   /* NULL strides are synthesised row-major. */
   int64_t shape3[3] = {2, 3, 4};

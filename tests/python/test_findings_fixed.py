@@ -2,7 +2,7 @@
 strict-xfail test_findings_*.py files when their fix landed."""
 import pytest
 
-from _findings_util import check
+from _findings_util import CAPSULE, check
 
 SAXPY = '"saxpy(a: float32, x: float32[n], y: mut float32[n])"'
 
@@ -310,3 +310,442 @@ def test_capi_export_readonly_refusal_by_like_too():
     assert t.data_ptr() == w.arr.ctypes.data
     del t
     assert c.calls == 1 and w.calls == 1  # each deleter ran exactly once
+
+
+RAISE = """
+import ctypes
+P = ctypes.c_void_p
+get = ctypes.pythonapi.PyCapsule_GetPointer
+get.restype = P; get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+addr = get(dlb._core._C_API, b"dlbridge._C_API")
+class CAPI(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("size", ctypes.c_uint32),
+                ("view_size", ctypes.c_uint32), ("reserved_", ctypes.c_uint32),
+                ("view_get", P), ("view_release", P), ("import_managed", P),
+                ("export_managed", P), ("alloc_like", P),
+                ("current_stream", P), ("raise_error", P)]
+class DLBError(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 256)]
+raise_error = ctypes.PYFUNCTYPE(P, P, P)(CAPI.from_address(addr).raise_error)
+"""
+
+
+def test_raise_error_unterminated_message():
+    """Finding: C API raise_error reads past an unterminated message.  The
+    error's 256-byte message has no NUL and is followed by non-zero bytes
+    up to an unmapped page: the message must be cut at its 256 bytes."""
+    check(pre=RAISE, code="""
+    import mmap
+    page = mmap.PAGESIZE
+    # Two pages; the second is made inaccessible: the error ends exactly at
+    # the first page's end, so reading past it faults.
+    buf = mmap.mmap(-1, 2 * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [P, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + page, page, 0) == 0
+    at = base + page - ctypes.sizeof(DLBError)
+    err = DLBError.from_address(at)
+    err.code = -1                                 # DLB_EINVAL
+    ctypes.memset(at + 4, ord("x"), 256)          # no NUL anywhere
+    try:
+        raise_error(addr, at)
+    except Exception as e:
+        msg = str(e)
+        print(type(e).__name__, len(msg))
+        print("OK" if 0 < msg.count("x") <= 256 and type(e) is not SystemError else "BAD")
+    """)
+
+
+def test_raise_error_unterminated_message_no_overread():
+    """Finding: raise_error reads past the 256-byte message: bytes after
+    the struct must not appear in the exception text."""
+    check(pre=RAISE, code="""
+    class Padded(ctypes.Structure):
+        _fields_ = [("err", DLBError), ("after", ctypes.c_char * 64)]
+    p = Padded()
+    p.err.code = -1
+    ctypes.memset(ctypes.addressof(p) + DLBError.message.offset, ord("x"), 256)
+    p.after = b"LEAKED-BEYOND-THE-MESSAGE" + b"\\0"
+    try:
+        raise_error(addr, ctypes.addressof(p))
+    except Exception as e:
+        print(type(e).__name__, str(e)[-40:])
+        print("OK" if "LEAKED" not in str(e) and type(e) is not SystemError else "OVERREAD")
+    """)
+
+
+def test_raise_error_non_utf8_message():
+    """Finding: a non-UTF-8 message from C becomes UnicodeDecodeError instead
+    of the exception its status code maps to (ValueError for DLB_EINVAL)."""
+    check(pre=RAISE, code="""
+    e0 = DLBError(); e0.code = -1; e0.message = b"plain"
+    try:
+        raise_error(addr, ctypes.addressof(e0))
+    except Exception as e:
+        want = type(e)
+    err = DLBError(); err.code = -1; err.message = b"bad \\xff\\xfe bytes"
+    try:
+        raise_error(addr, ctypes.addressof(err))
+    except Exception as e:
+        print(want.__name__, type(e).__name__, e)
+        print("OK" if type(e) is want and "bad" in str(e) else "WRONG TYPE")
+    """)
+
+
+def test_array_interface_dict_mutated_by_index():
+    """Finding: __array_interface__ dict mutated by a shape item's __index__
+    -> use-after-free of borrowed dict values."""
+    check("""
+    buf = np.arange(16, dtype=np.float32)
+    class Evil:
+        def __index__(self):
+            d.clear(); d["junk"] = [object() for _ in range(100)]
+            gc.collect(); return 4
+    d = {"version": 3, "typestr": "<f4", "data": (buf.ctypes.data, False),
+         "shape": (Evil(), Evil()), "strides": (Evil(), Evil())}
+    class Obj:
+        __array_interface__ = property(lambda self: d)
+    o = Obj(); o.keep = buf
+    for _ in range(3):
+        d.update({"version": 3, "typestr": "<f4", "data": (buf.ctypes.data, False),
+                  "shape": (Evil(), Evil()), "strides": (Evil(), Evil())})
+        try:
+            dlb.from_dlpack(o)
+        except (TypeError, ValueError, BufferError, KeyError):
+            pass
+    print("OK")
+    """)
+
+
+def _ai(data, shape, strides=None, offset=None, typestr="<f8"):
+    return ("""
+    class AI:
+        def __init__(self, data, shape, strides, offset, typestr):
+            self.__array_interface__ = {"version": 3, "typestr": typestr,
+                "data": data, "shape": shape, "strides": strides}
+            if offset is not None:
+                self.__array_interface__["offset"] = offset
+    o = AI(%s, %r, %r, %r, %r)
+    """ % (data, shape, strides, offset, typestr))
+
+
+@pytest.mark.parametrize("shape,strides,offset", [
+    ((1 << 27,), None, None),        # 1 GiB described over 8 bytes
+    ((2,), (-8,), None),             # negative stride walks before the buffer
+    ((1,), None, 8),                 # offset == len
+    ((2,), None, 8),                 # offset + extent past the end
+])
+def test_array_interface_buffer_data_bounds_checked(shape, strides, offset):
+    """Finding: __array_interface__ with a buffer as data -- shape/strides/
+    offset never checked against the buffer's length (1 GiB over 8 bytes is
+    accepted and copy() crashes; negative strides and offset == len read
+    outside).  Must be refused (BufferError/ValueError)."""
+    check(_ai("bytearray(8)", shape, strides, offset) + """
+    try:
+        t = dlb.from_dlpack(o)
+    except (BufferError, ValueError):
+        print("OK"); sys.exit(0)
+    t.copy()
+    print("accepted", t.shape, t.strides)
+    """)
+
+
+def test_array_interface_noncontiguous_buffer_data():
+    """Finding: __array_interface__ with a non-contiguous buffer as data is
+    read as if it were contiguous (wrong values, no error)."""
+    check(_ai("memoryview(np.arange(8, dtype=np.float64))[::2]", (4,)) + """
+    try:
+        t = dlb.from_dlpack(o)
+    except (BufferError, ValueError):
+        print("OK"); sys.exit(0)
+    got = np.asarray(t.copy().tolist())
+    print(got)
+    print("OK" if list(got) == [0.0, 2.0, 4.0, 6.0] else "WRONG")
+    """)
+
+
+@pytest.mark.parametrize("method", ["to_dlpack", "to_dlpack_for_read",
+                                    "to_dlpack_for_write"])
+def test_legacy_producer_methods_recognised(method):
+    """Finding: objects with to_dlpack() (cuDF) or MXNet's
+    to_dlpack_for_read()/to_dlpack_for_write() are not recognised."""
+    check("""
+    a = np.arange(4, dtype=np.float32)
+    class P:
+        def %s(self):
+            return a.__dlpack__(max_version=None) if False else a.__dlpack__()
+    t = dlb.from_dlpack(P())
+    print("OK" if t.tolist() == [0.0, 1.0, 2.0, 3.0] else t.tolist())
+    """ % method)
+
+
+@pytest.mark.parametrize("methods,readonly", [
+    (("to_dlpack_for_read",), True),
+    (("to_dlpack_for_write",), False),
+    (("to_dlpack_for_read", "to_dlpack_for_write"), False),
+])
+def test_mxnet_legacy_producer_read_only(methods, readonly):
+    """MXNet's to_dlpack_for_read() promises only ordering after writes:
+    imported read-only; to_dlpack_for_write() is preferred when both exist."""
+    import numpy as np
+    import dlbridge as dlb
+    a = np.arange(4, dtype=np.float32)
+    ns = {m: (lambda self: a.__dlpack__()) for m in methods}
+    P = type("P", (), ns)
+    t = dlb.from_dlpack(P())
+    assert t.readonly is readonly
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_copy_keyword_retried_with_old_producer(copy):
+    """Finding: from_dlpack(p, copy=True|False) with a producer whose
+    __dlpack__ rejects the new keywords raises its TypeError instead of
+    retrying; for copy=True dlbridge must copy itself."""
+    check("""
+    a = np.arange(4, dtype=np.float32)
+    class Old:
+        def __dlpack__(self, stream=None):
+            return a.__dlpack__()
+        def __dlpack_device__(self):
+            return (1, 0)
+    t = dlb.from_dlpack(Old(), copy=%r)
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
+    if %r:
+        a[0] = 42
+        assert t.tolist()[0] == 0.0, "copy=True shares memory"
+    print("OK")
+    """ % (copy, copy))
+
+
+def test_copy_false_refuses_copied_capsule_from_old_producer():
+    """After the retry without copy=, a capsule that says IS_COPIED cannot
+    satisfy copy=False: BufferError, not a silent copy."""
+    check(pre=CAPSULE, code="""
+    class Old:
+        def __dlpack__(self, stream=None):
+            return capsule(flags=2)              # DLPACK_FLAG_BITMASK_IS_COPIED
+        def __dlpack_device__(self):
+            return (1, 0)
+    try:
+        dlb.from_dlpack(Old(), copy=False)
+    except BufferError as e:
+        assert "IS_COPIED" in str(e), e
+        print("OK"); sys.exit(0)
+    print("accepted")
+    """)
+
+
+def test_reimport_chain_does_not_overflow_stack():
+    """Finding: freeing a chain of 200k re-imports
+    (t = dlb.from_dlpack(t.__dlpack__())) overflows the C stack; dlbridge
+    must recognise its own exports (or use the trashcan)."""
+    check("""
+    import threading
+    threading.stack_size(1 << 20)   # a modest 1 MiB stack, so it fails fast
+    def work():
+        t = dlb.zeros((4,))
+        for _ in range(200000):
+            t = dlb.from_dlpack(t.__dlpack__())
+        del t
+        gc.collect()
+        print("OK")
+    th = threading.Thread(target=work); th.start(); th.join()
+    """, timeout=120)
+
+
+def test_cycle_through_buffer_import_collected():
+    """Finding: a Tensor -> owner -> Tensor cycle through a buffer import is
+    never collected."""
+    check("""
+    class Owner(bytearray):
+        pass
+    o = Owner(16)
+    t = dlb.from_dlpack(o)
+    o.t = t                     # owner -> tensor, tensor -> owner (buffer)
+    r = weakref.ref(o)
+    del o, t
+    for _ in range(3): gc.collect()
+    print("OK" if r() is None else "LEAKED")
+    """)
+
+
+def test_cycle_through_array_interface_import_collected():
+    """Finding: a Tensor -> owner -> Tensor cycle through an
+    __array_interface__ import is never collected."""
+    check("""
+    class Owner:
+        def __init__(self):
+            self.a = np.zeros(4, dtype=np.float32)
+        @property
+        def __array_interface__(self):
+            return self.a.__array_interface__
+    o = Owner()
+    t = dlb.from_dlpack(o)
+    o.t = t
+    r = weakref.ref(o)
+    del o, t
+    for _ in range(3): gc.collect()
+    print("OK" if r() is None else "LEAKED")
+    """)
+
+
+def test_reimport_chain_through_buffers_freed_by_trashcan():
+    """A chain dlbridge does not collapse (each Tensor keeps a memoryview
+    alive, which keeps the previous Tensor alive) is freed by the trashcan
+    in Tensor's dealloc, without overflowing a 1 MiB stack."""
+    check("""
+    import threading
+    threading.stack_size(1 << 20)
+    def work():
+        t = dlb.zeros((4,))
+        for _ in range(100000):
+            t = dlb.from_dlpack(memoryview(t))
+        del t
+        gc.collect()
+        print("OK")
+    th = threading.Thread(target=work); th.start(); th.join()
+    """, timeout=120)
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_version": (1, 3)}])
+def test_own_export_reimported_as_the_tensor(kw):
+    """dlbridge recognises its own exported capsules: from_dlpack of one is
+    the Tensor it came from (same view and flags), not a wrapper around it;
+    copy=True still copies."""
+    import numpy as np
+    import dlbridge as dlb
+    t = dlb.from_dlpack(np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::2])
+    assert dlb.from_dlpack(t.__dlpack__(**kw)) is t
+    c = dlb.from_dlpack(t.__dlpack__(**kw), copy=True)
+    assert c is not t and c.tolist() == t.tolist()
+    assert c.data_ptr != t.data_ptr
+
+    class Forward:          # a producer that hands our capsule on
+        def __dlpack__(self, **k):
+            return t.__dlpack__(**k)
+    assert dlb.from_dlpack(Forward()) is t
+
+
+def test_gc_sees_the_owner_of_an_imported_buffer():
+    """tp_traverse reports the Python owner a Tensor keeps alive."""
+    import gc
+    import dlbridge as dlb
+    b = bytearray(16)
+    t = dlb.from_dlpack(b)
+    assert gc.is_tracked(t)
+    assert any(r is b for r in gc.get_referents(t))
+    assert not gc.is_tracked(dlb.zeros((4,)))   # owns its memory: untracked
+    # NumPy imports are traversed but not tracked: ndarray is no GC type, so
+    # no cycle through one is collectable and tracking would only cost.
+    import numpy as np
+    a = np.zeros(4)
+    n = dlb.from_dlpack(a)
+    assert not gc.is_tracked(n)
+    assert any(r is a for r in gc.get_referents(n))
+
+
+@pytest.mark.parametrize("offset", [4, 32])
+def test_convert_unaligned_to_tensorflow(offset):
+    """Finding: TF convert of non-64-byte-aligned data must be refused with
+    BufferError or copied into aligned memory; the returned tensor must work."""
+    pytest.importorskip("tensorflow")
+    check("""
+    import tensorflow as tf
+    raw = np.zeros(64 + 16 + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) %% 64 + %d        # 64-aligned plus offset
+    a = raw[start:start + 64].view(np.float32)
+    a[:] = np.arange(16, dtype=np.float32)
+    assert a.ctypes.data %% 64 == %d
+    try:
+        t = dlb.convert(a, "tensorflow")
+    except BufferError:
+        print("OK"); sys.exit(0)
+    s = float(tf.reduce_sum(t * 1.0))
+    print("OK" if s == 120.0 else "WRONG %%r" %% s)
+    """ % (offset, offset), timeout=120)
+
+
+def test_unaligned_to_tensorflow_is_copied_aligned():
+    """convert(x, "tensorflow") of unaligned data copies it into aligned
+    memory (the result works and no longer aliases x); aligned data is
+    still shared; unaligned read-only data is refused."""
+    pytest.importorskip("tensorflow")
+    check("""
+    import tensorflow as tf
+    raw = np.zeros(64 + 16 + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64
+    for off, shared in ((4, False), (0, True)):
+        a = raw[start + off:start + off + 64].view(np.float32)
+        a[:] = np.arange(16, dtype=np.float32)
+        t = dlb.convert(a, "tensorflow")
+        a[0] = 100.0
+        s = float(tf.reduce_sum(t * 1.0))
+        assert s == (220.0 if shared else 120.0), (off, s)
+    ro = raw[start + 4:start + 68].view(np.float32)
+    ro.flags.writeable = False
+    try:
+        dlb.convert(ro, "tensorflow")
+        print("accepted read-only"); sys.exit(0)
+    except BufferError:
+        pass
+    print("OK")
+    """, timeout=120)
+
+
+def test_convert_round_trip_does_not_grow_memory():
+    """Finding: convert(convert(x, "torch"), "numpy") round trips grow memory
+    (~1.3 KB each)."""
+    check("""
+    import torch
+    x = np.arange(16, dtype=np.float32)
+    for _ in range(2000):
+        x = dlb.convert(dlb.convert(x, "torch"), "numpy")
+    gc.collect()
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    r0 = rss()
+    for _ in range(20000):
+        x = dlb.convert(dlb.convert(x, "torch"), "numpy")
+    gc.collect()
+    grow = (rss() - r0) / 20000
+    print("bytes per round trip", grow)
+    print("OK" if grow < 200 else "GROWS")
+    """, timeout=120)
+
+
+def test_exported_tensor_recognised_through_other_frameworks():
+    """A framework's tensor over exactly an exported Tensor's memory imports
+    as that Tensor (no chain of wrappers); a different view, dtype or
+    read-only flag is a new Tensor."""
+    import numpy as np
+    import dlbridge as dlb
+    t = dlb.from_dlpack(np.arange(8, dtype=np.float32))
+    a = np.from_dlpack(t)
+    assert dlb.from_dlpack(a) is t
+    assert dlb.from_dlpack(a[::2]) is not t               # another view
+    assert dlb.from_dlpack(a.view(np.int32)) is not t     # another dtype
+    ro = a.view()
+    ro.flags.writeable = False
+    r = dlb.from_dlpack(ro)
+    assert r is not t and r.readonly                      # flags differ
+    torch = pytest.importorskip("torch")
+    tt = torch.from_dlpack(t)
+    assert dlb.from_dlpack(tt) is t
+    assert dlb.convert(dlb.convert(t, "torch"), "dlbridge") is t
+
+
+def test_own_export_through_read_only_legacy_method_stays_read_only():
+    """A dlbridge capsule handed out by to_dlpack_for_read() imports
+    read-only: it is not answered with the writable Tensor itself."""
+    import dlbridge as dlb
+    t = dlb.zeros((4,))
+
+    class P:
+        def to_dlpack_for_read(self):
+            return t.__dlpack__()
+    r = dlb.from_dlpack(P())
+    assert r is not t and r.readonly and not t.readonly
+    assert r.data_ptr == t.data_ptr

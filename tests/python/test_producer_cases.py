@@ -644,20 +644,34 @@ def test_retry_then_readonly_legacy_refused(tp, dlb):
 
 
 @pytest.mark.parametrize("copy", [True, False])
-def test_typeerror_with_copy_not_retried(tp, dlb, copy):
-    # Dropping copy= on a retry would lose what the caller asked for.
-    p = tp.Producer(shape=(2,), strides=(1,), raise_on_kwargs=("copy",))
-    refused(dlb, p, TypeError, copy=copy)
-    assert p.calls["total"] == 1, p.call_log
+def test_typeerror_with_copy_retried_and_honoured(tp, dlb, copy):
+    # Issue 7: the retry drops copy=, and dlbridge does what it asked: a copy
+    # of its own for copy=True (the producer's export is released at once),
+    # the producer's memory for copy=False.
+    p = tp.Producer(shape=(2,), strides=(1,), fill=True,
+                    raise_on_kwargs=("copy",))
+    t = dlb.from_dlpack(p, copy=copy)
+    assert t.tolist() == [0.0, 1.0]
+    assert p.calls["total"] == 2, p.call_log
     assert p.call_log[0].get("copy") is copy
-    released(p, expect=0)
+    assert p.call_log[1] == {}
+    if copy:
+        released(p)
+    else:
+        collect()
+        assert p.deleter_calls == 0
+        del t
+        released(p)
 
 
-def test_legacy_only_with_copy_not_retried(tp, dlb):
-    p = tp.Producer(shape=(2,), strides=(1,), legacy_only=True)
-    refused(dlb, p, TypeError, copy=True)
-    assert p.calls["total"] == 1
-    released(p, expect=0)
+@pytest.mark.parametrize("copy", [True, False])
+def test_legacy_only_with_copy_retried(tp, dlb, copy):
+    p = tp.Producer(shape=(2,), strides=(1,), fill=True, legacy_only=True)
+    t = dlb.from_dlpack(p, copy=copy)
+    assert t.tolist() == [0.0, 1.0]
+    assert p.calls["total"] == 2
+    del t
+    released(p)
 
 
 @pytest.mark.parametrize("exc", ["BufferError", "RuntimeError",
