@@ -128,6 +128,23 @@ DLB_API int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen,
 DLB_API const char *dlb_dtype_describe(DLDataType dtype, char *buf,
                                        size_t buflen);
 
+/* The dtype of an __array_interface__ / __cuda_array_interface__ typestr
+ * ("<f4", "|b1", "=i8"): byte order '<', '>', '|' or '=', a kind of b, i,
+ * u, f or c, and a size of 1 to 32 bytes in plain decimal digits.  A
+ * malformed typestr (a sign, spaces, a missing size) is DLB_EINVAL; a kind
+ * DLPack has no code for, or multi-byte data not in this machine's byte
+ * order, DLB_EUNSUPPORTED. */
+DLB_API int dlb_dtype_from_typestr(const char *typestr, DLDataType *out,
+                                   dlb_error *err);
+
+/* The dtype of a buffer-protocol (struct module) format of one element:
+ * an optional byte-order prefix ('@', '=', '<', '>', '!'), an optional 'Z'
+ * (complex), one code of ? b B h H i I l L q Q n N c e f d; itemsize, the
+ * exporter's, gives the width.  NULL fmt is "B" (PEP 3118).  Anything else,
+ * or a foreign byte order, is DLB_EUNSUPPORTED. */
+DLB_API int dlb_dtype_from_buffer_format(const char *fmt, int64_t itemsize,
+                                         DLDataType *out, dlb_error *err);
+
 /* DLB_OK when dtype is a combination dlbridge understands: a known code with
  * the bits that code allows, and lanes >= 1.  Otherwise DLB_EUNSUPPORTED with
  * a message saying which part is wrong. */

@@ -275,3 +275,109 @@ overflow:
                        (long long)count, (long long)elem_bits,
                        padded ? "padded" : "packed");
 }
+
+/* ---- other protocols' spellings: typestrs and buffer formats -------------- */
+
+static bool host_is_little_endian(void) {
+  const uint16_t one = 1;
+  uint8_t first;
+  memcpy(&first, &one, 1);
+  return first == 1;
+}
+
+int dlb_dtype_from_typestr(const char *typestr, DLDataType *out,
+                           dlb_error *err) {
+  if (typestr == NULL || out == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "typestr and out must not be NULL");
+  size_t n = strlen(typestr);
+  /* The size is plain decimal digits, 1 or 2 of them: strtol would also
+   * take leading spaces and a sign ("<f 8", "<f+8"). */
+  if (n < 3 || n > 4)
+    return dlb_error_set(err, DLB_EINVAL, "malformed typestr '%.40s'", typestr);
+  char order = typestr[0], kind = typestr[1];
+  int64_t size = 0;
+  for (size_t i = 2; i < n; i++) {
+    if (typestr[i] < '0' || typestr[i] > '9')
+      return dlb_error_set(err, DLB_EINVAL, "malformed typestr '%.40s'", typestr);
+    size = size * 10 + (typestr[i] - '0');
+  }
+  if (size <= 0 || size > 32 ||
+      (order != '<' && order != '>' && order != '|' && order != '='))
+    return dlb_error_set(err, DLB_EINVAL, "malformed typestr '%.40s'", typestr);
+  bool foreign = host_is_little_endian() ? order == '>' : order == '<';
+  if (foreign && size > 1)
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "typestr '%s' is not in native byte order; DLPack "
+                         "only describes native byte order",
+                         typestr);
+  uint8_t code;
+  switch (kind) {
+    case 'b': code = kDLBool; break;
+    case 'i': code = kDLInt; break;
+    case 'u': code = kDLUInt; break;
+    case 'f': code = kDLFloat; break;
+    case 'c': code = kDLComplex; break;
+    default: goto unsupported;
+  }
+  DLDataType dt = {code, (uint8_t)(size * 8), 1};
+  if (dlb_dtype_check(dt, NULL) != DLB_OK) goto unsupported;
+  *out = dt;
+  return DLB_OK;
+
+unsupported:
+  return dlb_error_set(err, DLB_EUNSUPPORTED,
+                       "typestr '%s' has no DLPack dtype; supported kinds are "
+                       "b, i, u, f and c",
+                       typestr);
+}
+
+int dlb_dtype_from_buffer_format(const char *fmt, int64_t itemsize,
+                                 DLDataType *out, dlb_error *err) {
+  const char *f = fmt != NULL ? fmt : "B";
+  if (out == NULL) return dlb_error_set(err, DLB_EINVAL, "out must not be NULL");
+  char order = '@';
+  if (*f == '@' || *f == '=' || *f == '<' || *f == '>' || *f == '!')
+    order = *f++;
+  bool foreign = host_is_little_endian() ? (order == '>' || order == '!')
+                                         : order == '<';
+  if (foreign)
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "buffer format '%.40s' is not in native byte order; "
+                         "DLPack only describes native byte order (byteswap "
+                         "it first)",
+                         fmt);
+  uint8_t code;
+  bool complex = false;
+  char c = *f;
+  if (c == 'Z') {
+    complex = true;
+    c = *++f;
+  }
+  if (c == '\0' || f[1] != '\0') goto unsupported;
+  switch (c) {
+    case '?': code = kDLBool; break;
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n':
+      code = kDLInt; break;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N':
+    case 'c': /* a 1-byte char: its bytes are uint8 exactly */
+      code = kDLUInt; break;
+    case 'e': case 'f': case 'd':
+      code = complex ? kDLComplex : kDLFloat; break;
+    default: goto unsupported;
+  }
+  if (complex && code != kDLComplex) goto unsupported;
+  /* The exporter's itemsize is authoritative ('l' is 4 or 8 bytes
+   * depending on the prefix and the platform). */
+  if (itemsize <= 0 || itemsize > 32) goto unsupported;
+  DLDataType dt = {code, (uint8_t)(itemsize * 8), 1};
+  if (dlb_dtype_check(dt, NULL) != DLB_OK) goto unsupported;
+  *out = dt;
+  return DLB_OK;
+
+unsupported:
+  return dlb_error_set(err, DLB_EUNSUPPORTED,
+                       "buffer format '%.40s' (itemsize %lld) has no DLPack "
+                       "dtype; supported: bool, signed/unsigned integers, "
+                       "float16/32/64 and complex64/128 in native byte order",
+                       fmt != NULL ? fmt : "B", (long long)itemsize);
+}

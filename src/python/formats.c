@@ -11,7 +11,6 @@
  */
 #include "dlbridge_py.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* ---- dtype -> struct format / typestr (what dlb.Tensor publishes) ---------------- */
@@ -67,65 +66,22 @@ const char *dlb__array_typestr(scalar_kind k) {
 
 /* ---- struct format / typestr -> dtype (what we import) ---------------------------- */
 
-/* dtype of one struct-module format (native byte order only).  Shared by
- * owning buffer imports (readers.c) and buffer views (views.c). */
+/* dtype of one struct-module format (native byte order only), parsed by
+ * the core (dlb_dtype_from_buffer_format).  Shared by owning buffer
+ * imports (readers.c) and buffer views (views.c). */
 int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize, DLDataType *out) {
-  const char *f = fmt != NULL ? fmt : "B";
-  char order = '@';
-  if (*f == '@' || *f == '=' || *f == '<' || *f == '>' || *f == '!')
-    order = *f++;
-#if PY_LITTLE_ENDIAN
-  int foreign = order == '>' || order == '!';
-#else
-  int foreign = order == '<';
-#endif
-  if (foreign) {
-    PyErr_Format(PyExc_BufferError,
-                 "from_dlpack: buffer format '%s' is not in native byte "
-                 "order; DLPack only describes native byte order (byteswap "
-                 "it first)",
-                 fmt);
-    return -1;
-  }
-  uint8_t code;
-  int complex = 0;
-  char c = *f;
-  if (c == 'Z') {
-    complex = 1;
-    c = *++f;
-  }
-  if (c == '\0' || f[1] != '\0') goto unsupported;
-  switch (c) {
-    case '?': code = kDLBool; break;
-    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n':
-      code = kDLInt; break;
-    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N':
-    case 'c': /* a 1-byte char: its bytes are uint8 exactly */
-      code = kDLUInt; break;
-    case 'e': case 'f': case 'd':
-      code = complex ? kDLComplex : kDLFloat; break;
-    default: goto unsupported;
-  }
-  if (complex && code != kDLComplex) goto unsupported;
-  /* The exporter's itemsize is authoritative ('l' is 4 or 8 bytes
-   * depending on the prefix and the platform). */
-  if (itemsize <= 0 || itemsize > 32) goto unsupported;
-  DLDataType dt = {code, (uint8_t)(itemsize * 8), 1};
-  if (dlb_dtype_check(dt, NULL) != DLB_OK) goto unsupported;
-  *out = dt;
-  return 0;
-unsupported:
-  PyErr_Format(PyExc_BufferError,
-               "from_dlpack: buffer format '%s' (itemsize %zd) has no DLPack "
-               "dtype; supported: bool, signed/unsigned integers, float16/32/"
-               "64 and complex64/128 in native byte order",
-               fmt, itemsize);
+  dlb_error err;
+  if (dlb_dtype_from_buffer_format(fmt, (int64_t)itemsize, out, &err) == DLB_OK)
+    return 0;
+  PyErr_Format(PyExc_BufferError, "from_dlpack: %s", err.message);
   return -1;
 }
 
-
-/* dtype from a typestr such as '<f4', '|b1', '=i8'. */
+/* dtype from a typestr such as '<f4', '|b1', '=i8', parsed by the core
+ * (dlb_dtype_from_typestr): a malformed one is a ValueError, one DLPack
+ * cannot describe a BufferError. */
 int dlb__typestr_dtype(PyObject *ts, DLDataType *out) {
+  dlb_error err;
   const char *s = PyUnicode_Check(ts) ? dlb__text_of_name(ts, "typestr") : NULL;
   if (s == NULL) {
     if (!PyErr_Occurred())
@@ -135,51 +91,13 @@ int dlb__typestr_dtype(PyObject *ts, DLDataType *out) {
                    Py_TYPE(ts)->tp_name);
     return -1;
   }
-  size_t n = strlen(s);
-  if (n < 3) goto bad;
-  char order = s[0], kind = s[1];
-  /* The size is plain decimal digits: strtol alone would also take
-   * leading spaces and a sign ("<f 8", "<f+8"). */
-  for (size_t i = 2; i < n; i++)
-    if (s[i] < '0' || s[i] > '9') goto bad;
-  char *end = NULL;
-  long size = n > 4 ? 0 : strtol(s + 2, &end, 10);
-  if (end == NULL || *end != '\0' || size <= 0 || size > 32) goto bad;
-#if PY_LITTLE_ENDIAN
-  int foreign = order == '>';
-#else
-  int foreign = order == '<';
-#endif
-  if (order != '<' && order != '>' && order != '|' && order != '=') goto bad;
-  if (foreign && size > 1) {
-    PyErr_Format(PyExc_BufferError,
-                 "from_dlpack: typestr '%s' is not in native byte order; "
-                 "DLPack only describes native byte order",
-                 s);
-    return -1;
-  }
-  uint8_t code;
-  switch (kind) {
-    case 'b': code = kDLBool; break;
-    case 'i': code = kDLInt; break;
-    case 'u': code = kDLUInt; break;
-    case 'f': code = kDLFloat; break;
-    case 'c': code = kDLComplex; break;
-    default: goto unsupported;
-  }
-  DLDataType dt = {code, (uint8_t)(size * 8), 1};
-  if (dlb_dtype_check(dt, NULL) != DLB_OK) goto unsupported;
-  *out = dt;
-  return 0;
-unsupported:
-  PyErr_Format(PyExc_BufferError,
-               "from_dlpack: typestr '%s' has no DLPack dtype; supported "
-               "kinds are b, i, u, f and c",
-               s);
-  return -1;
-bad:
-  PyErr_Format(PyExc_ValueError,
-               "from_dlpack: malformed array interface typestr '%s'", s);
+  int rc = dlb_dtype_from_typestr(s, out, &err);
+  if (rc == DLB_OK) return 0;
+  if (rc == DLB_EINVAL)
+    PyErr_Format(PyExc_ValueError,
+                 "from_dlpack: malformed array interface typestr '%s'", s);
+  else
+    PyErr_Format(PyExc_BufferError, "from_dlpack: %s", err.message);
   return -1;
 }
 

@@ -405,7 +405,56 @@ static void test_describe(void) {
   CHECK_STREQ(dlb_device_describe(cuda1, tiny, sizeof tiny), "cu");
 }
 
+/* typestrs and buffer formats: the spellings of other protocols. */
+static void test_foreign_spellings(void) {
+  dlb_error err;
+  DLDataType d = {0, 0, 0};
+  const uint16_t one = 1;
+  const bool little = *(const uint8_t *)&one == 1;
+  const char *native_f8 = little ? "<f8" : ">f8";
+  const char *foreign_f8 = little ? ">f8" : "<f8";
+  CHECK_EQ(dlb_dtype_from_typestr(native_f8, &d, &err), DLB_OK);
+  CHECK(d.code == kDLFloat && d.bits == 64 && d.lanes == 1);
+  CHECK_EQ(dlb_dtype_from_typestr("|b1", &d, &err), DLB_OK);
+  CHECK(d.code == kDLBool && d.bits == 8);
+  CHECK_EQ(dlb_dtype_from_typestr("=c16", &d, &err), DLB_OK);
+  CHECK(d.code == kDLComplex && d.bits == 128);
+  CHECK_EQ(dlb_dtype_from_typestr(">u1", &d, &err), DLB_OK); /* one byte: any order */
+  CHECK_EQ(dlb_dtype_from_typestr(foreign_f8, &d, &err), DLB_EUNSUPPORTED);
+  CHECK_MSG(err, "not in native byte order");
+  CHECK_EQ(dlb_dtype_from_typestr("<V8", &d, &err), DLB_EUNSUPPORTED);
+  CHECK_MSG(err, "has no DLPack dtype");
+  static const char *const malformed[] = {"<f 8", "<f+8", "<f", "", "<f123",
+                                          "xf8", "<f0", "<f64", "<f-8"};
+  for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++) {
+    CHECK_EQ(dlb_dtype_from_typestr(malformed[i], &d, &err), DLB_EINVAL);
+  }
+  CHECK_EQ(dlb_dtype_from_typestr(NULL, &d, &err), DLB_EINVAL);
+  CHECK_EQ(dlb_dtype_from_buffer_format("f", 4, &d, &err), DLB_OK);
+  CHECK(d.code == kDLFloat && d.bits == 32);
+  CHECK_EQ(dlb_dtype_from_buffer_format(NULL, 1, &d, &err), DLB_OK);
+  CHECK(d.code == kDLUInt && d.bits == 8);
+  CHECK_EQ(dlb_dtype_from_buffer_format("=l", 8, &d, &err), DLB_OK);
+  CHECK(d.code == kDLInt && d.bits == 64);
+  CHECK_EQ(dlb_dtype_from_buffer_format("Zd", 16, &d, &err), DLB_OK);
+  CHECK(d.code == kDLComplex && d.bits == 128);
+  CHECK_EQ(dlb_dtype_from_buffer_format("?", 1, &d, &err), DLB_OK);
+  CHECK(d.code == kDLBool);
+  CHECK_EQ(dlb_dtype_from_buffer_format(little ? ">f" : "<f", 4, &d, &err),
+           DLB_EUNSUPPORTED);
+  CHECK_MSG(err, "not in native byte order");
+  static const char *const unsupported[] = {"Zi", "ff", "x", "Z", "", "@", "P", "3f"};
+  for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {
+    CHECK_EQ(dlb_dtype_from_buffer_format(unsupported[i], 4, &d, &err),
+             DLB_EUNSUPPORTED);
+  }
+  CHECK_EQ(dlb_dtype_from_buffer_format("f", 0, &d, &err), DLB_EUNSUPPORTED);
+  CHECK_EQ(dlb_dtype_from_buffer_format("f", 64, &d, &err), DLB_EUNSUPPORTED);
+  CHECK_EQ(dlb_dtype_from_buffer_format("f", 4, NULL, &err), DLB_EINVAL);
+}
+
 int main(void) {
+  test_foreign_spellings();
   test_describe();
   test_every_name_round_trips();
   test_check_exhaustive();
