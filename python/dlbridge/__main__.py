@@ -44,8 +44,8 @@ def _doctor(args):
     if fws and "dlbridge" not in fws:
         fws.append("dlbridge")
     console = None if args.json == "-" else _console(args.plain)
-    n = len(fws or _doctor.installed_frameworks())
-    npairs = n * (n - ("crasher" in (fws or _doctor.installed_frameworks())))
+    fws = fws or _doctor.installed_frameworks()
+    npairs = len(_doctor.pairs_of(fws))
     if console is not None:
         from rich.progress import Progress
         with Progress(console=console, transient=True) as bar:

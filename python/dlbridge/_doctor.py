@@ -81,13 +81,49 @@ KNOWN_LIMITATIONS = {
 }
 
 
-def installed_frameworks():
-    """Names of the candidate frameworks present, none of them imported."""
+# CUDA: where a GPU is present, these frameworks are probed again with their
+# tensors on cuda:0, as "<name>:cuda" producers and consumers (pairs stay on
+# one kind of device: a CPU producer is never offered to a CUDA consumer).
+CUDA_CANDIDATES = ("torch", "cupy", "jax", "dlbridge")
+CUDA_SUFFIX = ":cuda"
+
+
+def _base(name):
+    """The framework of a producer/consumer name ("torch:cuda" -> "torch")."""
+    return name.split(":", 1)[0]
+
+
+def _on_cuda(name):
+    return name.endswith(CUDA_SUFFIX)
+
+
+def _cuda_present():
+    """Whether the CUDA driver reports a device (no framework imported)."""
+    from . import _core
+    return _core._cuda_device_count() > 0
+
+
+def installed_frameworks(cuda=None):
+    """Names of the candidate frameworks present, none of them imported;
+    with a GPU (``cuda`` None: ask the driver), also "<name>:cuda" for the
+    CUDA-capable ones."""
     found = [n for n in CANDIDATES if n == "dlbridge"
              or importlib.util.find_spec(n) is not None]
     if os.environ.get(CRASH_ENV):
         found.append("crasher")
+    if cuda is None:
+        cuda = _cuda_present()
+    if cuda:
+        found += [n + CUDA_SUFFIX for n in CUDA_CANDIDATES
+                  if n == "dlbridge" or importlib.util.find_spec(n) is not None]
     return found
+
+
+def pairs_of(fws):
+    """Ordered (producer, consumer) pairs, each on one kind of device."""
+    consumers = [f for f in fws if f != "crasher"]
+    return [(p, c) for p in fws for c in consumers
+            if _on_cuda(p) == _on_cuda(c)]
 
 
 def cases():
@@ -97,6 +133,7 @@ def cases():
 
 
 def known_reason(consumer, producer, dtype, layout, path="own"):
+    consumer, producer = _base(consumer), _base(producer)
     lim = KNOWN_LIMITATIONS
     if {consumer, producer} == {"paddle", "tensorflow"}:
         return lim[("paddle", "tensorflow")]
@@ -243,7 +280,52 @@ def _produce(fw, np, dtype, layout):
     raise NotImplementedError(fw)
 
 
+def _produce_cuda(fw, np, dtype, layout):
+    """(object on cuda:0, reference ndarray) or raise NotImplementedError."""
+    a = _source(np, dtype, layout)
+    ref = _layout_np(a, layout)
+    strided = layout in ("transposed", "step", "negative", "offset")
+    if layout == "read-only":
+        raise NotImplementedError("no read-only CUDA tensors")
+    if dtype in FP8_DTYPES:
+        raise NotImplementedError("float8 is probed on the CPU only")
+    bf = dtype == "bfloat16"
+    if fw == "torch":
+        import torch
+        if layout == "negative":
+            raise NotImplementedError("no negative strides")
+        t = torch.from_numpy(a.copy()).to("cuda:0")
+        if bf:
+            t = t.view(torch.bfloat16)
+        t = {"transposed": lambda: t.T, "step": lambda: t[:, ::2],
+             "offset": lambda: t[1:]}.get(layout, lambda: t)()
+        return t, ref
+    if fw == "cupy":
+        import cupy
+        if bf:
+            raise NotImplementedError("CuPy has no bfloat16")
+        return _layout_np(cupy.asarray(a), layout), ref
+    if fw == "jax":
+        import jax
+        if strided:
+            raise NotImplementedError("compact arrays only")
+        gpus = jax.devices("gpu")
+        x = jax.device_put(a, gpus[0])
+        return (x.view(jax.numpy.bfloat16) if bf else x), ref
+    if fw == "dlbridge":
+        import dlbridge
+        if bf or strided:
+            raise NotImplementedError("compact non-bfloat16 sources only")
+        return dlbridge.from_dlpack(np.ascontiguousarray(ref),
+                                    device="cuda:0"), ref
+    raise NotImplementedError(fw)
+
+
 def _own_import(consumer, obj):
+    consumer = _base(consumer)
+    if consumer == "cupy":
+        import cupy
+        return cupy.from_dlpack(obj)
     if consumer == "numpy":
         import numpy as np
         return np.from_dlpack(obj)
@@ -271,7 +353,7 @@ def _own_import(consumer, obj):
 
 def _dlb_import(consumer, obj):
     import dlbridge
-    return dlbridge.convert(obj, consumer)
+    return dlbridge.convert(obj, _base(consumer))
 
 
 def _inspect(x):
@@ -290,6 +372,9 @@ def _inspect(x):
     item = t.itemsize
     if t.size == 0:
         return t.data_ptr, b""
+    if t.__dlpack_device__()[0] != 1:
+        # device memory: its bytes through dlbridge's host copy
+        return t.data_ptr, _inspect(t.copy(device="cpu"))[1]
     lo = sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.strides))
     hi = sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.strides)) + 1
     buf = (ctypes.c_char * ((hi - lo) * item)).from_address(t.data_ptr + lo * item)
@@ -324,7 +409,10 @@ def child(producer, consumer, first=0):
         rec = {"producer": producer, "consumer": consumer, "dtype": dtype,
                "layout": layout}
         try:
-            obj, ref = _produce(producer, np, dtype, layout)
+            if _on_cuda(producer):
+                obj, ref = _produce_cuda(_base(producer), np, dtype, layout)
+            else:
+                obj, ref = _produce(producer, np, dtype, layout)
         except NotImplementedError:
             continue
         except Exception as e:
@@ -353,6 +441,10 @@ def _run_pair(producer, consumer):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu",
                GLOG_minloglevel="3", JAX_ENABLE_X64="1",
                TF_ENABLE_ONEDNN_OPTS="0")
+    if _on_cuda(producer):
+        # JAX on its GPU backend, without taking 75% of the GPU up front
+        env.pop("JAX_PLATFORMS")
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     cells, first, barren = [], 0, 0
     while True:
         cmd = [sys.executable, "-m", "dlbridge._doctor", producer, consumer,
@@ -407,7 +499,7 @@ def _run_pair(producer, consumer):
 def run(frameworks=None, workers=2, progress=None):
     fws = frameworks or installed_frameworks()
     consumers = [f for f in fws if f != "crasher"]
-    pairs = [(p, c) for p in fws for c in consumers]
+    pairs = pairs_of(fws)
     cells = []
     step = progress or (lambda pair: None)
 
@@ -434,7 +526,7 @@ def _versions(fws):
     names = {n: fw.dist for n, fw in REGISTRY.items() if fw.dist != n}
     out = {}
     for f in fws:
-        for dist in (names.get(f), f):
+        for dist in (names.get(_base(f)), _base(f)):
             if not dist:
                 continue
             try:

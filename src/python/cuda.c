@@ -248,7 +248,22 @@ int dlb__empty_managed(int32_t ndim, const int64_t *shape, DLDataType dtype,
 
 /* ---- module functions ------------------------------------------------------------- */
 
+/* _cuda_device_count() -> int: CUDA devices the driver reports, 0 when
+ * there is no driver (no exception): for tools deciding whether to probe
+ * CUDA at all (dlbridge doctor) without importing a framework. */
+static PyObject *py_cuda_device_count(PyObject *module, PyObject *unused) {
+  (void)module;
+  (void)unused;
+  int count = 0;
+  dlb_error err;
+  if (dlb_cuda_device_count(&count, &err) != DLB_OK) count = 0;
+  return PyLong_FromLong(count);
+}
+
 static PyMethodDef cuda_methods[] = {
+    {"_cuda_device_count", py_cuda_device_count, METH_NOARGS,
+     "_cuda_device_count() -> int\n\nCUDA devices the driver reports (0 "
+     "without a driver)."},
     {"_swap_stream", py_swap_stream, METH_O,
      "_swap_stream(value) -> int\n\nMake value (1 legacy, 2 per-thread, or a "
      "CUDA stream handle) this thread's current stream; returns the previous "

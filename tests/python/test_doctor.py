@@ -153,3 +153,19 @@ def test_html_report_in_chromium(report, tmp_path):
                     "--window-size=1000,900", page.as_uri()],
                    capture_output=True, timeout=60, env=env)
     assert shot.exists() and shot.stat().st_size > 1000
+
+
+def test_cuda_variants_pair_only_with_cuda():
+    """With a GPU, frameworks are probed again on cuda:0 as "<name>:cuda";
+    a pair never mixes a CPU producer with a CUDA consumer (or the reverse).
+    (The CUDA cells themselves are checked on a GPU machine.)"""
+    fws = _doctor.installed_frameworks(cuda=True)
+    assert "dlbridge:cuda" in fws and "dlbridge" in fws
+    assert not any(f.endswith(":cuda") for f in _doctor.installed_frameworks(cuda=False))
+    pairs = _doctor.pairs_of(["numpy", "dlbridge", "torch:cuda", "dlbridge:cuda", "crasher"])
+    assert ("torch:cuda", "dlbridge:cuda") in pairs and ("numpy", "dlbridge") in pairs
+    assert ("crasher", "numpy") in pairs and ("numpy", "crasher") not in pairs
+    assert all(p.endswith(":cuda") == c.endswith(":cuda") for p, c in pairs)
+    assert _doctor.known_reason("torch:cuda", "dlbridge:cuda", "float32",
+                                "negative") == _doctor.known_reason(
+                                    "torch", "dlbridge", "float32", "negative")
