@@ -70,6 +70,8 @@ KNOWN_LIMITATIONS = {
     ("jax", "layout"): "JAX arrays are always compact; strided inputs are "
                        "refused or copied",
     ("jax", "read-only"): "JAX imports through the legacy capsule",
+    ("jax", "negative"): "JAX imports only compact data (or a transposition "
+                         "of it); negative strides are refused",
     ("pyarrow", "import"): "PyArrow has no DLPack importer",
     ("pyarrow", "produce"): "PyArrow exports only 1-D primitive arrays",
     ("paddle", "layout"): "paddle.from_dlpack needs compact data",

@@ -762,6 +762,19 @@ int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
     dlb__clear_keep_error(&ai);
   else
     Py_DECREF(ai);
+  if (rc < 0 && cuda && PyErr_ExceptionMatches(PyExc_BufferError) &&
+      dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
+    /* A DLPack producer read through its CAI (handlers.c: CuPy) whose
+     * interface cannot say what its DLPack export can -- bfloat16 is a
+     * bare "<V2" there -- is asked through __dlpack__ after all. */
+    dlb__saved_error first;
+    dlb__error_save(&first);
+    rc = dlb__dunder_dlpack_managed(st, obj, NULL, -1, out);
+    if (rc < 0)
+      dlb__error_chain_context(&first);
+    else
+      dlb__error_discard(&first);
+  }
   return rc;
 }
 
