@@ -88,6 +88,15 @@ _NO_READONLY = frozenset({"torch", "cupy"})
 # turns a crash into an exception.
 _NO_NEGATIVE_STRIDES = frozenset({"torch"})
 
+# DLPack device types torch can hold, by the name of the torch predicate
+# that says whether this build has the backend (None: always).  Any other
+# device is refused before torch sees it: torch 2.13 mis-handles them (an
+# OpenCL tensor makes it run the deleter without renaming the capsule, Metal
+# and MAIA ones are imported over a host address, CUDA without a CUDA build
+# is an AssertionError).  Decided once per device type (_torch_holds).
+_TORCH_DEVICES = {1: None, 2: "cuda", 10: "hip"}
+_TORCH_HOLDS = {}
+
 # TensorFlow's importer only takes compact row-major data ("Invalid strides
 # array from DLPack" otherwise).
 _COMPACT_ONLY = frozenset({"tensorflow"})
@@ -272,6 +281,21 @@ def _has_negative_stride(t):
     return any(st < 0 for st, n in zip(t.strides, t.shape) if n > 1)
 
 
+def _torch_holds(device_type):
+    ok = _TORCH_HOLDS.get(device_type)
+    if ok is None:
+        need = _TORCH_DEVICES.get(device_type, False)
+        if need is None or need is False:
+            ok = need is None
+        else:
+            torch = _import("torch")
+            ok = bool(torch.cuda.is_available()) and (
+                (getattr(torch.version, "hip", None) is not None)
+                == (need == "hip"))
+        _TORCH_HOLDS[device_type] = ok
+    return ok
+
+
 def _import_checked(t, target):
     """The checks for ``target``, then its importer (bound on first use)."""
     supported = _SUPPORTED_DTYPES.get(target)
@@ -291,6 +315,11 @@ def _import_checked(t, target):
             f"convert: {target} tensors cannot have negative strides "
             f"(strides {t.strides}); copy it first: "
             f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
+        )
+    if target == "torch" and not _torch_holds(t.__dlpack_device__()[0]):
+        raise BufferError(
+            f"convert: torch cannot hold a tensor on {t.device} (this torch "
+            "build has no such device); copy it to a device torch has first"
         )
     if target in _COMPACT_ONLY and not t.is_contiguous:
         raise BufferError(
