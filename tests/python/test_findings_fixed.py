@@ -279,3 +279,21 @@ def test_convert_to_torch_of_unsupported_device_refused():
     gc.collect()
     print("OK", flush=True)
     """)
+
+
+def test_tensor_and_function_agree_on_float_to_int32():
+    """Finding (scalars): dlb.tensor(1.5, dtype="int32") truncates while a 0-d
+    int32 Function parameter raises; one conversion rule must give the same
+    answer in both places."""
+    p = check("""
+    def outcome(f):
+        try:
+            return ("value", f())
+        except Exception as e:
+            return ("error", type(e).__name__)
+    t = outcome(lambda: dlb.tensor(1.5, dtype="int32").tolist())
+    fn = dlb.load(KERNELS, "dlb_kernel_noop", "f(a: int32)")
+    f = outcome(lambda: fn(1.5))
+    print(t, f)
+    print("OK" if t[0] == f[0] == "error" or (t[0] == f[0] == "value") else "DIFFER")
+    """)
