@@ -127,6 +127,16 @@ void dlb__error_chain_context(dlb__saved_error *prev);
  * re-raised as "<fname>() argument '<argname>': <message>" (the original as
  * __cause__); any other exception is kept as it is, with a note. */
 void dlb__error_prefix_argument(PyObject *fname, PyObject *argname);
+/* After a producer's exchange-table entry failed on an object of type: the
+ * object cannot be exported, so the pending exception becomes a short
+ * BufferError ("'torch.Tensor' cannot be exported through its DLPack
+ * exchange table (RuntimeError): <first line>"), the original chained as
+ * __cause__ -- torch raises RuntimeError with a 1.5 KB C++ backtrace for
+ * sparse, meta and quantized tensors.  MemoryError, BufferError and
+ * non-Exception exceptions pass unchanged; with none pending, a BufferError
+ * saying the table failed to <what> ("describe", "export") without saying
+ * why. */
+void dlb__error_exchange_refusal(PyTypeObject *type, const char *what);
 /* o as an int64 (o must be an int or have __index__): an integer outside
  * int64 is a BufferError naming what ("from_dlpack: __array_interface__
  * shape entry"), not an OverflowError.  0, or -1 with an exception. */

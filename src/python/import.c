@@ -210,11 +210,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
   if (h->kind == DLB_KIND_EXCHANGE) {
     if (h->api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 ||
         m == NULL) {
-      if (!PyErr_Occurred())
-        PyErr_Format(PyExc_BufferError,
-                     "from_dlpack: the exchange table of '%.200s' failed to "
-                     "export the object without saying why",
-                     Py_TYPE(obj)->tp_name);
+      dlb__error_exchange_refusal(Py_TYPE(obj), "export");
       return -1;
     }
     if (dlb_managed_check_version(m, &err) != DLB_OK) {

@@ -116,11 +116,7 @@ static int view_exchange(const dlb_handler *h, PyObject *obj, dlb_view *v) {
   const DLPackExchangeAPI *api = h->api;
   if (api->dltensor_from_py_object_no_sync != NULL) {
     if (api->dltensor_from_py_object_no_sync(obj, &v->t) != 0) {
-      if (!PyErr_Occurred())
-        PyErr_Format(PyExc_BufferError,
-                     "the exchange table of '%.200s' failed to describe the "
-                     "object without saying why",
-                     Py_TYPE(obj)->tp_name);
+      dlb__error_exchange_refusal(Py_TYPE(obj), "describe");
       return -1;
     }
     v->flags = 0; /* the borrowed entry cannot say read-only (export.c) */
@@ -128,11 +124,7 @@ static int view_exchange(const dlb_handler *h, PyObject *obj, dlb_view *v) {
   }
   DLManagedTensorVersioned *m = NULL;
   if (api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 || m == NULL) {
-    if (!PyErr_Occurred())
-      PyErr_Format(PyExc_BufferError,
-                   "the exchange table of '%.200s' failed to export the "
-                   "object without saying why",
-                   Py_TYPE(obj)->tp_name);
+    dlb__error_exchange_refusal(Py_TYPE(obj), "export");
     return -1;
   }
   if (dlb__check_owned(m, "exchange API export") < 0) return -1;

@@ -6,6 +6,12 @@ from _findings_util import CAPSULE, check
 
 SAXPY = '"saxpy(a: float32, x: float32[n], y: mut float32[n])"'
 
+TORCH_CASES = {
+    "sparse": "torch.eye(3).to_sparse()",
+    "meta": "torch.empty(4, device='meta')",
+    "quantized": "torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8)",
+}
+
 
 @pytest.mark.parametrize("spec", ["float32\x00junk", "float32\x00"])
 def test_dtype_with_nul_is_rejected(spec):
@@ -296,4 +302,66 @@ def test_tensor_and_function_agree_on_float_to_int32():
     f = outcome(lambda: fn(1.5))
     print(t, f)
     print("OK" if t[0] == f[0] == "error" or (t[0] == f[0] == "value") else "DIFFER")
+    """)
+
+
+@pytest.mark.parametrize("case", sorted(TORCH_CASES))
+@pytest.mark.parametrize("route", ["from_dlpack", "convert", "function"])
+def test_torch_unsupported_layout_is_short_buffer_error(case, route):
+    """Finding: torch sparse/meta/quantized tensors raise RuntimeError with a
+    1.7 KB C++ backtrace instead of a BufferError with a short message."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    x = %s
+    route = %r
+    try:
+        if route == "from_dlpack":
+            dlb.from_dlpack(x)
+        elif route == "convert":
+            dlb.convert(x, "numpy")
+        else:
+            sig = {"sparse": "f(x: float32[m, n])", "meta": "f(x: float32[n])",
+                   "quantized": "f(x: uint8[n])"}[%r]
+            f = dlb.load(KERNELS, "dlb_kernel_noop", sig)
+            f(x)
+    except BufferError as e:
+        print(len(str(e)))
+        print("OK" if len(str(e)) < 400 and "frame #" not in str(e) else "LONG")
+    except Exception as e:
+        print(type(e).__name__, len(str(e)))
+    """ % (TORCH_CASES[case], route, case))
+
+
+def test_result_framework_refused_before_kernel_runs():
+    """Finding: a Function result the caller's framework cannot hold fails
+    only after the kernel ran.  NumPy cannot hold bfloat16: the refusal must
+    come before the kernel (dlb_kernel_fail) is called."""
+    check("""
+    x = np.ones(4, dtype=np.float32)
+    f = dlb.load(KERNELS, "dlb_kernel_fail", "f(x: float32[n]) -> bfloat16[n]")
+    try:
+        r = f(x)
+        print("returned", type(r))
+    except Exception as e:
+        print(type(e).__name__, str(e)[:200])
+        print("KERNEL RAN" if "fail was given" in str(e) else "OK")
+    """)
+
+
+def test_torch_allocator_failure_is_short_buffer_error():
+    """New finding (seen while writing these): an output dtype torch cannot
+    hold (float32x4, int4) fails in torch's allocator as MemoryError with a
+    C++ backtrace; it must be a BufferError with a short message."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    x = torch.ones(4)
+    f = dlb.load(KERNELS, "dlb_kernel_noop", "f(x: float32[n]) -> float32x4[n]")
+    try:
+        f(x)
+    except BufferError as e:
+        print("OK" if len(str(e)) < 400 else "LONG %d" % len(str(e)))
+    except Exception as e:
+        print(type(e).__name__, len(str(e)))
     """)

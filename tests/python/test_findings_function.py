@@ -134,39 +134,4 @@ def test_mut_requires_grad_not_written_behind_autograd():
     """ % SAXPY)
 
 
-def test_result_framework_refused_before_kernel_runs():
-    """Finding: a Function result the caller's framework cannot hold fails
-    only after the kernel ran.  NumPy cannot hold bfloat16: the refusal must
-    come before the kernel (dlb_kernel_fail) is called."""
-    check("""
-    x = np.ones(4, dtype=np.float32)
-    f = dlb.load(KERNELS, "dlb_kernel_fail", "f(x: float32[n]) -> bfloat16[n]")
-    try:
-        r = f(x)
-        print("returned", type(r))
-    except Exception as e:
-        print(type(e).__name__, str(e)[:200])
-        print("KERNEL RAN" if "fail was given" in str(e) else "OK")
-    """)
-
-
-def test_torch_allocator_failure_is_short_buffer_error():
-    """New finding (seen while writing these): an output dtype torch cannot
-    hold (float32x4, int4) fails in torch's allocator as MemoryError with a
-    C++ backtrace; it must be a BufferError with a short message."""
-    check("""
-    import torch
-    x = torch.ones(4)
-    f = dlb.load(KERNELS, "dlb_kernel_noop", "f(x: float32[n]) -> float32x4[n]")
-    try:
-        f(x)
-    except BufferError as e:
-        print("OK" if len(str(e)) < 400 else "LONG %d" % len(str(e)))
-    except Exception as e:
-        print(type(e).__name__, len(str(e)))
-    """)
-
-
-
-
 pytestmark = pytestmark_open_finding
