@@ -72,6 +72,10 @@ typedef struct {
   PyObject *str_array_interface;   /* "__array_interface__" */
   PyObject *str_cuda_array_interface; /* "__cuda_array_interface__" */
   PyObject *max_version_tuple;     /* (1, 3): what we ask producers for */
+  /* views.c: torch's lazy bits and autograd (dlb__view_check_bits) */
+  PyObject *str_is_conj;           /* "is_conj" */
+  PyObject *str_is_neg;            /* "is_neg" */
+  PyObject *str_requires_grad;     /* "requires_grad" */
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -532,8 +536,23 @@ typedef struct {
 
 /* Options for dlb__view_get. */
 enum {
-  DLB_VIEW_WRITABLE = 1u << 0  /* fail with BufferError if read-only */
+  DLB_VIEW_WRITABLE = 1u << 0, /* fail with BufferError if read-only */
+  /* The caller already ran dlb__view_check_bits on obj (Function does,
+   * before any borrowed view is taken, because the check may run Python
+   * code); the view skips it. */
+  DLB_VIEW_BITS_CHECKED = 1u << 1
 };
+
+/* What an exchange table cannot say about a torch tensor, asked of obj
+ * itself: a lazy conjugate or negative bit (is_conj(), is_neg(); the
+ * table's DLTensor silently drops them) is a BufferError; a tensor that
+ * requires grad is read-only to dlbridge: a BufferError when options has
+ * DLB_VIEW_WRITABLE, else *readonly = 1 (not asked when readonly is NULL).  Objects whose type has
+ * no such methods pass (0).  *ran_python is set to 1 when Python code may
+ * have run (a subclass's __torch_function__, a Python override); plain
+ * torch tensors are asked through the C methods directly.  0 or -1. */
+int dlb__view_check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
+                         int *readonly, int *ran_python);
 
 /* Fill view for obj (which the caller keeps alive until release).  0 on
  * success; -1 with TypeError (not tensor-like), BufferError (cannot be

@@ -776,20 +776,131 @@ static int order_keywords(const fn_object *fn, PyObject *const *args,
   return 0;
 }
 
-static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
-                                     size_t nargsf, PyObject *kwnames) {
-  fn_object *fn = (fn_object *)self;
+/* Error paths, kept out of line: inlined they tripled the size of the hot
+ * function (see the core's internal.h for the idiom). */
+#define DLB__OUT_OF_LINE(ret, name, params) \
+  static ret (*const volatile name##_out_of_line) params = name
+
+static PyObject *nargs_error(const fn_object *fn, Py_ssize_t nargs) {
+  PyErr_Format(PyExc_TypeError, "%U() takes %d argument%s (%zd given)",
+               fn->name, (int)fn->nin, fn->nin == 1 ? "" : "s", nargs);
+  return NULL;
+}
+
+static int mut_number_error(const fn_object *fn, int i, PyObject *obj) {
+  PyErr_Format(PyExc_TypeError,
+               "%U() argument '%U' is 'mut': it needs a writable 0-d tensor, "
+               "not a Python %.50s",
+               fn->name, pname(fn, i), Py_TYPE(obj)->tp_name);
+  return -1;
+}
+
+static int changing_error(const fn_object *fn) {
+  PyErr_Format(PyExc_RuntimeError,
+               "%U(): the arguments kept changing while they were read "
+               "(Python code run by one argument changed the class of "
+               "another); call again",
+               fn->name);
+  return -1;
+}
+
+DLB__OUT_OF_LINE(PyObject *, nargs_error,
+                 (const fn_object *, Py_ssize_t));
+DLB__OUT_OF_LINE(int, mut_number_error, (const fn_object *, int, PyObject *));
+DLB__OUT_OF_LINE(int, changing_error, (const fn_object *));
+DLB__OUT_OF_LINE(void, prefix_error, (const fn_object *, int));
+DLB__OUT_OF_LINE(int, dim_error,
+                 (const fn_object *, int, int, int64_t, const fn_dim *,
+                  const dlb_view *));
+DLB__OUT_OF_LINE(int, check_error,
+                 (const fn_object *, int, const DLTensor *, const fn_param *,
+                  const DLTensor *, int));
+DLB__OUT_OF_LINE(PyObject *, kernel_error,
+                 (const fn_object *, int, dlb_error *));
+DLB__OUT_OF_LINE(int, order_keywords,
+                 (const fn_object *, PyObject *const *, Py_ssize_t,
+                  PyObject *, PyObject **));
+
+/* Where an argument is in the call's reading (fn_frame.state). */
+enum {
+  ARG_PENDING = 0, /* a borrowed view is still to be taken */
+  ARG_CHECKED,     /* the same, its exchange-table bits checked for types[i] */
+  ARG_SCALAR,      /* a Python number, stored in scalars[i] */
+  ARG_VIEW         /* views[i] is held (owning, or safe across Python) */
+};
+
+/* The per-call arrays.  On the stack for signatures of up to FN_INLINE
+ * parameters and results (a dlb_view is ~670 bytes: 64 of them made a
+ * 46 KB frame), in one heap block for larger ones. */
+#define FN_INLINE 8
+
+typedef struct {
+  dlb_view *views;                 /* [nin] */
+  dlb_scalar *scalars;             /* [nin] */
+  PyTypeObject **types;            /* [nin] */
+  PyObject **ordered;              /* [nin], keyword calls */
+  uint8_t *state;                  /* [nin], ARG_* */
+  DLTensor **argv;                 /* [nin + nout] */
+  DLManagedTensorVersioned **outs; /* [nout] */
+} fn_frame;
+
+/* Read argument i, whose handler is views[i].handler, as far as it can be
+ * read before the borrowed views are taken: a kind with no borrowed form
+ * is read now (an owning view, safe across later Python code); a torch-like
+ * exchange argument has what its table cannot say checked now
+ * (dlb__view_check_bits), because asking runs Python code -- torch even
+ * releases the GIL in is_neg().  *python is set when Python code may have
+ * run.  0 or -1. */
+static int read_early(fn_object *fn, fn_frame *f, PyObject *obj, int i,
+                      int *python) {
   dlb_module_state *st = fn->st;
-  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  const dlb_handler *h = f->views[i].handler;
+  unsigned opts = fn->params[i].mut ? DLB_VIEW_WRITABLE : 0;
+  switch (h->kind) {
+    case DLB_KIND_TENSOR:
+    case DLB_KIND_NUMPY:
+      f->state[i] = ARG_PENDING;
+      return 0;
+    case DLB_KIND_EXCHANGE:
+      if (h->api->dltensor_from_py_object_no_sync != NULL) {
+        if (f->state[i] == ARG_CHECKED && f->types[i] == Py_TYPE(obj))
+          return 0; /* checked for this very type: nothing to run */
+        *python = 1;
+        if (dlb__view_check_bits(st, obj, opts, NULL, python) < 0)
+          return -1;
+        f->state[i] = ARG_CHECKED;
+        f->types[i] = Py_TYPE(obj);
+        return 0;
+      }
+      break;
+    default:
+      break;
+  }
+  *python = 1;
+  if (dlb__view_get_with(st, h, obj, opts, &f->views[i]) < 0) return -1;
+  f->state[i] = ARG_VIEW;
+  return 0;
+}
+
+/* The call, with its arrays in f.  The order is what keeps borrowed views
+ * valid (a NumPy array's data, a torch tensor's storage: Python code may
+ * resize or free them):
+ *   1. every argument is read as far as it can be without a borrowed view;
+ *      this may run Python code (producers' __dlpack__, torch's checks);
+ *   2. if Python code ran, handlers are looked up again (a class may have
+ *      been reassigned and the old type freed) until a pass runs none;
+ *   3. the borrowed views are taken, the outputs allocated and the kernel
+ *      run, with no Python code in between. */
+static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
+                                      Py_ssize_t nargs, PyObject *kwnames,
+                                      fn_frame *f) {
+  dlb_module_state *st = fn->st;
   const int nin = fn->nin, nout = fn->nout;
+  dlb_view *views = f->views;
+  uint8_t *state = f->state;
+  DLTensor **argv = f->argv;
   PyObject *result = NULL;
-  PyObject *ordered[FN_MAX_PARAMS];
-  dlb_view views[FN_MAX_PARAMS];
-  dlb_scalar scalars[FN_MAX_PARAMS];
-  DLTensor *argv[FN_MAX_PARAMS];
-  DLManagedTensorVersioned *outs[FN_MAX_PARAMS];
-  uint8_t has_view[FN_MAX_PARAMS];
-  int nseen = 0, nalloc = 0, ifirst = -1;
+  int nseen = 0, nalloc = 0, ifirst = -1, python = 0;
   const dlb_handler *h = NULL;
   DLTensor proto;
   int64_t shape[DLB_MAX_NDIM];
@@ -797,32 +908,31 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   dlb_error err;
 
   if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
-    if (order_keywords(fn, args, nargs, kwnames, ordered) < 0) goto cleanup;
-    args = ordered;
+    if (order_keywords_out_of_line(fn, args, nargs, kwnames, f->ordered) < 0)
+      return NULL;
+    args = f->ordered;
   } else if (nargs != nin) {
-    PyErr_Format(PyExc_TypeError, "%U() takes %d argument%s (%zd given)",
-                 fn->name, (int)nin, nin == 1 ? "" : "s", nargs);
-    goto cleanup;
+    return nargs_error_out_of_line(fn, nargs);
   }
 
+  /* 1. */
+  size_t classified = st->handlers->count;
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     PyObject *obj = args[i];
-    DLTensor *t = &views[i].t;
-    has_view[i] = 0;
+    state[i] = ARG_PENDING;
     nseen = i + 1;
     if (p->ndim == 0 &&
         (PyLong_Check(obj) || PyFloat_Check(obj) || PyComplex_Check(obj))) {
+      DLTensor *t = &views[i].t;
       if (p->mut) {
-        PyErr_Format(PyExc_TypeError,
-                     "%U() argument '%U' is 'mut': it needs a writable 0-d "
-                     "tensor, not a Python %.50s",
-                     fn->name, pname(fn, i), Py_TYPE(obj)->tp_name);
+        mut_number_error_out_of_line(fn, i, obj);
         goto cleanup;
       }
-      if (dlb__scalar_from_number(fn->name, pname(fn, i), obj, p->dtype, &scalars[i]) < 0)
+      if (dlb__scalar_from_number(fn->name, pname(fn, i), obj, p->dtype,
+                                  &f->scalars[i]) < 0)
         goto cleanup;
-      t->data = scalars[i].bytes;
+      t->data = f->scalars[i].bytes;
       t->device.device_type = kDLCPU;
       t->device.device_id = 0;
       t->ndim = 0;
@@ -830,32 +940,64 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
       t->shape = NULL;
       t->strides = NULL;
       t->byte_offset = 0;
-      argv[i] = t;
+      state[i] = ARG_SCALAR;
       continue;
     }
-    if (dlb__view_get(st, obj, p->mut ? DLB_VIEW_WRITABLE : 0, &views[i]) <
-        0) {
-      prefix_error(fn, i);
+    views[i].handler = dlb__handler_for(st, Py_TYPE(obj));
+    if (views[i].handler == NULL || read_early(fn, f, obj, i, &python) < 0) {
+      prefix_error_out_of_line(fn, i);
       goto cleanup;
     }
-    has_view[i] = 1;
-    argv[i] = t;
-    if (p->mut && (views[i].flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
-      PyErr_Format(PyExc_BufferError,
-                   "%U() argument '%U' is 'mut' but the tensor is read-only",
-                   fn->name, pname(fn, i));
+  }
+
+  /* 2.  A new handler (a type seen for the first time) ran Python code to
+   * classify it. */
+  if (st->handlers->count != classified) python = 1;
+  for (int round = 0; python; round++) {
+    if (round == 4) {
+      changing_error_out_of_line(fn);
       goto cleanup;
+    }
+    python = 0;
+    classified = st->handlers->count;
+    for (int i = 0; i < nin; i++) {
+      if (state[i] != ARG_PENDING && state[i] != ARG_CHECKED) continue;
+      PyObject *obj = args[i];
+      views[i].handler = dlb__handler_for(st, Py_TYPE(obj));
+      if (views[i].handler == NULL ||
+          read_early(fn, f, obj, i, &python) < 0) {
+        prefix_error_out_of_line(fn, i);
+        goto cleanup;
+      }
+    }
+    if (st->handlers->count != classified) python = 1;
+  }
+
+  /* 3.  From here to the kernel no Python code runs. */
+  for (int i = 0; i < nin; i++) {
+    const fn_param *p = &fn->params[i];
+    DLTensor *t = &views[i].t;
+    argv[i] = t;
+    if (state[i] == ARG_SCALAR) continue;
+    if (state[i] != ARG_VIEW) {
+      unsigned opts = (p->mut ? DLB_VIEW_WRITABLE : 0) | DLB_VIEW_BITS_CHECKED;
+      if (dlb__view_get_with(st, views[i].handler, args[i], opts, &views[i]) <
+          0) {
+        prefix_error_out_of_line(fn, i);
+        goto cleanup;
+      }
+      state[i] = ARG_VIEW;
     }
     if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits ||
         t->dtype.lanes != p->dtype.lanes || t->ndim != p->ndim) {
-      check_error(fn, i, t, p, NULL, -1);
+      check_error_out_of_line(fn, i, t, p, NULL, -1);
       goto cleanup;
     }
     if (ifirst < 0) {
       ifirst = i;
     } else if (t->device.device_type != views[ifirst].t.device.device_type ||
                t->device.device_id != views[ifirst].t.device.device_id) {
-      check_error(fn, i, t, p, &views[ifirst].t, ifirst);
+      check_error_out_of_line(fn, i, t, p, &views[ifirst].t, ifirst);
       goto cleanup;
     }
     const fn_dim *d = &fn->dims[p->dim0];
@@ -866,7 +1008,7 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
                          ? d->value
                          : views[d->from_param].t.shape[d->from_axis];
       if (got != want) {
-        dim_error(fn, i, a, got, d, views);
+        dim_error_out_of_line(fn, i, a, got, d, views);
         goto cleanup;
       }
     }
@@ -900,34 +1042,34 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
     proto.shape = shape;
     proto.strides = NULL;
     proto.byte_offset = 0;
-    if (dlb__alloc_like(st, h, &proto, &outs[o]) < 0) goto cleanup;
+    if (dlb__alloc_like(st, h, &proto, &f->outs[o]) < 0) goto cleanup;
     nalloc = o + 1;
-    if (outs[o]->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+    if (f->outs[o]->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
       PyErr_Format(PyExc_BufferError,
                    "%U(): the framework allocated a read-only result", fn->name);
       goto cleanup;
     }
-    argv[nin + o] = &outs[o]->dl_tensor;
+    argv[nin + o] = &f->outs[o]->dl_tensor;
   }
 
   err.code = DLB_OK;
   err.message[0] = '\0';
   int rc = fn->kernel(argv, nin + nout, stream, &err);
   if (rc != 0) {
-    kernel_error(fn, rc, &err);
+    kernel_error_out_of_line(fn, rc, &err);
     goto cleanup;
   }
 
   /* The inputs are done with: let go of them before any Python code runs
    * in the conversions below. */
   for (int i = 0; i < nseen; i++)
-    if (has_view[i]) dlb__view_release(&views[i]);
+    if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   nseen = 0;
 
   if (nout == 0) {
     result = Py_NewRef(Py_None);
   } else if (nout == 1) {
-    DLManagedTensorVersioned *m = outs[0];
+    DLManagedTensorVersioned *m = f->outs[0];
     nalloc = 0; /* stolen whatever happens */
     if (dlb__to_framework(st, h, m, &result) < 0) result = NULL;
   } else {
@@ -935,8 +1077,8 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
     if (tuple == NULL) goto cleanup;
     for (int o = 0; o < nout; o++) {
       PyObject *obj;
-      DLManagedTensorVersioned *m = outs[o];
-      outs[o] = NULL; /* stolen whatever happens */
+      DLManagedTensorVersioned *m = f->outs[o];
+      f->outs[o] = NULL; /* stolen whatever happens */
       if (dlb__to_framework(st, h, m, &obj) < 0) {
         Py_DECREF(tuple);
         goto cleanup;
@@ -949,10 +1091,61 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
 
 cleanup:
   for (int i = 0; i < nseen; i++)
-    if (has_view[i]) dlb__view_release(&views[i]);
+    if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
-    if (outs[o] != NULL) dlb_managed_delete(outs[o]);
+    if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
   return result;
+}
+
+/* A signature with more than FN_INLINE parameters and results: the arrays
+ * in one heap block.  Off the fast path. */
+static PyObject *function_call_large(fn_object *fn, PyObject *const *args,
+                                     Py_ssize_t nargs, PyObject *kwnames) {
+  size_t nin = (size_t)fn->nin, n = nin + (size_t)fn->nout;
+  size_t bytes = nin * (sizeof(dlb_view) + sizeof(dlb_scalar) +
+                        sizeof(PyTypeObject *) + sizeof(PyObject *)) +
+                 n * sizeof(DLTensor *) +
+                 (n - nin) * sizeof(DLManagedTensorVersioned *) + nin;
+  char *block = PyMem_Malloc(bytes ? bytes : 1);
+  if (block == NULL) return PyErr_NoMemory();
+  fn_frame f;
+  char *q = block; /* the most aligned first */
+  f.views = (dlb_view *)q;
+  q += nin * sizeof(dlb_view);
+  f.scalars = (dlb_scalar *)q;
+  q += nin * sizeof(dlb_scalar);
+  f.types = (PyTypeObject **)q;
+  q += nin * sizeof(PyTypeObject *);
+  f.ordered = (PyObject **)q;
+  q += nin * sizeof(PyObject *);
+  f.argv = (DLTensor **)q;
+  q += n * sizeof(DLTensor *);
+  f.outs = (DLManagedTensorVersioned **)q;
+  q += (n - nin) * sizeof(DLManagedTensorVersioned *);
+  f.state = (uint8_t *)q;
+  PyObject *r = function_call(fn, args, nargs, kwnames, &f);
+  PyMem_Free(block);
+  return r;
+}
+
+DLB__OUT_OF_LINE(PyObject *, function_call_large,
+                 (fn_object *, PyObject *const *, Py_ssize_t, PyObject *));
+
+static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames) {
+  fn_object *fn = (fn_object *)self;
+  if (fn->nin + fn->nout > FN_INLINE)
+    return function_call_large_out_of_line(fn, args, PyVectorcall_NARGS(nargsf),
+                                           kwnames);
+  dlb_view views[FN_INLINE];
+  dlb_scalar scalars[FN_INLINE];
+  PyTypeObject *types[FN_INLINE];
+  PyObject *ordered[FN_INLINE];
+  uint8_t state[FN_INLINE];
+  DLTensor *argv[FN_INLINE];
+  DLManagedTensorVersioned *outs[FN_INLINE];
+  fn_frame f = {views, scalars, types, ordered, state, argv, outs};
+  return function_call(fn, args, PyVectorcall_NARGS(nargsf), kwnames, &f);
 }
 
 /* ---- attributes --------------------------------------------------------------------- */

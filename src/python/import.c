@@ -208,6 +208,11 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     return *out != NULL ? 1 : -1;
   }
   if (h->kind == DLB_KIND_EXCHANGE) {
+    /* What the table cannot say: lazy conj/neg bits are refused, a tensor
+     * that requires grad is imported read-only (views.c). */
+    int readonly = 0, ran_python = 0;
+    if (dlb__view_check_bits(st, obj, 0, &readonly, &ran_python) < 0)
+      return -1;
     if (h->api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 ||
         m == NULL) {
       dlb__error_exchange_refusal(Py_TYPE(obj), "export");
@@ -223,6 +228,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
       dlb__raise_import("the exchange table's tensor cannot be imported", &err);
       return -1;
     }
+    if (readonly) m->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
     *out = finish(st, m, target, copy);
     return *out != NULL ? 1 : -1;
   }

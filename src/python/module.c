@@ -41,7 +41,10 @@ static int module_exec(PyObject *module) {
       intern_name(&st->str_copy, "copy") < 0 ||
       intern_name(&st->str_stream, "stream") < 0 ||
       intern_name(&st->str_array_interface, "__array_interface__") < 0 ||
-      intern_name(&st->str_cuda_array_interface, "__cuda_array_interface__") < 0) {
+      intern_name(&st->str_cuda_array_interface, "__cuda_array_interface__") < 0 ||
+      intern_name(&st->str_is_conj, "is_conj") < 0 ||
+      intern_name(&st->str_is_neg, "is_neg") < 0 ||
+      intern_name(&st->str_requires_grad, "requires_grad") < 0) {
     return -1;
   }
   st->max_version_tuple = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION,
@@ -91,6 +94,9 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_stream);
   Py_CLEAR(st->str_array_interface);
   Py_CLEAR(st->str_cuda_array_interface);
+  Py_CLEAR(st->str_is_conj);
+  Py_CLEAR(st->str_is_neg);
+  Py_CLEAR(st->str_requires_grad);
   Py_CLEAR(st->max_version_tuple);
   Py_CLEAR(st->FunctionType);
   for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)

@@ -100,6 +100,37 @@ static void raise_named(alloc_error *e, const dlb_handler *h) {
     PyErr_SetString(exc, e->message);
 }
 
+/* A framework's allocator result must be what was asked for: the kernel
+ * writes prototype's extents into it, so a smaller tensor (a wrong shape,
+ * a narrower dtype, another device, a strided layout) would be written out
+ * of bounds.  On mismatch m is deleted and BufferError set.  0 or -1. */
+static int check_allocated(const dlb_handler *h, const DLTensor *prototype,
+                           DLManagedTensorVersioned *m) {
+  const DLTensor *t = &m->dl_tensor;
+  const char *what = NULL;
+  if (t->ndim != prototype->ndim)
+    what = "ndim";
+  else if (t->dtype.code != prototype->dtype.code ||
+           t->dtype.bits != prototype->dtype.bits ||
+           t->dtype.lanes != prototype->dtype.lanes)
+    what = "dtype";
+  else if (!dlb__same_device(t->device, prototype->device))
+    what = "device";
+  else if (t->ndim > 0 &&
+           memcmp(t->shape, prototype->shape,
+                  (size_t)t->ndim * sizeof *t->shape) != 0)
+    what = "shape";
+  else if (!dlb_tensor_is_contiguous(t))
+    what = "layout (it is not contiguous)";
+  if (what == NULL) return 0;
+  dlb__delete_keep_error(m);
+  PyErr_Format(PyExc_BufferError,
+               "the allocator of '%.200s' returned a tensor whose %s differs "
+               "from the one asked for; refusing to let a kernel write into it",
+               h->type->tp_name, what);
+  return -1;
+}
+
 int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
                     const DLTensor *prototype, DLManagedTensorVersioned **out) {
   (void)st;
@@ -128,6 +159,7 @@ int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
       return -1;
     }
     if (dlb__check_owned(m, "exchange API allocator") < 0) return -1;
+    if (check_allocated(h, prototype, m) < 0) return -1;
     *out = m;
     return 0;
   }

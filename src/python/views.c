@@ -112,14 +112,87 @@ static int view_buffer(PyObject *obj, unsigned options, dlb_view *v) {
   return 0;
 }
 
-static int view_exchange(const dlb_handler *h, PyObject *obj, dlb_view *v) {
+/* ---- what an exchange table cannot say (torch) ------------------------------- */
+
+/* obj.<name>, looked up as Python does but called without a bound method:
+ * a C getter or METH_NOARGS method of a C base type is called directly --
+ * a few ns, the cost of the check on every torch argument.  Anything else
+ * (a Python override) is called the ordinary way.  1 / 0 for its truth,
+ * 0 when the type has no such attribute, -1 with an exception. */
+static int ask_bool(PyObject *obj, PyObject *name, int *ran_python) {
+  PyTypeObject *type = Py_TYPE(obj);
+  PyObject *descr = _PyType_Lookup(type, name); /* borrowed; no exception */
+  PyObject *r;
+  if (descr == NULL) return 0;
+  if (Py_IS_TYPE(descr, &PyMethodDescr_Type) &&
+      (((PyMethodDescrObject *)descr)->d_method->ml_flags &
+       ~(unsigned)METH_COEXIST) == METH_NOARGS &&
+      PyObject_TypeCheck(obj, PyDescr_TYPE(descr))) {
+    r = ((PyMethodDescrObject *)descr)->d_method->ml_meth(obj, NULL);
+  } else if (Py_IS_TYPE(descr, &PyGetSetDescr_Type) &&
+             ((PyGetSetDescrObject *)descr)->d_getset->get != NULL &&
+             PyObject_TypeCheck(obj, PyDescr_TYPE(descr))) {
+    PyGetSetDef *gs = ((PyGetSetDescrObject *)descr)->d_getset;
+    r = gs->get(obj, gs->closure);
+  } else {
+    *ran_python = 1;
+    r = PyObject_GetAttr(obj, name);
+    if (r != NULL && PyCallable_Check(r)) Py_SETREF(r, PyObject_CallNoArgs(r));
+  }
+  /* torch answers directly for torch.Tensor itself (a direct subclass of
+   * its C base); for its subclasses it runs __torch_function__, Python. */
+  if (type->tp_base != PyDescr_TYPE(descr)) *ran_python = 1;
+  if (r == NULL) return -1;
+  int b = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return b;
+}
+
+int dlb__view_check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
+                         int *readonly, int *ran_python) {
+  int neg = ask_bool(obj, st->str_is_neg, ran_python);
+  if (neg < 0) return -1;
+  int conj = neg ? 0 : ask_bool(obj, st->str_is_conj, ran_python);
+  if (conj < 0) return -1;
+  if (neg || conj) {
+    PyErr_Format(PyExc_BufferError,
+                 "the '%.200s' has its lazy %s bit set, which DLPack cannot "
+                 "describe (its exchange table would drop it and give wrong "
+                 "values); call .resolve_conj() / .resolve_neg() first",
+                 Py_TYPE(obj)->tp_name, neg ? "negative" : "conjugate");
+    return -1;
+  }
+  /* Only asked when it matters: a write, or a caller keeping the flag
+   * (readonly != NULL); a borrowed read for one call does not care. */
+  if (readonly == NULL && !(options & DLB_VIEW_WRITABLE)) return 0;
+  int grad = ask_bool(obj, st->str_requires_grad, ran_python);
+  if (grad < 0) return -1;
+  if (grad && (options & DLB_VIEW_WRITABLE)) {
+    PyErr_Format(PyExc_BufferError,
+                 "the '%.200s' requires grad: writing into it would go behind "
+                 "autograd's back; pass .detach() (or a tensor that does not "
+                 "require grad) to write into its memory",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  if (grad && readonly != NULL) *readonly = 1;
+  return 0;
+}
+
+static int view_exchange(dlb_module_state *st, const dlb_handler *h,
+                         PyObject *obj, unsigned options, dlb_view *v) {
   const DLPackExchangeAPI *api = h->api;
+  int readonly = 0, ran_python = 0;
+  if (!(options & DLB_VIEW_BITS_CHECKED) &&
+      dlb__view_check_bits(st, obj, options, &readonly, &ran_python) < 0)
+    return -1;
   if (api->dltensor_from_py_object_no_sync != NULL) {
     if (api->dltensor_from_py_object_no_sync(obj, &v->t) != 0) {
       dlb__error_exchange_refusal(Py_TYPE(obj), "describe");
       return -1;
     }
-    v->flags = 0; /* the borrowed entry cannot say read-only (export.c) */
+    /* the borrowed entry cannot say read-only (export.c) */
+    v->flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
     return 0;
   }
   DLManagedTensorVersioned *m = NULL;
@@ -130,7 +203,7 @@ static int view_exchange(const dlb_handler *h, PyObject *obj, dlb_view *v) {
   if (dlb__check_owned(m, "exchange API export") < 0) return -1;
   v->owned = m;
   v->t = m->dl_tensor;
-  v->flags = m->flags;
+  v->flags = m->flags | (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0);
   return 0;
 }
 
@@ -153,7 +226,7 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
       goto check_writable;
     }
     case DLB_KIND_EXCHANGE:
-      rc = view_exchange(h, obj, v);
+      rc = view_exchange(st, h, obj, options, v);
       break;
     case DLB_KIND_NUMPY:
       rc = view_numpy(st->handlers, obj, v);
@@ -162,7 +235,11 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
       rc = view_buffer(obj, options, v);
       break;
     case DLB_KIND_DLPACK:
-      rc = dlb__dunder_dlpack_managed(st, obj, NULL, -1, &v->owned);
+      /* A view that will be written must not be a copy: ask for none
+       * (copy=False), and refuse one the producer says it made anyway
+       * (IS_COPIED, below) -- the writes would be lost. */
+      rc = dlb__dunder_dlpack_managed(
+          st, obj, NULL, (options & DLB_VIEW_WRITABLE) ? 0 : -1, &v->owned);
       if (rc == 0) {
         v->t = v->owned->dl_tensor;
         v->flags = v->owned->flags;
@@ -197,6 +274,15 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
     goto error;
   }
 check_writable:
+  if ((options & DLB_VIEW_WRITABLE) && v->owned != NULL &&
+      (v->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
+    PyErr_Format(PyExc_BufferError,
+                 "the producer of type '%.200s' exported a copy "
+                 "(IS_COPIED), but this argument is written to: the writes "
+                 "would be lost",
+                 Py_TYPE(obj)->tp_name);
+    goto error;
+  }
   if ((options & DLB_VIEW_WRITABLE) &&
       (v->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
     PyErr_Format(PyExc_BufferError,

@@ -6,6 +6,13 @@ from _findings_util import CAPSULE, check
 
 SAXPY = '"saxpy(a: float32, x: float32[n], y: mut float32[n])"'
 
+# Lazy conjugate / negative bits (test_lazy_*).
+CASES = {
+    "conj": "torch.tensor([1+2j, 3-4j], dtype=torch.complex64).conj()",
+    "conj_imag": "torch.tensor([1+2j, 3-4j], dtype=torch.complex64).conj().imag",
+    "neg": "torch._neg_view(torch.tensor([1.0, -2.0]))",
+}
+
 TORCH_CASES = {
     "sparse": "torch.eye(3).to_sparse()",
     "meta": "torch.empty(4, device='meta')",
@@ -364,4 +371,221 @@ def test_torch_allocator_failure_is_short_buffer_error():
         print("OK" if len(str(e)) < 400 else "LONG %d" % len(str(e)))
     except Exception as e:
         print(type(e).__name__, len(str(e)))
+    """)
+
+
+def test_later_producer_resizes_earlier_torch_argument():
+    """Finding: a later argument's __dlpack__ calls resize_()/set_() on an
+    earlier torch argument -> the kernel reads/writes freed memory."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    n = 1 << 20
+    x = torch.ones(n)
+    ybuf = np.zeros(n, dtype=np.float32)
+    keep = []
+    class Later:
+        def __dlpack__(self, **kw):
+            x.set_(torch.full((n,), 5.0)); gc.collect()   # frees x's storage
+            keep.extend(np.full(n, 7, dtype=np.float32) for _ in range(4))
+            return ybuf.__dlpack__(**kw)
+        def __dlpack_device__(self):
+            return (1, 0)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy", %s)
+    try:
+        f(2.0, x, Later())
+    except (BufferError, ValueError, TypeError, RuntimeError):
+        print("OK"); sys.exit(0)
+    # Old view kept alive (2.0) or the new storage read (10.0), uniformly.
+    vals = set(ybuf.tolist())
+    print(sorted(vals)[:4])
+    print("OK" if vals in ({2.0}, {10.0}) else "WRONG")
+    """ % SAXPY)
+
+
+def test_output_checked_against_prototype():
+    """Finding: Function outputs -- the framework allocator's result is never
+    checked against the prototype (shape, dtype, device, contiguity)."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    P = ctypes.c_void_p
+    class DLDevice(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+    class DLDataType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", P), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                    ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                    ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    class API(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev", P),
+                    ("alloc", P), ("from_py", P), ("to_py", P), ("dltensor", P), ("stream", P)]
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = P; get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    torch_api = API.from_address(get(torch.Tensor.__dlpack_c_exchange_api__, b"dlpack_exchange_api"))
+    ALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(DLTensor), ctypes.POINTER(P), P, P)
+    real = ALLOC(torch_api.alloc)
+    small = (ctypes.c_int64 * 1)(1)
+    @ALLOC
+    def alloc(proto, out, ctx, seterr):
+        t = DLTensor.from_buffer_copy(proto.contents)
+        t.shape = small               # one element where n were asked for
+        return real(ctypes.pointer(t), out, ctx, seterr)
+    mine = API.from_buffer_copy(torch_api)
+    mine.alloc = ctypes.cast(alloc, P).value
+    mine.dltensor = None               # force the managed (allocating) route
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object; new.argtypes = [P, ctypes.c_char_p, P]
+    cap = new(ctypes.addressof(mine), b"dlpack_exchange_api", None)
+    class Sub(torch.Tensor):
+        __dlpack_c_exchange_api__ = cap
+    n = 1 << 16
+    x = torch.ones(n).as_subclass(Sub)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy_out",
+                 "saxpy(a: float32, x: float32[n], y: float32[n]) -> float32[n]")
+    try:
+        r = f(2.0, x, x)
+    except (BufferError, ValueError, RuntimeError):
+        print("OK"); sys.exit(0)
+    print(tuple(r.shape))
+    print("OK" if tuple(r.shape) == (n,) else "WRONG SHAPE")
+    """)
+
+
+def test_mut_argument_from_copying_producer():
+    """Finding: a mut argument from a producer that copies by default is
+    written into the copy, the caller's data is unchanged and no error is
+    raised.  dlbridge must ask copy=False and honour IS_COPIED."""
+    check("""
+    x = np.ones(4, dtype=np.float32)
+    y = np.zeros(4, dtype=np.float32)
+    class Copier:
+        def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+            return y.__dlpack__(max_version=max_version,
+                                copy=True if copy is None else copy)
+        def __dlpack_device__(self): return (1, 0)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy", %s)
+    try:
+        f(2.0, x, Copier())
+    except (BufferError, ValueError, TypeError):
+        print("OK"); sys.exit(0)
+    print(y)
+    print("OK" if y.tolist() == [2.0] * 4 else "LOST WRITE")
+    """ % SAXPY)
+
+
+def test_mut_requires_grad_not_written_behind_autograd():
+    """Finding: a mut argument that requires grad is written behind
+    autograd's back.  Either an error, or the write is visible and autograd
+    notices (the tensor's version counter moves)."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    x = np.ones(4, dtype=np.float32)
+    y = torch.zeros(4, requires_grad=True)
+    v0 = y._version
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy", %s)
+    try:
+        f(2.0, x, y)
+    except (BufferError, ValueError, TypeError, RuntimeError):
+        print("OK"); sys.exit(0)
+    wrote = y.detach().tolist() == [2.0] * 4
+    print("wrote", wrote, "version", v0, y._version)
+    print("OK" if wrote and y._version > v0 else "SILENT")
+    """ % SAXPY)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("route", ["from_dlpack", "convert"])
+def test_lazy_bit_not_dropped_on_import(case, route):
+    """Finding: x.conj(), x.conj().imag and negative-bit tensors import
+    through torch's exchange table with the bit dropped (wrong values)."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    x = %s
+    assert x.is_conj() or x.is_neg()
+    want = x.resolve_conj().resolve_neg().tolist()
+    try:
+        if %r == "from_dlpack":
+            got = dlb.from_dlpack(x).tolist()
+        else:
+            got = dlb.convert(x, "numpy").tolist()
+    except BufferError:
+        print("OK"); sys.exit(0)
+    print(got, want)
+    print("OK" if got == want else "BIT DROPPED")
+    """ % (CASES[case], route))
+
+
+@pytest.mark.parametrize("case", ["conj_imag", "neg"])
+def test_lazy_bit_not_dropped_in_function(case):
+    """Finding: a conj/neg-bit torch tensor passed to a Function is read with
+    the bit dropped (wrong result, no error)."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    x = %s
+    want = [2.0 * v for v in x.resolve_conj().resolve_neg().tolist()]
+    y = np.zeros(2, dtype=np.float32)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    try:
+        f(2.0, x, y)
+    except BufferError:
+        print("OK"); sys.exit(0)
+    print(y.tolist(), want)
+    print("OK" if y.tolist() == want else "BIT DROPPED")
+    """ % CASES[case])
+
+
+def test_lazy_conj_not_dropped_in_function_mut():
+    """Finding: a mut argument with the negative bit is written as if it had
+    none (the caller then sees negated values)."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    base = torch.zeros(2)
+    y = torch._neg_view(base)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    try:
+        f(1.0, np.ones(2, dtype=np.float32), y)
+    except BufferError:
+        print("OK"); sys.exit(0)
+    print(y.tolist())
+    print("OK" if y.tolist() == [1.0, 1.0] else "BIT DROPPED")
+    """)
+
+
+def test_handler_not_used_after_class_reassigned_and_freed():
+    """Finding: a later argument's producer reassigns an earlier argument's
+    __class__ and collects the old class, freeing the handler Function still
+    used for the output's allocation (a crash on main)."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy_out",
+                 "saxpy(a: float32, x: float32[n], y: float32[n]) -> float32[n]")
+    bad = 0
+    for it in range(50):
+        S1 = type("S1", (torch.Tensor,), {})
+        S2 = type("S2", (torch.Tensor,), {})
+        x = torch.ones(4).as_subclass(S1)
+        y = np.ones(4, dtype=np.float32)
+        junk = []
+        class Later:
+            def __dlpack__(self, **kw):
+                global S1
+                x.__class__ = S2
+                S1 = None
+                gc.collect()
+                junk.extend(bytearray(64) for i in range(2000))
+                return y.__dlpack__(**kw)
+            def __dlpack_device__(self):
+                return (1, 0)
+        r = f(2.0, x, Later())
+        bad += r.tolist() != [3.0] * 4
+    print("OK" if bad == 0 else "WRONG %d" % bad)
     """)
