@@ -76,6 +76,12 @@ typedef struct {
   PyObject *str_is_conj;           /* "is_conj" */
   PyObject *str_is_neg;            /* "is_neg" */
   PyObject *str_requires_grad;     /* "requires_grad" */
+  /* views.c: where torch keeps the lazy bits, found once by experiment
+   * (torch_bits 0: not tried, 1: usable, -1: ask the tensor instead). */
+  PyTypeObject *torch_base;        /* strong: torch._C.TensorBase */
+  int torch_bits;
+  int torch_impl_off, torch_flag_off, torch_key_off;
+  uint64_t torch_neg_mask, torch_conj_mask;
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -549,10 +555,15 @@ enum {
  * requires grad is read-only to dlbridge: a BufferError when options has
  * DLB_VIEW_WRITABLE, else *readonly = 1 (not asked when readonly is NULL).  Objects whose type has
  * no such methods pass (0).  *ran_python is set to 1 when Python code may
- * have run (a subclass's __torch_function__, a Python override); plain
- * torch tensors are asked through the C methods directly.  0 or -1. */
+ * have run (the first torch tensor seen, a subclass's __torch_function__,
+ * a Python override).  The bits are read from torch's TensorImpl where an
+ * experiment run once found them (views.c), else asked.  0 or -1. */
 int dlb__view_check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
                          int *readonly, int *ran_python);
+/* Whether dlb__view_check_bits on obj is certain to run no Python code: a
+ * plain torch.Tensor (not a subclass) once torch's bits can be read
+ * directly. */
+int dlb__view_bits_free(const dlb_module_state *st, PyObject *obj);
 
 /* Fill view for obj (which the caller keeps alive until release).  0 on
  * success; -1 with TypeError (not tensor-like), BufferError (cannot be

@@ -848,9 +848,10 @@ typedef struct {
  * read before the borrowed views are taken: a kind with no borrowed form
  * is read now (an owning view, safe across later Python code); a torch-like
  * exchange argument has what its table cannot say checked now
- * (dlb__view_check_bits), because asking runs Python code -- torch even
- * releases the GIL in is_neg().  *python is set when Python code may have
- * run.  0 or -1. */
+ * (dlb__view_check_bits), because asking may run Python code -- torch even
+ * releases the GIL in is_neg() -- and again on a later pass when that is
+ * a plain read (Python code run since may have set a bit).  *python is set
+ * when Python code may have run.  0 or -1. */
 static int read_early(fn_object *fn, fn_frame *f, PyObject *obj, int i,
                       int *python) {
   dlb_module_state *st = fn->st;
@@ -863,9 +864,9 @@ static int read_early(fn_object *fn, fn_frame *f, PyObject *obj, int i,
       return 0;
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync != NULL) {
-        if (f->state[i] == ARG_CHECKED && f->types[i] == Py_TYPE(obj))
-          return 0; /* checked for this very type: nothing to run */
-        *python = 1;
+        if (f->state[i] == ARG_CHECKED && f->types[i] == Py_TYPE(obj) &&
+            !dlb__view_bits_free(st, obj))
+          return 0; /* checked for this type, and asking again runs Python */
         if (dlb__view_check_bits(st, obj, opts, NULL, python) < 0)
           return -1;
         f->state[i] = ARG_CHECKED;

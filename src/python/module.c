@@ -76,6 +76,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->DeviceType);
   Py_VISIT(st->max_version_tuple);
   Py_VISIT(st->FunctionType);
+  Py_VISIT(st->torch_base);
   for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)
     Py_VISIT(st->dtype_cache[i]);
   return 0;
@@ -97,6 +98,8 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_is_conj);
   Py_CLEAR(st->str_is_neg);
   Py_CLEAR(st->str_requires_grad);
+  Py_CLEAR(st->torch_base);
+  st->torch_bits = 0;
   Py_CLEAR(st->max_version_tuple);
   Py_CLEAR(st->FunctionType);
   for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)

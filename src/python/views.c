@@ -148,12 +148,167 @@ static int ask_bool(PyObject *obj, PyObject *name, int *ran_python) {
   return b;
 }
 
+/* Asking a torch tensor is_neg() and is_conj() costs ~50 ns each (torch
+ * releases and retakes the GIL in them): three times the rest of a
+ * Function argument.  The bits are two bits of the dispatch key set in
+ * torch's TensorImpl, so they are read there -- at an offset found by
+ * experiment once per process, never assumed:
+ *   - the TensorImpl * is the word of the tensor object that equals
+ *     tensor._cdata (right after the object header, or after MaybeOwned's
+ *     "borrowed" flag, which must then be 0);
+ *   - torch._C._set_neg / _set_conj on private sample tensors must flip
+ *     exactly one bit of exactly one word in the first TORCH_SCAN bytes of
+ *     the TensorImpl, the same word for both, and flip it back;
+ *   - fresh neg views, conj views and plain tensors must then read as such.
+ * Anything unexpected (another layout, a torch without these functions)
+ * leaves torch_bits at -1 and the tensor is asked, slowly but correctly. */
+#define TORCH_SCAN 24 /* words of a TensorImpl looked at */
+
+static const char torch_samples[] =
+    "import torch\n"
+    "p = torch.zeros(3)\n"
+    "c = torch.zeros(3, dtype=torch.complex64)\n"
+    "n = torch._neg_view(torch.ones(2))\n"
+    "k = torch.ones(2, dtype=torch.complex64).conj()\n"
+    "set_neg, set_conj = torch._C._set_neg, torch._C._set_conj\n";
+
+static const char *torch_impl_of(const dlb_module_state *st, PyObject *obj) {
+  const char *o = (const char *)obj;
+  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return NULL;
+  const char *impl;
+  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
+  return impl;
+}
+
+/* The mask of the bit flip(obj, True) sets in the key word (which is
+ * *key_off, found when -1), 0 when no single bit moved. */
+static uint64_t torch_flip(PyObject *flip, PyObject *obj, const char *impl,
+                           int *key_off) {
+  uint64_t before[TORCH_SCAN], after[TORCH_SCAN], back[TORCH_SCAN];
+  memcpy(before, impl, sizeof before);
+  PyObject *r = PyObject_CallFunctionObjArgs(flip, obj, Py_True, NULL);
+  if (r == NULL) return 0;
+  Py_DECREF(r);
+  memcpy(after, impl, sizeof after);
+  r = PyObject_CallFunctionObjArgs(flip, obj, Py_False, NULL);
+  if (r == NULL) return 0;
+  Py_DECREF(r);
+  memcpy(back, impl, sizeof back);
+  uint64_t mask = 0;
+  for (int w = 0; w < TORCH_SCAN; w++) {
+    uint64_t d = before[w] ^ after[w];
+    if (d == 0) continue;
+    if ((d & (d - 1)) != 0 || back[w] != before[w] || mask != 0) return 0;
+    if (*key_off >= 0 && *key_off != w * 8) return 0;
+    *key_off = w * 8;
+    mask = d;
+  }
+  return mask;
+}
+
+static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
+                           PyObject *obj) {
+  PyObject *g = PyDict_New(), *r = NULL, *cd = NULL;
+  int ok = 0;
+  st->torch_bits = -1; /* unless everything below holds */
+  if (g == NULL ||
+      PyDict_SetItemString(g, "__builtins__", PyEval_GetBuiltins()) < 0)
+    goto done;
+  r = PyRun_String(torch_samples, Py_file_input, g, g);
+  if (r == NULL) goto done;
+  PyObject *p = PyDict_GetItemString(g, "p"), *c = PyDict_GetItemString(g, "c"),
+           *n = PyDict_GetItemString(g, "n"), *k = PyDict_GetItemString(g, "k");
+  PyObject *set_neg = PyDict_GetItemString(g, "set_neg"),
+           *set_conj = PyDict_GetItemString(g, "set_conj");
+  if (!p || !c || !n || !k || !set_neg || !set_conj ||
+      !PyObject_TypeCheck(p, base) || !PyObject_TypeCheck(obj, base))
+    goto done;
+  /* The TensorImpl pointer in the object. */
+  cd = PyObject_GetAttrString(p, "_cdata");
+  if (cd == NULL) goto done;
+  void *want = PyLong_AsVoidPtr(cd);
+  if (want == NULL) goto done;
+  const char *o = (const char *)p;
+  void *w16, *w24;
+  memcpy(&w16, o + sizeof(PyObject), sizeof w16);
+  memcpy(&w24, o + sizeof(PyObject) + 8, sizeof w24);
+  if (w16 == want) {
+    st->torch_impl_off = (int)sizeof(PyObject);
+    st->torch_flag_off = -1;
+  } else if (w24 == want && o[sizeof(PyObject)] == 0) {
+    st->torch_impl_off = (int)sizeof(PyObject) + 8;
+    st->torch_flag_off = (int)sizeof(PyObject);
+  } else {
+    goto done;
+  }
+  /* The key word and the two bits. */
+  int key_off = -1;
+  const char *ip = torch_impl_of(st, p), *ic = torch_impl_of(st, c);
+  if (ip == NULL || ic == NULL) goto done;
+  uint64_t neg = torch_flip(set_neg, p, ip, &key_off);
+  uint64_t conj = neg ? torch_flip(set_conj, c, ic, &key_off) : 0;
+  if (neg == 0 || conj == 0 || neg == conj) goto done;
+  st->torch_key_off = key_off;
+  st->torch_neg_mask = neg;
+  st->torch_conj_mask = conj;
+  /* What fresh tensors must read as. */
+  uint64_t kp, kc, kn, kk;
+  const char *in = torch_impl_of(st, n), *ik = torch_impl_of(st, k);
+  if (in == NULL || ik == NULL) goto done;
+  memcpy(&kp, ip + key_off, 8);
+  memcpy(&kc, ic + key_off, 8);
+  memcpy(&kn, in + key_off, 8);
+  memcpy(&kk, ik + key_off, 8);
+  if ((kp & (neg | conj)) || (kc & (neg | conj)) || (kn & (neg | conj)) != neg ||
+      (kk & (neg | conj)) != conj)
+    goto done;
+  Py_INCREF(base);
+  Py_XSETREF(st->torch_base, base);
+  st->torch_bits = 1;
+  ok = 1;
+done:
+  /* A failed experiment is not an error: the tensor is asked instead. */
+  if (!ok && PyErr_Occurred()) PyErr_Clear();
+  Py_XDECREF(cd);
+  Py_XDECREF(r);
+  Py_XDECREF(g);
+  return ok;
+}
+
+/* The lazy bits of obj: 1 read from its TensorImpl (*neg, *conj set), 0 to
+ * be asked.  The first torch tensor seen runs the experiment (Python). */
+static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
+                           int *conj, int *ran_python) {
+  if (st->torch_bits == 0) {
+    PyObject *descr = _PyType_Lookup(Py_TYPE(obj), st->str_is_neg);
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMethodDescr_Type)) return 0;
+    *ran_python = 1;
+    torch_calibrate(st, PyDescr_TYPE(descr), obj);
+  }
+  if (st->torch_bits < 0 || !PyObject_TypeCheck(obj, st->torch_base)) return 0;
+  const char *impl = torch_impl_of(st, obj);
+  if (impl == NULL) return 0;
+  uint64_t key;
+  memcpy(&key, impl + st->torch_key_off, sizeof key);
+  *neg = (key & st->torch_neg_mask) != 0;
+  *conj = (key & st->torch_conj_mask) != 0;
+  return 1;
+}
+
+int dlb__view_bits_free(const dlb_module_state *st, PyObject *obj) {
+  return st->torch_bits > 0 && Py_TYPE(obj)->tp_base == st->torch_base &&
+         torch_impl_of(st, obj) != NULL;
+}
+
 int dlb__view_check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
                          int *readonly, int *ran_python) {
-  int neg = ask_bool(obj, st->str_is_neg, ran_python);
-  if (neg < 0) return -1;
-  int conj = neg ? 0 : ask_bool(obj, st->str_is_conj, ran_python);
-  if (conj < 0) return -1;
+  int neg = 0, conj = 0;
+  if (!torch_bits_read(st, obj, &neg, &conj, ran_python)) {
+    neg = ask_bool(obj, st->str_is_neg, ran_python);
+    if (neg < 0) return -1;
+    conj = neg ? 0 : ask_bool(obj, st->str_is_conj, ran_python);
+    if (conj < 0) return -1;
+  }
   if (neg || conj) {
     PyErr_Format(PyExc_BufferError,
                  "the '%.200s' has its lazy %s bit set, which DLPack cannot "

@@ -589,3 +589,48 @@ def test_handler_not_used_after_class_reassigned_and_freed():
         bad += r.tolist() != [3.0] * 4
     print("OK" if bad == 0 else "WRONG %d" % bad)
     """)
+
+
+def test_lazy_bit_set_in_place_is_seen():
+    """The lazy bits are read where torch keeps them (an offset found once
+    by experiment): a bit set in place after the first sight, on a plain
+    tensor or a subclass, or by a later argument's producer, is seen."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    class Sub(torch.Tensor):
+        pass
+    for make in (lambda: torch.ones(2), lambda: torch.ones(2).as_subclass(Sub)):
+        x = make()
+        dlb.from_dlpack(x)
+        torch._C._set_neg(x, True)
+        try:
+            dlb.from_dlpack(x)
+            print("NEG MISSED"); sys.exit(0)
+        except BufferError:
+            pass
+        torch._C._set_neg(x, False)
+        z = torch.ones(2, dtype=torch.complex64)
+        torch._C._set_conj(z, True)
+        try:
+            dlb.from_dlpack(z)
+            print("CONJ MISSED"); sys.exit(0)
+        except BufferError:
+            pass
+    x = torch.ones(2)
+    y = np.zeros(2, dtype=np.float32)
+    class Later:
+        def __dlpack__(self, **kw):
+            torch._C._set_neg(x, True)
+            return y.__dlpack__(**kw)
+        def __dlpack_device__(self):
+            return (1, 0)
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    try:
+        f(1.0, x, Later())
+    except BufferError:
+        print("OK"); sys.exit(0)
+    print(y.tolist())
+    print("OK" if y.tolist() == [-1.0, -1.0] else "BIT DROPPED")
+    """)
