@@ -13,6 +13,14 @@
 
 #include <string.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#define DLB_HAVE_MALLOC_USABLE_SIZE 1
+#else
+/* Never called: torch_calibrate gives up first. */
+#define malloc_usable_size(p) ((size_t)0 * (size_t)(p != NULL))
+#endif
+
 _Static_assert(sizeof(Py_ssize_t) == sizeof(int64_t),
                "dlbridge's borrowed views point DLTensor.shape at Py_ssize_t "
                "arrays: a 64-bit platform is required");
@@ -157,12 +165,13 @@ static int ask_bool(PyObject *obj, PyObject *name, int *ran_python) {
  *     tensor._cdata (right after the object header, or after MaybeOwned's
  *     "borrowed" flag, which must then be 0);
  *   - torch._C._set_neg / _set_conj on private sample tensors must flip
- *     exactly one bit of exactly one word in the first TORCH_SCAN bytes of
- *     the TensorImpl, the same word for both, and flip it back;
+ *     exactly one bit of exactly one word of the TensorImpl (its words up
+ *     to TORCH_SCAN, within the block malloc gave it -- never past it),
+ *     the same word for both, and flip it back;
  *   - fresh neg views, conj views and plain tensors must then read as such.
  * Anything unexpected (another layout, a torch without these functions)
  * leaves torch_bits at -1 and the tensor is asked, slowly but correctly. */
-#define TORCH_SCAN 24 /* words of a TensorImpl looked at */
+#define TORCH_SCAN 32 /* at most this many words of a TensorImpl looked at */
 
 static const char torch_samples[] =
     "import torch\n"
@@ -185,17 +194,22 @@ static const char *torch_impl_of(const dlb_module_state *st, PyObject *obj) {
 static uint64_t torch_flip(PyObject *flip, PyObject *obj, const char *impl,
                            int *key_off) {
   uint64_t before[TORCH_SCAN], after[TORCH_SCAN], back[TORCH_SCAN];
-  memcpy(before, impl, sizeof before);
+  /* The TensorImpl is the start of a block of operator new (malloc):
+   * nothing past its usable size is read. */
+  size_t words = malloc_usable_size((void *)impl) / 8;
+  if (words > TORCH_SCAN) words = TORCH_SCAN;
+  size_t bytes = words * 8;
+  memcpy(before, impl, bytes);
   PyObject *r = PyObject_CallFunctionObjArgs(flip, obj, Py_True, NULL);
   if (r == NULL) return 0;
   Py_DECREF(r);
-  memcpy(after, impl, sizeof after);
+  memcpy(after, impl, bytes);
   r = PyObject_CallFunctionObjArgs(flip, obj, Py_False, NULL);
   if (r == NULL) return 0;
   Py_DECREF(r);
-  memcpy(back, impl, sizeof back);
+  memcpy(back, impl, bytes);
   uint64_t mask = 0;
-  for (int w = 0; w < TORCH_SCAN; w++) {
+  for (int w = 0; w < (int)words; w++) {
     uint64_t d = before[w] ^ after[w];
     if (d == 0) continue;
     if ((d & (d - 1)) != 0 || back[w] != before[w] || mask != 0) return 0;
@@ -208,9 +222,15 @@ static uint64_t torch_flip(PyObject *flip, PyObject *obj, const char *impl,
 
 static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
                            PyObject *obj) {
-  PyObject *g = PyDict_New(), *r = NULL, *cd = NULL;
+  PyObject *g = NULL, *r = NULL, *cd = NULL;
   int ok = 0;
   st->torch_bits = -1; /* unless everything below holds */
+#ifndef DLB_HAVE_MALLOC_USABLE_SIZE
+  (void)base;
+  (void)obj;
+  return 0; /* no way to bound the experiment's reads */
+#endif
+  g = PyDict_New();
   if (g == NULL ||
       PyDict_SetItemString(g, "__builtins__", PyEval_GetBuiltins()) < 0)
     goto done;
