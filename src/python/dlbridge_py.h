@@ -53,6 +53,8 @@
 
 #include "dlbridge/dlbridge.h"
 
+#include <string.h>
+
 /* ---- Module state (module.c) ------------------------------------------------ */
 
 /* Per-module state: the heap types and interned names.  Reached from a
@@ -560,6 +562,23 @@ enum {
  * experiment run once found them (views.c), else asked.  0 or -1. */
 int dlb__view_check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
                          int *readonly, int *ran_python);
+/* The hot path of dlb__view_check_bits for torch tensors, inline: 0 when
+ * the experiment found where torch keeps the lazy bits and both are clear
+ * in obj, 1 otherwise (call dlb__view_check_bits: it reports a set bit,
+ * runs the experiment, or asks the tensor). */
+static inline int dlb__view_bits_maybe_set(const dlb_module_state *st,
+                                           PyObject *obj) {
+  if (st->torch_bits <= 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
+                              !PyObject_TypeCheck(obj, st->torch_base)))
+    return 1;
+  const char *o = (const char *)obj, *impl;
+  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return 1;
+  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
+  if (impl == NULL) return 1;
+  uint64_t key;
+  memcpy(&key, impl + st->torch_key_off, sizeof key);
+  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0;
+}
 /* Whether dlb__view_check_bits on obj is certain to run no Python code: a
  * plain torch.Tensor (not a subclass) once torch's bits can be read
  * directly. */

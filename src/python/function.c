@@ -823,10 +823,12 @@ DLB__OUT_OF_LINE(int, order_keywords,
 
 /* Where an argument is in the call's reading (fn_frame.state). */
 enum {
-  ARG_PENDING = 0, /* a borrowed view is still to be taken */
-  ARG_CHECKED,     /* the same, its exchange-table bits checked for types[i] */
+  ARG_PENDING = 0, /* not read yet */
   ARG_SCALAR,      /* a Python number, stored in scalars[i] */
-  ARG_VIEW         /* views[i] is held (owning, or safe across Python) */
+  ARG_BORROWED,    /* a borrowed view (owns nothing): valid only while no
+                      Python code runs, taken again if some does */
+  ARG_VIEW         /* an owning view, safe across Python code; released at
+                      the end */
 };
 
 /* The per-call arrays.  On the stack for signatures of up to FN_INLINE
@@ -837,43 +839,53 @@ enum {
 typedef struct {
   dlb_view *views;                 /* [nin] */
   dlb_scalar *scalars;             /* [nin] */
-  PyTypeObject **types;            /* [nin] */
+  PyTypeObject **types;            /* [nin]: type whose bits were checked */
   PyObject **ordered;              /* [nin], keyword calls */
   uint8_t *state;                  /* [nin], ARG_* */
   DLTensor **argv;                 /* [nin + nout] */
   DLManagedTensorVersioned **outs; /* [nout] */
 } fn_frame;
 
-/* Read argument i, whose handler is views[i].handler, as far as it can be
- * read before the borrowed views are taken: a kind with no borrowed form
- * is read now (an owning view, safe across later Python code); a torch-like
- * exchange argument has what its table cannot say checked now
- * (dlb__view_check_bits), because asking may run Python code -- torch even
- * releases the GIL in is_neg() -- and again on a later pass when that is
- * a plain read (Python code run since may have set a bit).  *python is set
- * when Python code may have run.  0 or -1. */
-static int read_early(fn_object *fn, fn_frame *f, PyObject *obj, int i,
-                      int *python) {
+/* Read argument i (not a number), looking its handler up.  A NumPy array,
+ * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
+ * what its exchange table cannot say is checked first
+ * (dlb__view_check_bits), which may run Python code (the first torch
+ * tensor, subclasses), and is not asked again for the same type unless
+ * that is a plain read.  Every other kind is read owning (producers'
+ * __dlpack__ run Python code).  *python is set when Python code may have
+ * run.  0 or -1 (the caller names the argument). */
+#if defined(__GNUC__)
+#define FN_HOT_INLINE __attribute__((always_inline)) inline
+#else
+#define FN_HOT_INLINE inline
+#endif
+
+static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
+                                  int i, int *python) {
   dlb_module_state *st = fn->st;
-  const dlb_handler *h = f->views[i].handler;
   unsigned opts = fn->params[i].mut ? DLB_VIEW_WRITABLE : 0;
+  size_t classified = st->handlers->count;
+  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
+  if (h == NULL) return -1;
+  /* A type seen for the first time ran Python code to classify it. */
+  if (st->handlers->count != classified) *python = 1;
   switch (h->kind) {
+    case DLB_KIND_EXCHANGE:
+      if (h->api->dltensor_from_py_object_no_sync == NULL) break;
+      if (!(opts & DLB_VIEW_WRITABLE) && !dlb__view_bits_maybe_set(st, obj)) {
+        /* the common case, a plain read of torch's bits: clear */
+      } else if (f->types[i] != Py_TYPE(obj) || dlb__view_bits_free(st, obj)) {
+        if (dlb__view_check_bits(st, obj, opts, NULL, python) < 0) return -1;
+        f->types[i] = Py_TYPE(obj);
+      }
+      /* fall through */
     case DLB_KIND_TENSOR:
     case DLB_KIND_NUMPY:
-      f->state[i] = ARG_PENDING;
+      if (dlb__view_get_with(st, h, obj, opts | DLB_VIEW_BITS_CHECKED,
+                             &f->views[i]) < 0)
+        return -1;
+      f->state[i] = ARG_BORROWED;
       return 0;
-    case DLB_KIND_EXCHANGE:
-      if (h->api->dltensor_from_py_object_no_sync != NULL) {
-        if (f->state[i] == ARG_CHECKED && f->types[i] == Py_TYPE(obj) &&
-            !dlb__view_bits_free(st, obj))
-          return 0; /* checked for this type, and asking again runs Python */
-        if (dlb__view_check_bits(st, obj, opts, NULL, python) < 0)
-          return -1;
-        f->state[i] = ARG_CHECKED;
-        f->types[i] = Py_TYPE(obj);
-        return 0;
-      }
-      break;
     default:
       break;
   }
@@ -883,15 +895,24 @@ static int read_early(fn_object *fn, fn_frame *f, PyObject *obj, int i,
   return 0;
 }
 
+static int read_arg_again(fn_object *fn, fn_frame *f, PyObject *obj, int i,
+                          int *python) {
+  return read_arg(fn, f, obj, i, python);
+}
+
+DLB__OUT_OF_LINE(int, read_arg_again,
+                 (fn_object *, fn_frame *, PyObject *, int, int *));
+
 /* The call, with its arrays in f.  The order is what keeps borrowed views
  * valid (a NumPy array's data, a torch tensor's storage: Python code may
- * resize or free them):
- *   1. every argument is read as far as it can be without a borrowed view;
- *      this may run Python code (producers' __dlpack__, torch's checks);
- *   2. if Python code ran, handlers are looked up again (a class may have
- *      been reassigned and the old type freed) until a pass runs none;
- *   3. the borrowed views are taken, the outputs allocated and the kernel
- *      run, with no Python code in between. */
+ * resize or free them, and a reassigned class may free the handler):
+ *   1. every argument is read in order, borrowed where it can be; this may
+ *      run Python code (producers' __dlpack__, torch's checks);
+ *   2. if Python code ran, the arguments read borrowed are read again (a
+ *      new handler lookup, a new view), until a pass runs none -- so the
+ *      views in use were all taken after the last Python code;
+ *   3. the checks against the signature, the outputs' allocation and the
+ *      kernel, with no Python code in between. */
 static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
                                       Py_ssize_t nargs, PyObject *kwnames,
                                       fn_frame *f) {
@@ -917,12 +938,13 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   }
 
   /* 1. */
-  size_t classified = st->handlers->count;
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     PyObject *obj = args[i];
     state[i] = ARG_PENDING;
+    f->types[i] = NULL;
     nseen = i + 1;
+    argv[i] = &views[i].t;
     if (p->ndim == 0 &&
         (PyLong_Check(obj) || PyFloat_Check(obj) || PyComplex_Check(obj))) {
       DLTensor *t = &views[i].t;
@@ -944,51 +966,33 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
       state[i] = ARG_SCALAR;
       continue;
     }
-    views[i].handler = dlb__handler_for(st, Py_TYPE(obj));
-    if (views[i].handler == NULL || read_early(fn, f, obj, i, &python) < 0) {
+    if (read_arg(fn, f, obj, i, &python) < 0) {
       prefix_error_out_of_line(fn, i);
       goto cleanup;
     }
   }
 
-  /* 2.  A new handler (a type seen for the first time) ran Python code to
-   * classify it. */
-  if (st->handlers->count != classified) python = 1;
+  /* 2.  (Off the fast path: read_arg out of line here.) */
   for (int round = 0; python; round++) {
     if (round == 4) {
       changing_error_out_of_line(fn);
       goto cleanup;
     }
     python = 0;
-    classified = st->handlers->count;
     for (int i = 0; i < nin; i++) {
-      if (state[i] != ARG_PENDING && state[i] != ARG_CHECKED) continue;
-      PyObject *obj = args[i];
-      views[i].handler = dlb__handler_for(st, Py_TYPE(obj));
-      if (views[i].handler == NULL ||
-          read_early(fn, f, obj, i, &python) < 0) {
+      if (state[i] != ARG_BORROWED) continue;
+      if (read_arg_again_out_of_line(fn, f, args[i], i, &python) < 0) {
         prefix_error_out_of_line(fn, i);
         goto cleanup;
       }
     }
-    if (st->handlers->count != classified) python = 1;
   }
 
   /* 3.  From here to the kernel no Python code runs. */
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     DLTensor *t = &views[i].t;
-    argv[i] = t;
     if (state[i] == ARG_SCALAR) continue;
-    if (state[i] != ARG_VIEW) {
-      unsigned opts = (p->mut ? DLB_VIEW_WRITABLE : 0) | DLB_VIEW_BITS_CHECKED;
-      if (dlb__view_get_with(st, views[i].handler, args[i], opts, &views[i]) <
-          0) {
-        prefix_error_out_of_line(fn, i);
-        goto cleanup;
-      }
-      state[i] = ARG_VIEW;
-    }
     if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits ||
         t->dtype.lanes != p->dtype.lanes || t->ndim != p->ndim) {
       check_error_out_of_line(fn, i, t, p, NULL, -1);
@@ -1099,45 +1103,41 @@ cleanup:
 }
 
 /* A signature with more than FN_INLINE parameters and results: the arrays
- * in one heap block.  Off the fast path. */
-static PyObject *function_call_large(fn_object *fn, PyObject *const *args,
-                                     Py_ssize_t nargs, PyObject *kwnames) {
+ * in one heap block (returned, to be freed by the caller).  Off the fast
+ * path. */
+static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   size_t nin = (size_t)fn->nin, n = nin + (size_t)fn->nout;
   size_t bytes = nin * (sizeof(dlb_view) + sizeof(dlb_scalar) +
                         sizeof(PyTypeObject *) + sizeof(PyObject *)) +
                  n * sizeof(DLTensor *) +
                  (n - nin) * sizeof(DLManagedTensorVersioned *) + nin;
-  char *block = PyMem_Malloc(bytes ? bytes : 1);
-  if (block == NULL) return PyErr_NoMemory();
-  fn_frame f;
+  char *block = PyMem_Malloc(bytes);
+  if (block == NULL) {
+    PyErr_NoMemory();
+    return NULL;
+  }
   char *q = block; /* the most aligned first */
-  f.views = (dlb_view *)q;
+  f->views = (dlb_view *)q;
   q += nin * sizeof(dlb_view);
-  f.scalars = (dlb_scalar *)q;
+  f->scalars = (dlb_scalar *)q;
   q += nin * sizeof(dlb_scalar);
-  f.types = (PyTypeObject **)q;
+  f->types = (PyTypeObject **)q;
   q += nin * sizeof(PyTypeObject *);
-  f.ordered = (PyObject **)q;
+  f->ordered = (PyObject **)q;
   q += nin * sizeof(PyObject *);
-  f.argv = (DLTensor **)q;
+  f->argv = (DLTensor **)q;
   q += n * sizeof(DLTensor *);
-  f.outs = (DLManagedTensorVersioned **)q;
+  f->outs = (DLManagedTensorVersioned **)q;
   q += (n - nin) * sizeof(DLManagedTensorVersioned *);
-  f.state = (uint8_t *)q;
-  PyObject *r = function_call(fn, args, nargs, kwnames, &f);
-  PyMem_Free(block);
-  return r;
+  f->state = (uint8_t *)q;
+  return block;
 }
 
-DLB__OUT_OF_LINE(PyObject *, function_call_large,
-                 (fn_object *, PyObject *const *, Py_ssize_t, PyObject *));
+DLB__OUT_OF_LINE(void *, frame_alloc, (const fn_object *, fn_frame *));
 
 static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
                                      size_t nargsf, PyObject *kwnames) {
   fn_object *fn = (fn_object *)self;
-  if (fn->nin + fn->nout > FN_INLINE)
-    return function_call_large_out_of_line(fn, args, PyVectorcall_NARGS(nargsf),
-                                           kwnames);
   dlb_view views[FN_INLINE];
   dlb_scalar scalars[FN_INLINE];
   PyTypeObject *types[FN_INLINE];
@@ -1146,7 +1146,14 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   DLTensor *argv[FN_INLINE];
   DLManagedTensorVersioned *outs[FN_INLINE];
   fn_frame f = {views, scalars, types, ordered, state, argv, outs};
-  return function_call(fn, args, PyVectorcall_NARGS(nargsf), kwnames, &f);
+  void *block = NULL;
+  if (fn->nin + fn->nout > FN_INLINE) {
+    block = frame_alloc_out_of_line(fn, &f);
+    if (block == NULL) return NULL;
+  }
+  PyObject *r = function_call(fn, args, PyVectorcall_NARGS(nargsf), kwnames, &f);
+  PyMem_Free(block);
+  return r;
 }
 
 /* ---- attributes --------------------------------------------------------------------- */

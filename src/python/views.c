@@ -305,7 +305,10 @@ static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
     *ran_python = 1;
     torch_calibrate(st, PyDescr_TYPE(descr), obj);
   }
-  if (st->torch_bits < 0 || !PyObject_TypeCheck(obj, st->torch_base)) return 0;
+  /* torch.Tensor itself derives from the base directly: one compare. */
+  if (st->torch_bits < 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
+                             !PyObject_TypeCheck(obj, st->torch_base)))
+    return 0;
   const char *impl = torch_impl_of(st, obj);
   if (impl == NULL) return 0;
   uint64_t key;
