@@ -18,29 +18,39 @@
  * A dimension NAME binds the first time it appears, reading parameters left
  * to right, and must be equal everywhere after; output dimensions must be
  * literals or names some input binds.  At most 64 parameters and results
- * together (the kernel's argument array lives on the stack).
+ * together.
  *
  * The call path is built for overhead, not generality: every check that can
  * be decided from the signature alone is decided at parse time.  Each dim
  * record says whether it binds a name, checks a literal, or checks against
  * the (parameter, axis) that bound its name -- so a call needs no symbol
  * table, just compares against the shape of the view that bound it.  Views
- * of the arguments are borrowed on the stack (dlb__view_get); Python
- * numbers for 0-d parameters are stored on the stack too.  Nothing is
- * allocated unless the signature has outputs.
+ * of the arguments are borrowed (dlb__view_get_with) into per-call arrays
+ * that live on the stack for up to FN_INLINE (8) parameters and results,
+ * in one heap block beyond; Python numbers for 0-d parameters are stored
+ * there too.  Nothing else is allocated unless the signature has outputs.
+ * Error paths are kept out of line (DLB__OUT_OF_LINE), so the hot function
+ * stays small: its frame was 46 KB when 64 views lived in it.
  *
  * Decisions (the spec leaves them open):
  *  - Errors: wrong argument count, non-tensor argument -> TypeError; dtype
  *    mismatch -> TypeError (the argument has the wrong type); ndim, extent
  *    and device mismatches -> ValueError; read-only data for a `mut`
- *    parameter -> BufferError; a Python number out of range for the dtype
- *    -> OverflowError (as dlb.tensor()).  A kernel's negative status maps
+ *    parameter, a torch tensor that requires grad or a producer's copy
+ *    (IS_COPIED) for a `mut` parameter, a torch tensor with a lazy conj/neg
+ *    bit -> BufferError; Python numbers follow scalars.c's one rule
+ *    (OverflowError out of range, TypeError for a float into an integer).  A kernel's negative status maps
  *    as dlb__raise does (DLB_EINVAL -> ValueError, ...) with message
  *    "<name>: <kernel message>"; a positive return is a broken kernel and
  *    raises RuntimeError (never a silently accepted result).
  *  - The kernel runs with the GIL held: the views are borrowed, not
  *    exported, and another thread could otherwise free an array's memory
- *    under the kernel (ndarray.resize, torch's resize_).
+ *    under the kernel (ndarray.resize, torch's resize_).  For the same
+ *    reason no Python code runs between taking a borrowed view and the
+ *    kernel's return: see function_call for the order of reading.
+ *  - Outputs come from the first tensor argument's framework; what it
+ *    cannot hold is refused before the kernel runs, and what its allocator
+ *    returns is checked against the request (outputs.c).
  *  - Python numbers are accepted only for 0-d parameters that are not
  *    `mut`; they arrive as CPU 0-d tensors even when the other arguments
  *    live on a GPU, and take no part in the same-device check.
