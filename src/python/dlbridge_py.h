@@ -80,6 +80,7 @@ typedef struct {
   PyObject *str_requires_grad;     /* "requires_grad" */
   /* views.c: where torch keeps the lazy bits, found once by experiment
    * (torch_bits 0: not tried, 1: usable, -1: ask the tensor instead). */
+  PyObject *str_torch;             /* "torch" */
   PyTypeObject *torch_base;        /* strong: torch._C.TensorBase */
   int torch_bits;
   int torch_impl_off, torch_flag_off, torch_key_off;

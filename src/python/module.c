@@ -44,7 +44,8 @@ static int module_exec(PyObject *module) {
       intern_name(&st->str_cuda_array_interface, "__cuda_array_interface__") < 0 ||
       intern_name(&st->str_is_conj, "is_conj") < 0 ||
       intern_name(&st->str_is_neg, "is_neg") < 0 ||
-      intern_name(&st->str_requires_grad, "requires_grad") < 0) {
+      intern_name(&st->str_requires_grad, "requires_grad") < 0 ||
+      intern_name(&st->str_torch, "torch") < 0) {
     return -1;
   }
   st->max_version_tuple = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION,
@@ -98,6 +99,7 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_is_conj);
   Py_CLEAR(st->str_is_neg);
   Py_CLEAR(st->str_requires_grad);
+  Py_CLEAR(st->str_torch);
   Py_CLEAR(st->torch_base);
   st->torch_bits = 0;
   Py_CLEAR(st->max_version_tuple);

@@ -300,8 +300,18 @@ done:
 static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
                            int *conj, int *ran_python) {
   if (st->torch_bits == 0) {
+    /* Only for torch's own base type, and only once torch is imported: the
+     * experiment must never import it (nor judge another library). */
     PyObject *descr = _PyType_Lookup(Py_TYPE(obj), st->str_is_neg);
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMethodDescr_Type)) return 0;
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMethodDescr_Type) ||
+        strcmp(PyDescr_TYPE(descr)->tp_name, "torch._C.TensorBase") != 0)
+      return 0;
+    PyObject *torch = PyImport_GetModule(st->str_torch);
+    if (torch == NULL) {
+      PyErr_Clear();
+      return 0;
+    }
+    Py_DECREF(torch);
     *ran_python = 1;
     torch_calibrate(st, PyDescr_TYPE(descr), obj);
   }

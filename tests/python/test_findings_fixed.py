@@ -634,3 +634,21 @@ def test_lazy_bit_set_in_place_is_seen():
     print(y.tolist())
     print("OK" if y.tolist() == [-1.0, -1.0] else "BIT DROPPED")
     """)
+
+
+def test_requires_grad_imports_read_only(lib):
+    """Decision (docs/decisions.md): a tensor that requires grad is read
+    through torch's exchange table as it is, but read-only, so nothing
+    writes into it behind autograd's back; detach() to share it writable."""
+    torch = pytest.importorskip("torch")
+    import dlbridge as dlb
+    import numpy as np
+    y = torch.ones(3, requires_grad=True)
+    t = dlb.from_dlpack(y)
+    assert t.readonly and t.tolist() == [1.0, 1.0, 1.0]
+    a = dlb.convert(y, "numpy")
+    assert not a.flags.writeable
+    assert not dlb.from_dlpack(y.detach()).readonly
+    fn = dlb.load(lib, "dlb_kernel_saxpy",
+                  "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    fn(1.0, y, np.zeros(3, np.float32))      # an input: read as it is
