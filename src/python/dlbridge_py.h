@@ -83,7 +83,7 @@ typedef struct {
   PyObject *str_torch;             /* "torch" */
   PyTypeObject *torch_base;        /* strong: torch._C.TensorBase */
   int torch_bits;
-  int torch_impl_off, torch_flag_off, torch_key_off;
+  int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
   uint64_t torch_neg_mask, torch_conj_mask;
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */

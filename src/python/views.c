@@ -168,7 +168,11 @@ static int ask_bool(PyObject *obj, PyObject *name, int *ran_python) {
  *     exactly one bit of exactly one word of the TensorImpl (its words up
  *     to TORCH_SCAN, within the block malloc gave it -- never past it),
  *     the same word for both, and flip it back;
- *   - fresh neg views, conj views and plain tensors must then read as such.
+ *   - fresh neg views, conj views and plain tensors must then read as such;
+ *   - requires_grad: torch answers it from TensorImpl's autograd_meta_,
+ *     which is NULL for a tensor autograd never touched.  That word is the
+ *     only one of a sample to go from 0 to non-zero on requires_grad_();
+ *     while it is 0 the tensor does not require grad (asked otherwise).
  * Anything unexpected (another layout, a torch without these functions)
  * leaves torch_bits at -1 and the tensor is asked, slowly but correctly. */
 #define TORCH_SCAN 32 /* at most this many words of a TensorImpl looked at */
@@ -179,6 +183,8 @@ static const char torch_samples[] =
     "c = torch.zeros(3, dtype=torch.complex64)\n"
     "n = torch._neg_view(torch.ones(2))\n"
     "k = torch.ones(2, dtype=torch.complex64).conj()\n"
+    "g = torch.ones(2, requires_grad=True)\n"
+    "q = torch.zeros(3)\n"
     "set_neg, set_conj = torch._C._set_neg, torch._C._set_conj\n";
 
 static const char *torch_impl_of(const dlb_module_state *st, PyObject *obj) {
@@ -282,6 +288,38 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
   if ((kp & (neg | conj)) || (kc & (neg | conj)) || (kn & (neg | conj)) != neg ||
       (kk & (neg | conj)) != conj)
     goto done;
+  /* autograd_meta_ (optional: without it requires_grad is asked). */
+  st->torch_meta_off = -1;
+  {
+    PyObject *q = PyDict_GetItemString(g, "q"),
+             *gt = PyDict_GetItemString(g, "g");
+    const char *iq = q ? torch_impl_of(st, q) : NULL,
+               *ig = gt ? torch_impl_of(st, gt) : NULL;
+    if (iq != NULL && ig != NULL) {
+      size_t words = malloc_usable_size((void *)iq) / 8;
+      if (words > TORCH_SCAN) words = TORCH_SCAN;
+      uint64_t before[TORCH_SCAN], after[TORCH_SCAN];
+      memcpy(before, iq, words * 8);
+      PyObject *rr = PyObject_CallMethod(q, "requires_grad_", "O", Py_True);
+      Py_XDECREF(rr);
+      if (rr != NULL) {
+        memcpy(after, iq, words * 8);
+        int found = -1, many = 0;
+        for (int w = 0; w < (int)words; w++)
+          if (before[w] == 0 && after[w] != 0) {
+            many += found >= 0;
+            found = w;
+          }
+        uint64_t mg, mp;
+        if (found >= 0 && !many) {
+          memcpy(&mg, ig + found * 8, 8);
+          memcpy(&mp, ip + found * 8, 8);
+          if (mg != 0 && mp == 0) st->torch_meta_off = found * 8;
+        }
+      }
+      PyErr_Clear();
+    }
+  }
   Py_INCREF(base);
   Py_XSETREF(st->torch_base, base);
   st->torch_bits = 1;
@@ -328,6 +366,20 @@ static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
   return 1;
 }
 
+/* Whether obj is a torch tensor autograd never touched (its
+ * autograd_meta_ is NULL): then it does not require grad. */
+static int torch_no_autograd(const dlb_module_state *st, PyObject *obj) {
+  if (st->torch_bits <= 0 || st->torch_meta_off < 0 ||
+      (Py_TYPE(obj)->tp_base != st->torch_base &&
+       !PyObject_TypeCheck(obj, st->torch_base)))
+    return 0;
+  const char *impl = torch_impl_of(st, obj);
+  if (impl == NULL) return 0;
+  uint64_t meta;
+  memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
+  return meta == 0;
+}
+
 int dlb__view_bits_free(const dlb_module_state *st, PyObject *obj) {
   return st->torch_bits > 0 && Py_TYPE(obj)->tp_base == st->torch_base &&
          torch_impl_of(st, obj) != NULL;
@@ -353,6 +405,7 @@ int dlb__view_check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
   /* Only asked when it matters: a write, or a caller keeping the flag
    * (readonly != NULL); a borrowed read for one call does not care. */
   if (readonly == NULL && !(options & DLB_VIEW_WRITABLE)) return 0;
+  if (torch_no_autograd(st, obj)) return 0;
   int grad = ask_bool(obj, st->str_requires_grad, ran_python);
   if (grad < 0) return -1;
   if (grad && (options & DLB_VIEW_WRITABLE)) {
