@@ -18,6 +18,8 @@
  *   handlers.c the type -> handler cache and classification
  *   readers.c  owning readers: capsules, __dlpack__, legacy producers,
  *              buffers, __array_interface__ / __cuda_array_interface__
+ *   torchbits.c what an exchange table cannot say, asked of the tensor:
+ *              torch's lazy conj/neg bits, requires_grad
  *   views.c    borrowed views (dlb__view_get / dlb__view_release)
  *   outputs.c  current stream, allocate-like, hand a result to a framework
  *   import.c   from_dlpack's policy: which reader, device= and copy=
@@ -74,11 +76,11 @@ typedef struct {
   PyObject *str_array_interface;   /* "__array_interface__" */
   PyObject *str_cuda_array_interface; /* "__cuda_array_interface__" */
   PyObject *max_version_tuple;     /* (1, 3): what we ask producers for */
-  /* views.c: torch's lazy bits and autograd (dlb__view_check_bits) */
+  /* torchbits.c: torch's lazy bits and autograd (dlb__check_bits) */
   PyObject *str_is_conj;           /* "is_conj" */
   PyObject *str_is_neg;            /* "is_neg" */
   PyObject *str_requires_grad;     /* "requires_grad" */
-  /* views.c: where torch keeps the lazy bits, found once by experiment
+  /* torchbits.c: where torch keeps the lazy bits, found once by experiment
    * (torch_bits 0: not tried, 1: usable, -1: ask the tensor instead). */
   PyObject *str_torch;             /* "torch" */
   PyTypeObject *torch_base;        /* strong: torch._C.TensorBase */
@@ -528,6 +530,42 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
 int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
                                  DLManagedTensorVersioned **out);
 
+/* ---- What an exchange table cannot say (torchbits.c) ---------------------- */
+
+/* What an exchange table cannot say about a torch tensor, asked of obj
+ * itself: a lazy conjugate or negative bit (is_conj(), is_neg(); the
+ * table's DLTensor silently drops them) is a BufferError; a tensor that
+ * requires grad is read-only to dlbridge: a BufferError when options has
+ * DLB_VIEW_WRITABLE (views.c), else *readonly = 1 (not asked when
+ * readonly is NULL).  Objects whose type has no such methods pass (0).
+ * *ran_python is set to 1 when Python code may have run (the first torch
+ * tensor seen, a subclass's __torch_function__, a Python override).  The
+ * answers are read from torch's TensorImpl where an experiment run once
+ * found them, else asked.  0 or -1. */
+int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
+                    int *readonly, int *ran_python);
+/* The hot path of dlb__check_bits for torch tensors, inline: 0 when
+ * the experiment found where torch keeps the lazy bits and both are clear
+ * in obj, 1 otherwise (call dlb__check_bits: it reports a set bit,
+ * runs the experiment, or asks the tensor). */
+static inline int dlb__bits_maybe_set(const dlb_module_state *st,
+                                      PyObject *obj) {
+  if (st->torch_bits <= 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
+                              !PyObject_TypeCheck(obj, st->torch_base)))
+    return 1;
+  const char *o = (const char *)obj, *impl;
+  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return 1;
+  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
+  if (impl == NULL) return 1;
+  uint64_t key;
+  memcpy(&key, impl + st->torch_key_off, sizeof key);
+  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0;
+}
+/* Whether dlb__check_bits on obj is certain to run no Python code: a
+ * plain torch.Tensor (not a subclass) once torch's bits can be read
+ * directly. */
+int dlb__bits_free(const dlb_module_state *st, PyObject *obj);
+
 /* ---- Borrowed views (views.c) ----------------------------------------------- */
 
 /* A borrowed view of a tensor-like object, for the length of one call.
@@ -546,44 +584,11 @@ typedef struct {
 /* Options for dlb__view_get. */
 enum {
   DLB_VIEW_WRITABLE = 1u << 0, /* fail with BufferError if read-only */
-  /* The caller already ran dlb__view_check_bits on obj (Function does,
+  /* The caller already ran dlb__check_bits on obj (Function does,
    * before any borrowed view is taken, because the check may run Python
    * code); the view skips it. */
   DLB_VIEW_BITS_CHECKED = 1u << 1
 };
-
-/* What an exchange table cannot say about a torch tensor, asked of obj
- * itself: a lazy conjugate or negative bit (is_conj(), is_neg(); the
- * table's DLTensor silently drops them) is a BufferError; a tensor that
- * requires grad is read-only to dlbridge: a BufferError when options has
- * DLB_VIEW_WRITABLE, else *readonly = 1 (not asked when readonly is NULL).  Objects whose type has
- * no such methods pass (0).  *ran_python is set to 1 when Python code may
- * have run (the first torch tensor seen, a subclass's __torch_function__,
- * a Python override).  The bits are read from torch's TensorImpl where an
- * experiment run once found them (views.c), else asked.  0 or -1. */
-int dlb__view_check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
-                         int *readonly, int *ran_python);
-/* The hot path of dlb__view_check_bits for torch tensors, inline: 0 when
- * the experiment found where torch keeps the lazy bits and both are clear
- * in obj, 1 otherwise (call dlb__view_check_bits: it reports a set bit,
- * runs the experiment, or asks the tensor). */
-static inline int dlb__view_bits_maybe_set(const dlb_module_state *st,
-                                           PyObject *obj) {
-  if (st->torch_bits <= 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
-                              !PyObject_TypeCheck(obj, st->torch_base)))
-    return 1;
-  const char *o = (const char *)obj, *impl;
-  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return 1;
-  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
-  if (impl == NULL) return 1;
-  uint64_t key;
-  memcpy(&key, impl + st->torch_key_off, sizeof key);
-  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0;
-}
-/* Whether dlb__view_check_bits on obj is certain to run no Python code: a
- * plain torch.Tensor (not a subclass) once torch's bits can be read
- * directly. */
-int dlb__view_bits_free(const dlb_module_state *st, PyObject *obj);
 
 /* Fill view for obj (which the caller keeps alive until release).  0 on
  * success; -1 with TypeError (not tensor-like), BufferError (cannot be

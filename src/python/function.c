@@ -859,7 +859,7 @@ typedef struct {
 /* Read argument i (not a number), looking its handler up.  A NumPy array,
  * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
  * what its exchange table cannot say is checked first
- * (dlb__view_check_bits), which may run Python code (the first torch
+ * (dlb__check_bits), which may run Python code (the first torch
  * tensor, subclasses), and is not asked again for the same type unless
  * that is a plain read.  Every other kind is read owning (producers'
  * __dlpack__ run Python code).  *python is set when Python code may have
@@ -882,10 +882,10 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
-      if (!(opts & DLB_VIEW_WRITABLE) && !dlb__view_bits_maybe_set(st, obj)) {
+      if (!(opts & DLB_VIEW_WRITABLE) && !dlb__bits_maybe_set(st, obj)) {
         /* the common case, a plain read of torch's bits: clear */
-      } else if (f->types[i] != Py_TYPE(obj) || dlb__view_bits_free(st, obj)) {
-        if (dlb__view_check_bits(st, obj, opts, NULL, python) < 0) return -1;
+      } else if (f->types[i] != Py_TYPE(obj) || dlb__bits_free(st, obj)) {
+        if (dlb__check_bits(st, obj, opts, NULL, python) < 0) return -1;
         f->types[i] = Py_TYPE(obj);
       }
       /* fall through */

@@ -211,7 +211,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     /* What the table cannot say: lazy conj/neg bits are refused, a tensor
      * that requires grad is imported read-only (views.c). */
     int readonly = 0, ran_python = 0;
-    if (dlb__view_check_bits(st, obj, 0, &readonly, &ran_python) < 0)
+    if (dlb__check_bits(st, obj, 0, &readonly, &ran_python) < 0)
       return -1;
     if (h->api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 ||
         m == NULL) {
