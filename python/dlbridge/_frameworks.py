@@ -54,11 +54,12 @@ class Framework:
 
     __slots__ = ("name", "roots", "dist", "target", "tensor_type",
                  "readonly", "negative_strides", "compact_only", "dtypes",
-                 "alignment")
+                 "alignment", "devices")
 
     def __init__(self, name, roots=None, dist=None, target=True,
                  tensor_type=None, readonly=True, negative_strides=True,
-                 compact_only=False, dtypes=None, alignment=None):
+                 compact_only=False, dtypes=None, alignment=None,
+                 devices=None):
         self.name = name
         #: root module names whose types belong to it
         self.roots = roots or (name,)
@@ -80,6 +81,11 @@ class Framework:
         #: the data alignment (bytes) its kernels need; unaligned data is
         #: copied into dlbridge's own (256-byte aligned) memory
         self.alignment = alignment
+        #: DLPack device types it can hold, each mapped to the name of the
+        #: framework's predicate saying whether this build has the backend
+        #: (None: always); any other device is refused before the
+        #: framework sees it.  None: no restriction known.
+        self.devices = devices
 
     def __repr__(self):
         return f"<dlbridge framework {self.name!r}>"
@@ -109,8 +115,13 @@ _TORCH_DTYPES = _NUMPY_DTYPES | frozenset(
 #:    target yet.  pyarrow and tvm_ffi are known to the doctor only.
 REGISTRY = {fw.name: fw for fw in (
     Framework("numpy", tensor_type="numpy:ndarray", dtypes=_NUMPY_DTYPES),
+    # torch 2.13 mis-handles devices it has no backend for (an OpenCL tensor
+    # makes it run the deleter without renaming the capsule, Metal and MAIA
+    # ones are imported over a host address, CUDA without a CUDA build is an
+    # AssertionError): only these reach it.
     Framework("torch", tensor_type="torch:Tensor", readonly=False,
-              negative_strides=False, dtypes=_TORCH_DTYPES),
+              negative_strides=False, dtypes=_TORCH_DTYPES,
+              devices={1: None, 2: "cuda", 10: "hip"}),
     Framework("cupy", roots=("cupy", "cupyx"), readonly=False),
     Framework("jax", roots=("jax", "jaxlib")),
     # TensorFlow's importer accepts data at any address, but its kernels
@@ -152,6 +163,8 @@ _NO_NEGATIVE_STRIDES = frozenset(
 _COMPACT_ONLY = frozenset(fw.name for fw in REGISTRY.values() if fw.compact_only)
 _MIN_ALIGNMENT = {fw.name: fw.alignment for fw in REGISTRY.values()
                   if fw.alignment is not None}
+_DEVICE_LIMITED = frozenset(
+    fw.name for fw in REGISTRY.values() if fw.devices is not None)
 
 
 def _type_framework(tp):
@@ -412,12 +425,44 @@ def _check(t, target):
             f"(strides {t.strides}); copy it first: "
             f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
         )
+    if (target in _DEVICE_LIMITED
+            and not _holds(target, t.__dlpack_device__()[0])):
+        raise BufferError(
+            f"convert: {target} cannot hold a tensor on {t.device} (this "
+            f"{target} build has no such device); copy it to a device "
+            f"{target} has first"
+        )
     if target in _COMPACT_ONLY and not t.is_contiguous:
         raise BufferError(
             f"convert: {target} imports only compact row-major data (strides "
             f"{t.strides} for shape {t.shape}); copy it first: "
             f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
         )
+
+
+_HOLDS = {}
+
+
+def _holds(target, device_type):
+    """Whether framework ``target`` can hold a tensor on DLPack device type
+    ``device_type`` (decided once per pair)."""
+    key = (target, device_type)
+    ok = _HOLDS.get(key)
+    if ok is None:
+        devices = REGISTRY[target].devices
+        if devices is None:
+            ok = True
+        elif device_type not in devices:
+            ok = False
+        elif devices[device_type] is None:
+            ok = True
+        else:   # torch: a CUDA or a ROCm (hip) build, with a device
+            torch = _import("torch")
+            ok = bool(torch.cuda.is_available()) and (
+                (getattr(torch.version, "hip", None) is not None)
+                == (devices[device_type] == "hip"))
+        _HOLDS[key] = ok
+    return ok
 
 
 def _import_checked(t, target):

@@ -323,17 +323,20 @@ static int capi_alloc_like(const dlb_capi *api, PyObject *like, int32_t ndim,
     PyErr_Format(PyExc_ValueError, "dlb_py_alloc_like: %s", err.message);
     return -1;
   }
-  /* A borrowed view is the cheapest way to learn like's device and handler;
-   * the handler lives as long as the module, so it outlives the view. */
+  /* A borrowed view is the cheapest way to learn like's device.  Its
+   * handler is not kept: releasing the view may run Python code (a
+   * producer's deleter) that reassigns like's class and frees the old type
+   * with its handler, so the handler is looked up again afterwards. */
   if (dlb__view_get(st, like, 0, &view) < 0) return -1;
   memset(&prototype, 0, sizeof prototype);
   prototype.device = view.t.device;
   prototype.ndim = ndim;
   prototype.dtype = dtype;
   prototype.shape = (int64_t *)(uintptr_t)shape;
+  dlb__view_release(&view);
   {
-    const dlb_handler *h = view.handler;
-    dlb__view_release(&view);
+    const dlb_handler *h = dlb__handler_for(st, Py_TYPE(like));
+    if (h == NULL) return -1;
     return dlb__alloc_like(st, h, &prototype, out);
   }
 }

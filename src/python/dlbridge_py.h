@@ -24,6 +24,8 @@
  *              buffers, __array_interface__ / __cuda_array_interface__, and
  *              the ladder's owning rungs in order (dlb__read_owned), shared
  *              by import.c and views.c
+ *   torchbits.c what an exchange table cannot say, asked of the tensor:
+ *              torch's lazy conj/neg bits, requires_grad
  *   views.c    borrowed views (dlb__view_get / dlb__view_release)
  *   outputs.c  current stream, allocate-like, hand a result to a framework
  *   import.c   from_dlpack's policy: which reader, device= and copy=
@@ -59,6 +61,8 @@
 
 #include "dlbridge/dlbridge.h"
 
+#include <string.h>
+
 /* ---- Module state (module.c) ------------------------------------------------ */
 
 /* The methods of legacy producers that return a "dltensor" capsule, in the
@@ -87,6 +91,17 @@ typedef struct {
   PyObject *max_version_tuple;     /* (1, 3): what we ask producers for */
   /* readers.c: the legacy producers' methods, in the order tried */
   PyObject *str_legacy[DLB_N_LEGACY_METHODS];
+  /* torchbits.c: torch's lazy bits and autograd (dlb__check_bits) */
+  PyObject *str_is_conj;           /* "is_conj" */
+  PyObject *str_is_neg;            /* "is_neg" */
+  PyObject *str_requires_grad;     /* "requires_grad" */
+  /* torchbits.c: where torch keeps the lazy bits, found once by experiment
+   * (torch_bits 0: not tried, 1: usable, -1: ask the tensor instead). */
+  PyObject *str_torch;             /* "torch" */
+  PyTypeObject *torch_base;        /* strong: torch._C.TensorBase */
+  int torch_bits;
+  int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
+  uint64_t torch_neg_mask, torch_conj_mask;
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -142,6 +157,16 @@ void dlb__error_chain_context(dlb__saved_error *prev);
  * re-raised as "<fname>() argument '<argname>': <message>" (the original as
  * __cause__); any other exception is kept as it is, with a note. */
 void dlb__error_prefix_argument(PyObject *fname, PyObject *argname);
+/* After a producer's exchange-table entry failed on an object of type: the
+ * object cannot be exported, so the pending exception becomes a short
+ * BufferError ("'torch.Tensor' cannot be exported through its DLPack
+ * exchange table (RuntimeError): <first line>"), the original chained as
+ * __cause__ -- torch raises RuntimeError with a 1.5 KB C++ backtrace for
+ * sparse, meta and quantized tensors.  MemoryError, BufferError and
+ * non-Exception exceptions pass unchanged; with none pending, a BufferError
+ * saying the table failed to <what> ("describe", "export") without saying
+ * why. */
+void dlb__error_exchange_refusal(PyTypeObject *type, const char *what);
 /* o as an int64 (o must be an int or have __index__): an integer outside
  * int64 is a BufferError naming what ("from_dlpack: __array_interface__
  * shape entry"), not an OverflowError.  0, or -1 with an exception. */
@@ -625,6 +650,41 @@ int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
  * caller says "not tensor-like" in its own words), -1 with an exception. */
 int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
                     int copy, DLManagedTensorVersioned **out);
+/* ---- What an exchange table cannot say (torchbits.c) ---------------------- */
+
+/* What an exchange table cannot say about a torch tensor, asked of obj
+ * itself: a lazy conjugate or negative bit (is_conj(), is_neg(); the
+ * table's DLTensor silently drops them) is a BufferError; a tensor that
+ * requires grad is read-only to dlbridge: a BufferError when options has
+ * DLB_VIEW_WRITABLE (views.c), else *readonly = 1 (not asked when
+ * readonly is NULL).  Objects whose type has no such methods pass (0).
+ * *ran_python is set to 1 when Python code may have run (the first torch
+ * tensor seen, a subclass's __torch_function__, a Python override).  The
+ * answers are read from torch's TensorImpl where an experiment run once
+ * found them, else asked.  0 or -1. */
+int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
+                    int *readonly, int *ran_python);
+/* The hot path of dlb__check_bits for torch tensors, inline: 0 when
+ * the experiment found where torch keeps the lazy bits and both are clear
+ * in obj, 1 otherwise (call dlb__check_bits: it reports a set bit,
+ * runs the experiment, or asks the tensor). */
+static inline int dlb__bits_maybe_set(const dlb_module_state *st,
+                                      PyObject *obj) {
+  if (st->torch_bits <= 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
+                              !PyObject_TypeCheck(obj, st->torch_base)))
+    return 1;
+  const char *o = (const char *)obj, *impl;
+  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return 1;
+  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
+  if (impl == NULL) return 1;
+  uint64_t key;
+  memcpy(&key, impl + st->torch_key_off, sizeof key);
+  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0;
+}
+/* Whether dlb__check_bits on obj is certain to run no Python code: a
+ * plain torch.Tensor (not a subclass) once torch's bits can be read
+ * directly. */
+int dlb__bits_free(const dlb_module_state *st, PyObject *obj);
 
 /* ---- Borrowed views (views.c) ----------------------------------------------- */
 
@@ -643,7 +703,11 @@ typedef struct {
 
 /* Options for dlb__view_get. */
 enum {
-  DLB_VIEW_WRITABLE = 1u << 0  /* fail with BufferError if read-only */
+  DLB_VIEW_WRITABLE = 1u << 0, /* fail with BufferError if read-only */
+  /* The caller already ran dlb__check_bits on obj (Function does,
+   * before any borrowed view is taken, because the check may run Python
+   * code); the view skips it. */
+  DLB_VIEW_BITS_CHECKED = 1u << 1
 };
 
 /* Fill view for obj (which the caller keeps alive until release).  0 on

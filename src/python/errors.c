@@ -126,6 +126,64 @@ void dlb__error_prefix_argument(PyObject *fname, PyObject *argname) {
   Py_XDECREF(tb);
 }
 
+/* ---- a producer's exchange table refused ------------------------------------- */
+
+/* s cut at its first newline (torch appends a C++ backtrace of ~1.5 KB
+ * there) and at 300 characters.  New reference, NULL with an exception. */
+static PyObject *first_line(PyObject *s) {
+  Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+  Py_ssize_t nl = PyUnicode_FindChar(s, '\n', 0, n, 1);
+  if (nl == -2) return NULL;
+  if (nl >= 0) n = nl;
+  if (n > 300) n = 300;
+  return PyUnicode_Substring(s, 0, n);
+}
+
+void dlb__error_exchange_refusal(PyTypeObject *type, const char *what) {
+  if (!PyErr_Occurred()) {
+    PyErr_Format(PyExc_BufferError,
+                 "the exchange table of '%.200s' failed to %s the object "
+                 "without saying why",
+                 type->tp_name, what);
+    return;
+  }
+  /* Out of memory stays MemoryError, a BufferError is already what we
+   * raise, and KeyboardInterrupt / SystemExit are not refusals. */
+  if (!PyErr_ExceptionMatches(PyExc_Exception) ||
+      PyErr_ExceptionMatches(PyExc_MemoryError) ||
+      PyErr_ExceptionMatches(PyExc_BufferError))
+    return;
+  PyObject *type_, *value, *tb;
+  PyErr_Fetch(&type_, &value, &tb);
+  PyErr_NormalizeException(&type_, &value, &tb);
+  if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+  PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+  PyObject *line = text != NULL ? first_line(text) : NULL;
+  Py_XDECREF(text);
+  if (line == NULL) {
+    PyErr_Clear();
+    line = PyUnicode_FromString("(no message)");
+  }
+  if (line != NULL) {
+    PyErr_Format(PyExc_BufferError,
+                 "'%.200s' cannot be exported through its DLPack exchange "
+                 "table (%s): %U",
+                 type->tp_name, ((PyTypeObject *)type_)->tp_name, line);
+    Py_DECREF(line);
+    PyObject *ntype, *nvalue, *ntb;
+    PyErr_Fetch(&ntype, &nvalue, &ntb);
+    PyErr_NormalizeException(&ntype, &nvalue, &ntb);
+    if (nvalue != NULL && value != NULL) {
+      Py_INCREF(value);
+      PyException_SetCause(nvalue, value); /* steals */
+    }
+    PyErr_Restore(ntype, nvalue, ntb);
+  }
+  Py_XDECREF(type_);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+}
+
 /* ---- integers that describe a tensor ------------------------------------------- */
 
 /* An int from a producer's description (a shape entry, a device id, an

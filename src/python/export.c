@@ -5,12 +5,19 @@
  * memory), and dlb.Tensor's DLPack C exchange table.  dlb__export_init
  * installs all three on the Tensor type.
  *
- * Ownership: every zero-copy export, versioned or legacy, is ONE allocation
+ * Ownership: every export, versioned or legacy, is ONE allocation
  * (export_view: struct, shape and strides together) holding a strong
  * reference to the Tensor, dropped by dlb__release_ref() when the consumer
- * calls the deleter.  A copy (copy=True,
- * or a different dl_device) is an owning tensor of its own (dlb_managed_empty)
- * and holds no Python reference at all.
+ * calls the deleter.  A copy (copy=True, or a different dl_device) is first
+ * made into a new Tensor of its own (dlb_managed_empty), which is then
+ * exported the same way, so every capsule we make holds an export_block.
+ *
+ * A capsule and its managed tensor share the block, which records who still
+ * holds it (live bits) and is freed by the last one.  The capsule destructor
+ * runs the deleter only when the capsule was not renamed AND the deleter has
+ * not run yet: a consumer that deletes the tensor without renaming the
+ * capsule (torch 2.13 does on a failure path) would otherwise make the
+ * destructor run the deleter a second time, on freed memory.
  *
  * Decisions recorded here (known-bugs.md section 3, DESIGN.md):
  *
@@ -73,7 +80,10 @@
  *  -   Borrowed views through a foreign table's dltensor_from_py_object_no_sync
  *      carry flags 0: the table has no way to say read-only on that path.
  *      A framework whose tensors can be read-only must leave that entry NULL
- *      (we then take the managed path, whose flags we honour).
+ *      (we then take the managed path, whose flags we honour) or refuse
+ *      read-only objects there.  dlb.Tensor's own entry does the latter:
+ *      a read-only Tensor is a BufferError on the borrowed entry, so the
+ *      fast path stays for writable ones.
  *
  * Layering: this file sits above tensor.c (the table's
  * managed_tensor_to_py_object_no_sync makes Tensors), so tensor.c's own
@@ -83,6 +93,7 @@
  */
 #include "dlbridge_py.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 static const char kVersionedName[] = "dltensor_versioned";
@@ -123,9 +134,17 @@ static int address_device(DLDeviceType t) {
  * (known-bugs B11); the copy is 2 * ndim stores into memory we allocate
  * anyway.  The allocator is copied too, so the block is freed through the
  * allocator that made it even after dlb_set_allocator changed it. */
+enum {
+  LIVE_MANAGED = 1u, /* the deleter has not run yet */
+  LIVE_CAPSULE = 2u  /* a capsule of ours points at the block */
+};
+
 typedef struct export_block {
   dlb_allocator allocator;
   PyObject *owner; /* strong reference to the exported Tensor */
+  /* LIVE_* bits of those still holding the block; the last one out frees
+   * it.  Atomic: a consumer may run the deleter on any thread. */
+  atomic_uint live;
   union {
     DLManagedTensorVersioned versioned;
     DLManagedTensor legacy;
@@ -133,29 +152,36 @@ typedef struct export_block {
   int64_t dims[]; /* shape[ndim], then strides[ndim] */
 } export_block;
 
-/* Free the block, then drop its Tensor (after: freeing touches no Python,
- * and the DECREF may run arbitrary code). */
-static void export_block_free(export_block *b, int have_gil) {
-  dlb_allocator allocator = b->allocator;
-  PyObject *owner = b->owner;
-  allocator.release(b, allocator.ctx);
-  dlb__release_ref(owner, have_gil);
+/* holder (LIVE_MANAGED or LIVE_CAPSULE) lets go of the block.  The managed
+ * side drops the Tensor too (after the block is freed or left to the
+ * capsule: freeing touches no Python, and the DECREF may run arbitrary
+ * code); the block itself is freed by whichever side leaves last. */
+static void export_block_drop(export_block *b, unsigned holder, int have_gil) {
+  PyObject *owner = holder == LIVE_MANAGED ? b->owner : NULL;
+  unsigned before = atomic_fetch_and(&b->live, ~holder);
+  if ((before & ~holder) == 0) {
+    dlb_allocator allocator = b->allocator;
+    allocator.release(b, allocator.ctx);
+  }
+  if (owner != NULL) dlb__release_ref(owner, have_gil);
 }
 
 static void versioned_export_deleter(DLManagedTensorVersioned *self) {
-  if (self != NULL) export_block_free((export_block *)self->manager_ctx, 0);
+  if (self != NULL)
+    export_block_drop((export_block *)self->manager_ctx, LIVE_MANAGED, 0);
 }
 
 static void legacy_export_deleter(DLManagedTensor *self) {
-  if (self != NULL) export_block_free((export_block *)self->manager_ctx, 0);
+  if (self != NULL)
+    export_block_drop((export_block *)self->manager_ctx, LIVE_MANAGED, 0);
 }
 
 /* A zero-copy export of self, versioned (*out is a DLManagedTensorVersioned)
  * or legacy (a DLManagedTensor), that keeps self alive until its deleter
  * runs.  Nothing is owned on failure.  The caller has checked that a legacy
  * export can describe self (not read-only, not padded sub-byte). */
-static int export_view(dlb_TensorObject *self, int versioned, void **out,
-                       dlb_error *err) {
+static int export_view(dlb_TensorObject *self, int versioned, int copied,
+                       void **out, dlb_error *err) {
   const DLTensor *src = &self->t;
   int32_t ndim = src->ndim;
   /* A Tensor's view was validated when it was made: ndim is in
@@ -205,6 +231,7 @@ static int export_view(dlb_TensorObject *self, int versioned, void **out,
 
   b->allocator = *allocator;
   b->owner = (PyObject *)self;
+  atomic_init(&b->live, LIVE_MANAGED);
   Py_INCREF(self); /* last: nothing above can fail after it */
   dlb__tensor_note_exported(self); /* so an import of it is recognised */
   if (versioned) {
@@ -214,8 +241,9 @@ static int export_view(dlb_TensorObject *self, int versioned, void **out,
     m->manager_ctx = b;
     m->deleter = versioned_export_deleter;
     /* IS_COPIED describes the export, not the tensor: sharing our memory
-     * is never a copy made for this consumer. */
-    m->flags = self->flags & ~(uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED;
+     * is a copy only when the Tensor was made for this consumer. */
+    m->flags = (self->flags & ~(uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED) |
+               (copied ? (uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED : 0u);
     m->dl_tensor = t;
     *out = m;
   } else {
@@ -232,7 +260,7 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err) {
   void *m = NULL;
-  int rc = export_view(self, 1, &m, err);
+  int rc = export_view(self, 1, 0, &m, err);
   if (rc == DLB_OK) *out = (DLManagedTensorVersioned *)m;
   return rc;
 }
@@ -249,110 +277,60 @@ PyObject *dlb__export_source_legacy(const DLManagedTensor *m) {
 
 /* ---- capsules ------------------------------------------------------------------------ */
 
-/* The managed tensor of a capsule nobody consumed, or NULL (a consumer
- * renames the capsule to "used_..." when it takes ownership).  Never sets
- * an error.
- *
- * The name is compared by POINTER first: a capsule we made and nobody
- * renamed still carries our own static name, so the case with work to do
- * costs no strcmp; any other name pointer (a consumer's "used_...", NULL)
- * falls back to comparing text.  For the same reason the managed pointer
- * is also stored as the capsule's context, which is read without the
- * strcmp PyCapsule_GetPointer does; DLPack consumers never touch a
- * capsule's context. */
-static void *unconsumed(PyObject *capsule, const char *ours) {
+/* The capsule's context is its export_block (DLPack consumers never touch
+ * a capsule's context), so the destructor reaches the block whatever the
+ * capsule is called now and never reads the managed tensor, which a
+ * consumer may have deleted.  The deleter runs here only when nobody took
+ * the tensor: the capsule still has our name (compared by pointer first:
+ * a capsule nobody renamed still carries our static name) and the deleter
+ * has not run.  Nothing here sets an error, and dlb__release_ref keeps an
+ * in-flight one (a capsule is often dropped while an exception
+ * propagates).  A capsule destructor runs with the GIL. */
+static void capsule_destructor(PyObject *capsule, const char *ours) {
+  export_block *b = PyCapsule_GetContext(capsule);
+  if (b == NULL) return; /* cannot happen for a capsule of ours */
   const char *name = PyCapsule_GetName(capsule);
-  if (name == ours) {
-    void *ctx = PyCapsule_GetContext(capsule);
-    if (ctx != NULL) return ctx;
-  } else if (name == NULL || strcmp(name, ours) != 0) {
-    if (PyErr_Occurred()) PyErr_Clear(); /* cannot happen for a capsule */
-    return NULL;
-  }
-  /* Our name restored by someone else, or no context: the slow road. */
-  void *p = PyCapsule_GetPointer(capsule, name);
-  if (p == NULL) PyErr_Clear();
-  return p;
+  int taken = !(name == ours || (name != NULL && strcmp(name, ours) == 0));
+  if (!taken && (atomic_load(&b->live) & LIVE_MANAGED))
+    export_block_drop(b, LIVE_MANAGED, 1);
+  export_block_drop(b, LIVE_CAPSULE, 1);
 }
 
-/* A capsule is often dropped while an exception propagates.  The deleters
- * called here leave the error indicator alone (dlb__release_ref saves it
- * around its DECREF; the other deleters touch no Python), but the slow
- * road of unconsumed() may set and clear an error, so an in-flight one is
- * saved first; with none in flight (the usual case) there is nothing to
- * save. */
 static void versioned_capsule_destructor(PyObject *capsule) {
-  if (PyErr_Occurred()) {
-    dlb__saved_error s;
-    dlb__error_save(&s);
-    DLManagedTensorVersioned *m = unconsumed(capsule, kVersionedName);
-    if (m != NULL) dlb_managed_delete(m);
-    dlb__error_restore(&s);
-    return;
-  }
-  DLManagedTensorVersioned *m = unconsumed(capsule, kVersionedName);
-  if (m == NULL) return;
-  /* A capsule destructor runs with the GIL: our own exports skip the
-   * deleter's question about it. */
-  if (m->deleter == versioned_export_deleter)
-    export_block_free((export_block *)m->manager_ctx, 1);
-  else
-    dlb_managed_delete(m);
+  capsule_destructor(capsule, kVersionedName);
 }
 
 static void legacy_capsule_destructor(PyObject *capsule) {
-  if (PyErr_Occurred()) {
-    dlb__saved_error s;
-    dlb__error_save(&s);
-    DLManagedTensor *m = unconsumed(capsule, kLegacyName);
-    if (m != NULL) dlb_managed_delete_legacy(m);
-    dlb__error_restore(&s);
-    return;
-  }
-  DLManagedTensor *m = unconsumed(capsule, kLegacyName);
-  if (m == NULL) return;
-  if (m->deleter == legacy_export_deleter)
-    export_block_free((export_block *)m->manager_ctx, 1);
-  else
-    dlb_managed_delete_legacy(m);
+  capsule_destructor(capsule, kLegacyName);
 }
 
-/* A capsule of the right kind around m (a DLManagedTensorVersioned when
+/* A capsule of the right kind around m, the managed struct of an
+ * export_block made by export_view (a DLManagedTensorVersioned when
  * versioned, else a DLManagedTensor); m is consumed on every path: on
- * failure its deleter runs, with the MemoryError kept (the deleters touch
- * no Python or preserve the error indicator). */
+ * failure its deleter runs, with the MemoryError kept (the deleter
+ * preserves the error indicator). */
 static PyObject *capsule_of(void *m, int versioned) {
+  export_block *b =
+      versioned ? (export_block *)((DLManagedTensorVersioned *)m)->manager_ctx
+                : (export_block *)((DLManagedTensor *)m)->manager_ctx;
   PyObject *cap =
       versioned
           ? PyCapsule_New(m, kVersionedName, versioned_capsule_destructor)
           : PyCapsule_New(m, kLegacyName, legacy_capsule_destructor);
   if (cap == NULL) {
-    if (versioned)
-      dlb_managed_delete((DLManagedTensorVersioned *)m);
-    else
-      dlb_managed_delete_legacy((DLManagedTensor *)m);
+    export_block_drop(b, LIVE_MANAGED, 1);
     return NULL;
   }
+  atomic_fetch_or(&b->live, LIVE_CAPSULE);
   /* Cannot fail on the valid capsule just made. */
-  (void)PyCapsule_SetContext(cap, m);
+  (void)PyCapsule_SetContext(cap, b);
   return cap;
 }
 
-/* Wrap an owning copy m (made by dlb__copy_managed) in a capsule of the right
- * kind; m is consumed on every path. */
-static PyObject *copy_capsule(DLManagedTensorVersioned *m, int versioned) {
-  if (versioned) return capsule_of(m, 1);
-  DLManagedTensor *legacy = NULL;
-  dlb_error err;
-  if (dlb_managed_to_legacy(m, &legacy, &err) != DLB_OK) {
-    dlb_managed_delete(m); /* still ours on failure */
-    return dlb__raise(&err);
-  }
-  return capsule_of(legacy, 0); /* legacy's deleter runs m's too */
-}
-
-/* A zero-copy export of self in a capsule. */
-static PyObject *view_capsule(dlb_TensorObject *self, int versioned) {
+/* A zero-copy export of self in a capsule; copied: self is a copy made for
+ * this consumer (IS_COPIED). */
+static PyObject *view_capsule(dlb_TensorObject *self, int versioned,
+                              int copied) {
   dlb_error err;
   void *m = NULL;
   if (!versioned &&
@@ -366,9 +344,31 @@ static PyObject *view_capsule(dlb_TensorObject *self, int versioned) {
                   "or higher");
     return dlb__raise(&err);
   }
-  if (export_view(self, versioned, &m, &err) != DLB_OK)
+  if (export_view(self, versioned, copied, &m, &err) != DLB_OK)
     return dlb__raise(&err);
   return capsule_of(m, versioned);
+}
+
+/* A copy of self on target (dlb__copy_managed) in a capsule: the copy becomes a Tensor of
+ * its own, exported like any other, so every capsule holds an
+ * export_block. */
+static PyObject *copy_capsule(dlb_TensorObject *self, int versioned,
+                              DLDevice target) {
+  DLManagedTensorVersioned *m = NULL;
+  dlb_module_state *st = dlb__state_from_type(Py_TYPE(self));
+  if (st == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "dlbridge module state is gone");
+    return NULL;
+  }
+  /* Host <-> CUDA and CUDA <-> CUDA copies run on dlbridge's current
+   * stream (cuda.c); a copy to the host is complete when it returns. */
+  if (dlb__copy_managed(&self->t, self->flags, target, "__dlpack__()", &m) < 0)
+    return NULL;
+  PyObject *copy = dlb__tensor_from_managed(st, m); /* steals m */
+  if (copy == NULL) return NULL;
+  PyObject *cap = view_capsule(AS_TENSOR(copy), versioned, 1);
+  Py_DECREF(copy);
+  return cap;
 }
 
 /* ---- __dlpack__ ------------------------------------------------------------------------ */
@@ -495,7 +495,6 @@ PyObject *dlb__tensor_dlpack(PyObject *op, PyObject *const *args,
   dlb_TensorObject *self = AS_TENSOR(op);
   PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None,
            *copy = Py_None;
-  DLManagedTensorVersioned *m = NULL;
 
   if (nargs != 0) {
     PyErr_Format(PyExc_TypeError,
@@ -582,18 +581,8 @@ PyObject *dlb__tensor_dlpack(PyObject *op, PyObject *const *args,
     return NULL;
   }
 
-  PyObject *cap;
-  if (!do_copy) {
-    cap = view_capsule(self, versioned);
-  } else {
-    /* Host <-> CUDA and CUDA <-> CUDA copies run on dlbridge's current
-     * stream (cuda.c); a copy to the host is complete when it returns. */
-    if (dlb__copy_managed(&self->t, self->flags, target, "__dlpack__()",
-                          &m) < 0)
-      return NULL;
-    m->flags |= DLPACK_FLAG_BITMASK_IS_COPIED;
-    cap = copy_capsule(m, versioned);
-  }
+  PyObject *cap = do_copy ? copy_capsule(self, versioned, target)
+                         : view_capsule(self, versioned, 0);
   if (cap != NULL && dlb__is_cuda_device(target) &&
       order_for_consumer(stream, target) < 0)
     Py_CLEAR(cap); /* the capsule's destructor frees the unconsumed export */
@@ -737,6 +726,17 @@ static int tx_dltensor(void *py_object, DLTensor *out) {
   if (self == NULL) return -1;
   if (out == NULL) {
     PyErr_SetString(PyExc_ValueError, "dltensor_from_py_object_no_sync: out is NULL");
+    return -1;
+  }
+  /* This entry has no way to say read-only (decision 3.8), and a consumer
+   * that takes it writes through it: a read-only Tensor (over bytes, a
+   * read-only array) is refused here; the owning entry carries the flag. */
+  if (self->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+    PyErr_SetString(PyExc_BufferError,
+                    "dltensor_from_py_object_no_sync: the dlbridge.Tensor is "
+                    "read-only and this entry cannot say so; use "
+                    "managed_tensor_from_py_object_no_sync, whose flags "
+                    "carry READ_ONLY");
     return -1;
   }
   *out = self->t; /* shape/strides point into our managed block: no copy */

@@ -18,29 +18,39 @@
  * A dimension NAME binds the first time it appears, reading parameters left
  * to right, and must be equal everywhere after; output dimensions must be
  * literals or names some input binds.  At most 64 parameters and results
- * together (the kernel's argument array lives on the stack).
+ * together.
  *
  * The call path is built for overhead, not generality: every check that can
  * be decided from the signature alone is decided at parse time.  Each dim
  * record says whether it binds a name, checks a literal, or checks against
  * the (parameter, axis) that bound its name -- so a call needs no symbol
  * table, just compares against the shape of the view that bound it.  Views
- * of the arguments are borrowed on the stack (dlb__view_get); Python
- * numbers for 0-d parameters are stored on the stack too.  Nothing is
- * allocated unless the signature has outputs.
+ * of the arguments are borrowed (dlb__view_get_with) into per-call arrays
+ * that live on the stack for up to FN_INLINE (8) parameters and results,
+ * in one heap block beyond; Python numbers for 0-d parameters are stored
+ * there too.  Nothing else is allocated unless the signature has outputs.
+ * Error paths are kept out of line (DLB__OUT_OF_LINE), so the hot function
+ * stays small: its frame was 46 KB when 64 views lived in it.
  *
  * Decisions (the spec leaves them open):
  *  - Errors: wrong argument count, non-tensor argument -> TypeError; dtype
  *    mismatch -> TypeError (the argument has the wrong type); ndim, extent
  *    and device mismatches -> ValueError; read-only data for a `mut`
- *    parameter -> BufferError; a Python number out of range for the dtype
- *    -> OverflowError (as dlb.tensor()).  A kernel's negative status maps
+ *    parameter, a torch tensor that requires grad or a producer's copy
+ *    (IS_COPIED) for a `mut` parameter, a torch tensor with a lazy conj/neg
+ *    bit -> BufferError; Python numbers follow scalars.c's one rule
+ *    (OverflowError out of range, TypeError for a float into an integer).  A kernel's negative status maps
  *    as dlb__raise does (DLB_EINVAL -> ValueError, ...) with message
  *    "<name>: <kernel message>"; a positive return is a broken kernel and
  *    raises RuntimeError (never a silently accepted result).
  *  - The kernel runs with the GIL held: the views are borrowed, not
  *    exported, and another thread could otherwise free an array's memory
- *    under the kernel (ndarray.resize, torch's resize_).
+ *    under the kernel (ndarray.resize, torch's resize_).  For the same
+ *    reason no Python code runs between taking a borrowed view and the
+ *    kernel's return: see function_call for the order of reading.
+ *  - Outputs come from the first tensor argument's framework; what it
+ *    cannot hold is refused before the kernel runs, and what its allocator
+ *    returns is checked against the request (outputs.c).
  *  - Python numbers are accepted only for 0-d parameters that are not
  *    `mut`; they arrive as CPU 0-d tensors even when the other arguments
  *    live on a GPU, and take no part in the same-device check.
@@ -776,20 +786,153 @@ static int order_keywords(const fn_object *fn, PyObject *const *args,
   return 0;
 }
 
-static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
-                                     size_t nargsf, PyObject *kwnames) {
-  fn_object *fn = (fn_object *)self;
+/* Error paths, kept out of line: inlined they tripled the size of the hot
+ * function (see the core's internal.h for the idiom). */
+#define DLB__OUT_OF_LINE(ret, name, params) \
+  static ret (*const volatile name##_out_of_line) params = name
+
+static PyObject *nargs_error(const fn_object *fn, Py_ssize_t nargs) {
+  PyErr_Format(PyExc_TypeError, "%U() takes %d argument%s (%zd given)",
+               fn->name, (int)fn->nin, fn->nin == 1 ? "" : "s", nargs);
+  return NULL;
+}
+
+static int mut_number_error(const fn_object *fn, int i, PyObject *obj) {
+  PyErr_Format(PyExc_TypeError,
+               "%U() argument '%U' is 'mut': it needs a writable 0-d tensor, "
+               "not a Python %.50s",
+               fn->name, pname(fn, i), Py_TYPE(obj)->tp_name);
+  return -1;
+}
+
+static int changing_error(const fn_object *fn) {
+  PyErr_Format(PyExc_RuntimeError,
+               "%U(): the arguments kept changing while they were read "
+               "(Python code run by one argument changed the class of "
+               "another); call again",
+               fn->name);
+  return -1;
+}
+
+DLB__OUT_OF_LINE(PyObject *, nargs_error,
+                 (const fn_object *, Py_ssize_t));
+DLB__OUT_OF_LINE(int, mut_number_error, (const fn_object *, int, PyObject *));
+DLB__OUT_OF_LINE(int, changing_error, (const fn_object *));
+DLB__OUT_OF_LINE(void, prefix_error, (const fn_object *, int));
+DLB__OUT_OF_LINE(int, dim_error,
+                 (const fn_object *, int, int, int64_t, const fn_dim *,
+                  const dlb_view *));
+DLB__OUT_OF_LINE(int, check_error,
+                 (const fn_object *, int, const DLTensor *, const fn_param *,
+                  const DLTensor *, int));
+DLB__OUT_OF_LINE(PyObject *, kernel_error,
+                 (const fn_object *, int, dlb_error *));
+DLB__OUT_OF_LINE(int, order_keywords,
+                 (const fn_object *, PyObject *const *, Py_ssize_t,
+                  PyObject *, PyObject **));
+
+/* Where an argument is in the call's reading (fn_frame.state). */
+enum {
+  ARG_PENDING = 0, /* not read yet */
+  ARG_SCALAR,      /* a Python number, stored in scalars[i] */
+  ARG_BORROWED,    /* a borrowed view (owns nothing): valid only while no
+                      Python code runs, taken again if some does */
+  ARG_VIEW         /* an owning view, safe across Python code; released at
+                      the end */
+};
+
+/* The per-call arrays.  On the stack for signatures of up to FN_INLINE
+ * parameters and results (a dlb_view is ~670 bytes: 64 of them made a
+ * 46 KB frame), in one heap block for larger ones. */
+#define FN_INLINE 8
+
+typedef struct {
+  dlb_view *views;                 /* [nin] */
+  dlb_scalar *scalars;             /* [nin] */
+  PyTypeObject **types;            /* [nin]: type whose bits were checked */
+  PyObject **ordered;              /* [nin], keyword calls */
+  uint8_t *state;                  /* [nin], ARG_* */
+  DLTensor **argv;                 /* [nin + nout] */
+  DLManagedTensorVersioned **outs; /* [nout] */
+} fn_frame;
+
+/* Read argument i (not a number), looking its handler up.  A NumPy array,
+ * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
+ * what its exchange table cannot say is checked first
+ * (dlb__check_bits), which may run Python code (the first torch
+ * tensor, subclasses), and is not asked again for the same type unless
+ * that is a plain read.  Every other kind is read owning (producers'
+ * __dlpack__ run Python code).  *python is set when Python code may have
+ * run.  0 or -1 (the caller names the argument). */
+#if defined(__GNUC__)
+#define FN_HOT_INLINE __attribute__((always_inline)) inline
+#else
+#define FN_HOT_INLINE inline
+#endif
+
+static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
+                                  int i, int *python) {
   dlb_module_state *st = fn->st;
-  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  unsigned opts = fn->params[i].mut ? DLB_VIEW_WRITABLE : 0;
+  size_t classified = st->handlers->count;
+  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
+  if (h == NULL) return -1;
+  /* A type seen for the first time ran Python code to classify it. */
+  if (st->handlers->count != classified) *python = 1;
+  switch (h->kind) {
+    case DLB_KIND_EXCHANGE:
+      if (h->api->dltensor_from_py_object_no_sync == NULL) break;
+      if (!(opts & DLB_VIEW_WRITABLE) && !dlb__bits_maybe_set(st, obj)) {
+        /* the common case, a plain read of torch's bits: clear */
+      } else if (f->types[i] != Py_TYPE(obj) || dlb__bits_free(st, obj)) {
+        if (dlb__check_bits(st, obj, opts, NULL, python) < 0) return -1;
+        f->types[i] = Py_TYPE(obj);
+      }
+      /* fall through */
+    case DLB_KIND_TENSOR:
+    case DLB_KIND_NUMPY:
+      if (dlb__view_get_with(st, h, obj, opts | DLB_VIEW_BITS_CHECKED,
+                             &f->views[i]) < 0)
+        return -1;
+      f->state[i] = ARG_BORROWED;
+      return 0;
+    default:
+      break;
+  }
+  *python = 1;
+  if (dlb__view_get_with(st, h, obj, opts, &f->views[i]) < 0) return -1;
+  f->state[i] = ARG_VIEW;
+  return 0;
+}
+
+static int read_arg_again(fn_object *fn, fn_frame *f, PyObject *obj, int i,
+                          int *python) {
+  return read_arg(fn, f, obj, i, python);
+}
+
+DLB__OUT_OF_LINE(int, read_arg_again,
+                 (fn_object *, fn_frame *, PyObject *, int, int *));
+
+/* The call, with its arrays in f.  The order is what keeps borrowed views
+ * valid (a NumPy array's data, a torch tensor's storage: Python code may
+ * resize or free them, and a reassigned class may free the handler):
+ *   1. every argument is read in order, borrowed where it can be; this may
+ *      run Python code (producers' __dlpack__, torch's checks);
+ *   2. if Python code ran, the arguments read borrowed are read again (a
+ *      new handler lookup, a new view), until a pass runs none -- so the
+ *      views in use were all taken after the last Python code;
+ *   3. the checks against the signature, the outputs' allocation and the
+ *      kernel, with no Python code in between. */
+static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
+                                      Py_ssize_t nargs, PyObject *kwnames,
+                                      fn_frame *f) {
+  dlb_module_state *st = fn->st;
   const int nin = fn->nin, nout = fn->nout;
+  dlb_view *views = f->views;
+  uint8_t *state = f->state;
+  DLTensor **argv = f->argv;
   PyObject *result = NULL;
-  PyObject *ordered[FN_MAX_PARAMS];
-  dlb_view views[FN_MAX_PARAMS];
-  dlb_scalar scalars[FN_MAX_PARAMS];
-  DLTensor *argv[FN_MAX_PARAMS];
-  DLManagedTensorVersioned *outs[FN_MAX_PARAMS];
-  uint8_t has_view[FN_MAX_PARAMS];
-  int nseen = 0, nalloc = 0, ifirst = -1;
+  int nseen = 0, nalloc = 0, ifirst = -1, python = 0;
   const dlb_handler *h = NULL;
   DLTensor proto;
   int64_t shape[DLB_MAX_NDIM];
@@ -797,32 +940,32 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   dlb_error err;
 
   if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
-    if (order_keywords(fn, args, nargs, kwnames, ordered) < 0) goto cleanup;
-    args = ordered;
+    if (order_keywords_out_of_line(fn, args, nargs, kwnames, f->ordered) < 0)
+      return NULL;
+    args = f->ordered;
   } else if (nargs != nin) {
-    PyErr_Format(PyExc_TypeError, "%U() takes %d argument%s (%zd given)",
-                 fn->name, (int)nin, nin == 1 ? "" : "s", nargs);
-    goto cleanup;
+    return nargs_error_out_of_line(fn, nargs);
   }
 
+  /* 1. */
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     PyObject *obj = args[i];
-    DLTensor *t = &views[i].t;
-    has_view[i] = 0;
+    state[i] = ARG_PENDING;
+    f->types[i] = NULL;
     nseen = i + 1;
+    argv[i] = &views[i].t;
     if (p->ndim == 0 &&
         (PyLong_Check(obj) || PyFloat_Check(obj) || PyComplex_Check(obj))) {
+      DLTensor *t = &views[i].t;
       if (p->mut) {
-        PyErr_Format(PyExc_TypeError,
-                     "%U() argument '%U' is 'mut': it needs a writable 0-d "
-                     "tensor, not a Python %.50s",
-                     fn->name, pname(fn, i), Py_TYPE(obj)->tp_name);
+        mut_number_error_out_of_line(fn, i, obj);
         goto cleanup;
       }
-      if (dlb__scalar_from_number(fn->name, pname(fn, i), obj, p->dtype, &scalars[i]) < 0)
+      if (dlb__scalar_from_number(fn->name, pname(fn, i), obj, p->dtype,
+                                  &f->scalars[i]) < 0)
         goto cleanup;
-      t->data = scalars[i].bytes;
+      t->data = f->scalars[i].bytes;
       t->device.device_type = kDLCPU;
       t->device.device_id = 0;
       t->ndim = 0;
@@ -830,32 +973,46 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
       t->shape = NULL;
       t->strides = NULL;
       t->byte_offset = 0;
-      argv[i] = t;
+      state[i] = ARG_SCALAR;
       continue;
     }
-    if (dlb__view_get(st, obj, p->mut ? DLB_VIEW_WRITABLE : 0, &views[i]) <
-        0) {
-      prefix_error(fn, i);
+    if (read_arg(fn, f, obj, i, &python) < 0) {
+      prefix_error_out_of_line(fn, i);
       goto cleanup;
     }
-    has_view[i] = 1;
-    argv[i] = t;
-    if (p->mut && (views[i].flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
-      PyErr_Format(PyExc_BufferError,
-                   "%U() argument '%U' is 'mut' but the tensor is read-only",
-                   fn->name, pname(fn, i));
+  }
+
+  /* 2.  (Off the fast path: read_arg out of line here.) */
+  for (int round = 0; python; round++) {
+    if (round == 4) {
+      changing_error_out_of_line(fn);
       goto cleanup;
     }
+    python = 0;
+    for (int i = 0; i < nin; i++) {
+      if (state[i] != ARG_BORROWED) continue;
+      if (read_arg_again_out_of_line(fn, f, args[i], i, &python) < 0) {
+        prefix_error_out_of_line(fn, i);
+        goto cleanup;
+      }
+    }
+  }
+
+  /* 3.  From here to the kernel no Python code runs. */
+  for (int i = 0; i < nin; i++) {
+    const fn_param *p = &fn->params[i];
+    DLTensor *t = &views[i].t;
+    if (state[i] == ARG_SCALAR) continue;
     if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits ||
         t->dtype.lanes != p->dtype.lanes || t->ndim != p->ndim) {
-      check_error(fn, i, t, p, NULL, -1);
+      check_error_out_of_line(fn, i, t, p, NULL, -1);
       goto cleanup;
     }
     if (ifirst < 0) {
       ifirst = i;
     } else if (t->device.device_type != views[ifirst].t.device.device_type ||
                t->device.device_id != views[ifirst].t.device.device_id) {
-      check_error(fn, i, t, p, &views[ifirst].t, ifirst);
+      check_error_out_of_line(fn, i, t, p, &views[ifirst].t, ifirst);
       goto cleanup;
     }
     const fn_dim *d = &fn->dims[p->dim0];
@@ -866,7 +1023,7 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
                          ? d->value
                          : views[d->from_param].t.shape[d->from_axis];
       if (got != want) {
-        dim_error(fn, i, a, got, d, views);
+        dim_error_out_of_line(fn, i, a, got, d, views);
         goto cleanup;
       }
     }
@@ -900,34 +1057,34 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
     proto.shape = shape;
     proto.strides = NULL;
     proto.byte_offset = 0;
-    if (dlb__alloc_like(st, h, &proto, &outs[o]) < 0) goto cleanup;
+    if (dlb__alloc_like(st, h, &proto, &f->outs[o]) < 0) goto cleanup;
     nalloc = o + 1;
-    if (outs[o]->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+    if (f->outs[o]->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
       PyErr_Format(PyExc_BufferError,
                    "%U(): the framework allocated a read-only result", fn->name);
       goto cleanup;
     }
-    argv[nin + o] = &outs[o]->dl_tensor;
+    argv[nin + o] = &f->outs[o]->dl_tensor;
   }
 
   err.code = DLB_OK;
   err.message[0] = '\0';
   int rc = fn->kernel(argv, nin + nout, stream, &err);
   if (rc != 0) {
-    kernel_error(fn, rc, &err);
+    kernel_error_out_of_line(fn, rc, &err);
     goto cleanup;
   }
 
   /* The inputs are done with: let go of them before any Python code runs
    * in the conversions below. */
   for (int i = 0; i < nseen; i++)
-    if (has_view[i]) dlb__view_release(&views[i]);
+    if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   nseen = 0;
 
   if (nout == 0) {
     result = Py_NewRef(Py_None);
   } else if (nout == 1) {
-    DLManagedTensorVersioned *m = outs[0];
+    DLManagedTensorVersioned *m = f->outs[0];
     nalloc = 0; /* stolen whatever happens */
     if (dlb__to_framework(st, h, m, &result) < 0) result = NULL;
   } else {
@@ -935,8 +1092,8 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
     if (tuple == NULL) goto cleanup;
     for (int o = 0; o < nout; o++) {
       PyObject *obj;
-      DLManagedTensorVersioned *m = outs[o];
-      outs[o] = NULL; /* stolen whatever happens */
+      DLManagedTensorVersioned *m = f->outs[o];
+      f->outs[o] = NULL; /* stolen whatever happens */
       if (dlb__to_framework(st, h, m, &obj) < 0) {
         Py_DECREF(tuple);
         goto cleanup;
@@ -949,10 +1106,64 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
 
 cleanup:
   for (int i = 0; i < nseen; i++)
-    if (has_view[i]) dlb__view_release(&views[i]);
+    if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
-    if (outs[o] != NULL) dlb_managed_delete(outs[o]);
+    if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
   return result;
+}
+
+/* A signature with more than FN_INLINE parameters and results: the arrays
+ * in one heap block (returned, to be freed by the caller).  Off the fast
+ * path. */
+static void *frame_alloc(const fn_object *fn, fn_frame *f) {
+  size_t nin = (size_t)fn->nin, n = nin + (size_t)fn->nout;
+  size_t bytes = nin * (sizeof(dlb_view) + sizeof(dlb_scalar) +
+                        sizeof(PyTypeObject *) + sizeof(PyObject *)) +
+                 n * sizeof(DLTensor *) +
+                 (n - nin) * sizeof(DLManagedTensorVersioned *) + nin;
+  char *block = PyMem_Malloc(bytes);
+  if (block == NULL) {
+    PyErr_NoMemory();
+    return NULL;
+  }
+  char *q = block; /* the most aligned first */
+  f->views = (dlb_view *)q;
+  q += nin * sizeof(dlb_view);
+  f->scalars = (dlb_scalar *)q;
+  q += nin * sizeof(dlb_scalar);
+  f->types = (PyTypeObject **)q;
+  q += nin * sizeof(PyTypeObject *);
+  f->ordered = (PyObject **)q;
+  q += nin * sizeof(PyObject *);
+  f->argv = (DLTensor **)q;
+  q += n * sizeof(DLTensor *);
+  f->outs = (DLManagedTensorVersioned **)q;
+  q += (n - nin) * sizeof(DLManagedTensorVersioned *);
+  f->state = (uint8_t *)q;
+  return block;
+}
+
+DLB__OUT_OF_LINE(void *, frame_alloc, (const fn_object *, fn_frame *));
+
+static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames) {
+  fn_object *fn = (fn_object *)self;
+  dlb_view views[FN_INLINE];
+  dlb_scalar scalars[FN_INLINE];
+  PyTypeObject *types[FN_INLINE];
+  PyObject *ordered[FN_INLINE];
+  uint8_t state[FN_INLINE];
+  DLTensor *argv[FN_INLINE];
+  DLManagedTensorVersioned *outs[FN_INLINE];
+  fn_frame f = {views, scalars, types, ordered, state, argv, outs};
+  void *block = NULL;
+  if (fn->nin + fn->nout > FN_INLINE) {
+    block = frame_alloc_out_of_line(fn, &f);
+    if (block == NULL) return NULL;
+  }
+  PyObject *r = function_call(fn, args, PyVectorcall_NARGS(nargsf), kwnames, &f);
+  PyMem_Free(block);
+  return r;
 }
 
 /* ---- attributes --------------------------------------------------------------------- */

@@ -179,13 +179,14 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     return *out != NULL ? 1 : -1;
   }
   if (h->kind == DLB_KIND_EXCHANGE) {
+    /* What the table cannot say: lazy conj/neg bits are refused, a tensor
+     * that requires grad is imported read-only (views.c). */
+    int readonly = 0, ran_python = 0;
+    if (dlb__check_bits(st, obj, 0, &readonly, &ran_python) < 0)
+      return -1;
     if (h->api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 ||
         m == NULL) {
-      if (!PyErr_Occurred())
-        PyErr_Format(PyExc_BufferError,
-                     "from_dlpack: the exchange table of '%.200s' failed to "
-                     "export the object without saying why",
-                     Py_TYPE(obj)->tp_name);
+      dlb__error_exchange_refusal(Py_TYPE(obj), "export");
       return -1;
     }
     if (dlb_managed_check_version(m, &err) != DLB_OK) {
@@ -198,6 +199,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
       dlb__raise_import("the exchange table's tensor cannot be imported", &err);
       return -1;
     }
+    if (readonly) m->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
     /* The table exports without synchronising: order the producer's
      * current stream before dlbridge's, as __dlpack__ would have. */
     if (dlb__is_cuda_device(m->dl_tensor.device)) {

@@ -41,7 +41,11 @@ static int module_exec(PyObject *module) {
       intern_name(&st->str_copy, "copy") < 0 ||
       intern_name(&st->str_stream, "stream") < 0 ||
       intern_name(&st->str_array_interface, "__array_interface__") < 0 ||
-      intern_name(&st->str_cuda_array_interface, "__cuda_array_interface__") < 0) {
+      intern_name(&st->str_cuda_array_interface, "__cuda_array_interface__") < 0 ||
+      intern_name(&st->str_is_conj, "is_conj") < 0 ||
+      intern_name(&st->str_is_neg, "is_neg") < 0 ||
+      intern_name(&st->str_requires_grad, "requires_grad") < 0 ||
+      intern_name(&st->str_torch, "torch") < 0) {
     return -1;
   }
   static const char *const legacy[DLB_N_LEGACY_METHODS] =
@@ -78,6 +82,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->DeviceType);
   Py_VISIT(st->max_version_tuple);
   Py_VISIT(st->FunctionType);
+  Py_VISIT(st->torch_base);
   for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)
     Py_VISIT(st->dtype_cache[i]);
   return 0;
@@ -96,6 +101,12 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_stream);
   Py_CLEAR(st->str_array_interface);
   Py_CLEAR(st->str_cuda_array_interface);
+  Py_CLEAR(st->str_is_conj);
+  Py_CLEAR(st->str_is_neg);
+  Py_CLEAR(st->str_requires_grad);
+  Py_CLEAR(st->str_torch);
+  Py_CLEAR(st->torch_base);
+  st->torch_bits = 0;
   Py_CLEAR(st->max_version_tuple);
   for (int i = 0; i < DLB_N_LEGACY_METHODS; i++) Py_CLEAR(st->str_legacy[i]);
   Py_CLEAR(st->FunctionType);

@@ -86,9 +86,39 @@ static void collect_error(void *ctx, const char *kind, const char *message) {
                 message ? message : "allocation failed");
 }
 
+/* Whether text (lower-cased on the fly) contains needle (lower case). */
+static int mentions(const char *text, const char *needle) {
+  size_t n = strlen(needle);
+  for (; *text; text++) {
+    size_t i = 0;
+    while (i < n && text[i] &&
+           (text[i] >= 'A' && text[i] <= 'Z' ? text[i] - 'A' + 'a'
+                                             : text[i]) == needle[i])
+      i++;
+    if (i == n) return 1;
+  }
+  return 0;
+}
+
 /* Raise the exception a SetError call named: a builtin exception class of
- * that name, else RuntimeError. */
-static void raise_named(const alloc_error *e, PyTypeObject *type) {
+ * that name, else RuntimeError.  The message is cut at its first newline
+ * (torch appends a C++ backtrace there).  torch 2.13 reports every
+ * allocator failure as "MemoryError", a dtype it cannot hold (float32x4,
+ * int4) included: from torch, a "MemoryError" whose message does not
+ * mention memory is a BufferError -- the framework cannot hold the
+ * result. */
+static void raise_named(alloc_error *e, const dlb_handler *h) {
+  PyTypeObject *type = h->type;
+  char *nl = strchr(e->message, '\n');
+  if (nl != NULL) *nl = '\0';
+  if (strcmp(e->kind, "MemoryError") == 0 &&
+      PyUnicode_CompareWithASCIIString(h->framework, "torch") == 0 &&
+      !mentions(e->message, "memory")) {
+    PyErr_Format(PyExc_BufferError,
+                 "'%.200s' cannot allocate this result: %s", type->tp_name,
+                 e->message);
+    return;
+  }
   PyObject *exc = PyExc_RuntimeError;
   PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
   PyObject *cls = builtins ? PyDict_GetItemString(builtins, e->kind) : NULL;
@@ -102,6 +132,37 @@ static void raise_named(const alloc_error *e, PyTypeObject *type) {
     PyErr_SetString(exc, e->message);
 }
 
+/* A framework's allocator result must be what was asked for: the kernel
+ * writes prototype's extents into it, so a smaller tensor (a wrong shape,
+ * a narrower dtype, another device, a strided layout) would be written out
+ * of bounds.  On mismatch m is deleted and BufferError set.  0 or -1. */
+static int check_allocated(const dlb_handler *h, const DLTensor *prototype,
+                           DLManagedTensorVersioned *m) {
+  const DLTensor *t = &m->dl_tensor;
+  const char *what = NULL;
+  if (t->ndim != prototype->ndim)
+    what = "ndim";
+  else if (t->dtype.code != prototype->dtype.code ||
+           t->dtype.bits != prototype->dtype.bits ||
+           t->dtype.lanes != prototype->dtype.lanes)
+    what = "dtype";
+  else if (!dlb__same_device(t->device, prototype->device))
+    what = "device";
+  else if (t->ndim > 0 &&
+           memcmp(t->shape, prototype->shape,
+                  (size_t)t->ndim * sizeof *t->shape) != 0)
+    what = "shape";
+  else if (!dlb_tensor_is_contiguous(t))
+    what = "layout (it is not contiguous)";
+  if (what == NULL) return 0;
+  dlb__delete_keep_error(m);
+  PyErr_Format(PyExc_BufferError,
+               "the allocator of '%.200s' returned a tensor whose %s differs "
+               "from the one asked for; refusing to let a kernel write into it",
+               h->type->tp_name, what);
+  return -1;
+}
+
 int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
                     const DLTensor *prototype, DLManagedTensorVersioned **out) {
   if ((h->kind == DLB_KIND_EXCHANGE || h->kind == DLB_KIND_TENSOR) &&
@@ -113,7 +174,7 @@ int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
     if (rc != 0) {
       if (e.calls > 0) {
         PyErr_Clear();
-        raise_named(&e, h->type);
+        raise_named(&e, h);
       } else if (!PyErr_Occurred()) {
         PyErr_Format(PyExc_RuntimeError,
                      "the allocator of '%.200s' failed without saying why",
@@ -128,8 +189,23 @@ int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
       return -1;
     }
     if (dlb__check_owned(m, "exchange API allocator") < 0) return -1;
+    if (check_allocated(h, prototype, m) < 0) return -1;
     *out = m;
     return 0;
+  }
+  /* The result goes to h's framework after the kernel ran (dlb__to_framework):
+   * refuse here, before the kernel, what that framework cannot hold.  NumPy
+   * holds exactly the dtypes it has a typestr for (no bfloat16, fp8,
+   * complex32, sub-byte or multi-lane types). */
+  if (PyUnicode_CompareWithASCIIString(h->framework, "numpy") == 0 &&
+      dlb__array_typestr(dlb__scalar_kind(prototype->dtype)) == NULL) {
+    char dt[48];
+    dlb__dtype_str(prototype->dtype, dt, sizeof dt);
+    PyErr_Format(PyExc_BufferError,
+                 "numpy cannot hold a %s result; pass a dlbridge.Tensor (or "
+                 "a framework with that dtype) as the first tensor argument",
+                 dt);
+    return -1;
   }
   /* No allocator of the framework's: dlbridge's own, on the stream the
    * framework works on (a CUDA output is then ordered like its work). */

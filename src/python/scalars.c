@@ -4,18 +4,18 @@
  * (Tensor.tolist), and storing a Python number as an element (dlb.tensor()
  * and 0-d Function parameters).
  *
- * Storing is written TWICE below, and the two disagree; they are kept side
- * by side here, unchanged, until they are unified (issue 7, section 2):
- *  - dlb__store_scalar (dlb.tensor(data)): accepts any object with
- *    __index__ / __float__ / __complex__ (NumPy scalars included), truncates
- *    a float stored into an integer dtype toward zero (as NumPy and PyTorch
- *    do) when in range, NaN/inf into an integer dtype is ValueError, an int
- *    out of range is OverflowError.
- *  - dlb__scalar_from_number (0-d Function parameters): accepts only int,
- *    bool, float and complex, and raises TypeError for a float given to an
- *    integer or bool dtype; out of range is OverflowError.
- * So dlb.tensor(1.5, dtype="int32") truncates while a 0-d int32 Function
- * parameter raises.
+ * Storing follows ONE rule, written once (dlb__store_scalar); dlb.tensor()
+ * calls it for every leaf and a 0-d Function parameter for its Python
+ * number (dlb__scalar_from_number), so the two cannot disagree:
+ *  - an int (or anything with __index__, NumPy integers included) goes into
+ *    an integer dtype when it is in range, else OverflowError; into bool
+ *    only as 0 or 1 (2 is OverflowError, not "truthy");
+ *  - a float is never stored into an integer or bool dtype: TypeError, not
+ *    a silent truncation (1.5 -> 1) -- the caller converts explicitly;
+ *  - a finite float that becomes infinite in a narrower float dtype is
+ *    OverflowError; NaN and inf are stored as they are;
+ *  - a complex number only into a complex dtype (TypeError otherwise);
+ *  - a dtype with no Python scalar (fp8, sub-byte, lanes > 1): TypeError.
  */
 #include "dlbridge_py.h"
 
@@ -184,22 +184,12 @@ static int store_int(PyObject *o, int cls, scalar_kind k, const char *name,
     return -1;
   }
   if (cls == C_FLOAT) {
-    double d = PyFloat_AsDouble(o);
-    if (d == -1.0 && PyErr_Occurred()) return -1;
-    if (!isfinite(d)) {
-      PyErr_Format(PyExc_ValueError, "cannot store %R in integer dtype %s",
-                   o, name);
-      return -1;
-    }
-    d = trunc(d);
-    if (is_unsigned) {
-      if (d < 0 || d >= 18446744073709551616.0) return out_of_range(o, name);
-      u = (unsigned long long)d;
-    } else {
-      if (d < -9223372036854775808.0 || d >= 9223372036854775808.0)
-        return out_of_range(o, name);
-      v = (long long)d;
-    }
+    /* No silent truncation (see the header). */
+    PyErr_Format(PyExc_TypeError,
+                 "cannot store float value %R in integer dtype %s: floats "
+                 "are not truncated; pass an int",
+                 o, name);
+    return -1;
   } else {
     PyObject *idx = cls == C_BOOL ? PyLong_FromLong(PyObject_IsTrue(o))
                                   : PyNumber_Index(o);
@@ -278,8 +268,23 @@ int dlb__store_scalar(PyObject *o, int cls, scalar_kind k, const char *name,
                         char *p) {
   switch (k) {
     case K_BOOL: {
-      int b = PyObject_IsTrue(o);
-      if (b < 0) return -1;
+      int b;
+      if (cls == C_BOOL) {
+        b = PyObject_IsTrue(o);
+        if (b < 0) return -1;
+      } else if (cls == C_INT) {
+        /* 0 or 1 only, through the uint8 range check below. */
+        unsigned char byte;
+        if (store_int(o, cls, K_U8, name, (char *)&byte) < 0) return -1;
+        if (byte > 1) return out_of_range(o, name);
+        b = byte;
+      } else {
+        PyErr_Format(PyExc_TypeError,
+                     "cannot store %.50s value %R in bool: pass a bool, or "
+                     "the int 0 or 1",
+                     Py_TYPE(o)->tp_name, o);
+        return -1;
+      }
       *(unsigned char *)p = (unsigned char)b;
       return 0;
     }
@@ -338,178 +343,39 @@ int dlb__store_scalar(PyObject *o, int cls, scalar_kind k, const char *name,
 
 /* ---- Python number -> element: 0-d Function parameters -------------------------- */
 
-/* Out-of-line so the hot loop stays small. */
-static int scalar_range_error(PyObject *fname, PyObject *argname,
-                              const char *dt) {
-  PyErr_Format(PyExc_OverflowError,
-               "%U() argument '%U': value out of range for %s", fname,
-               argname, dt);
-  return -1;
-}
-
-static uint16_t bf16_from_double(double d) {
-  float f = (float)d;
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0)
-    return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
-  u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even */
-  return (uint16_t)(u >> 16);
+/* The canonical dtype name of a kind, for messages (a constant: the hot
+ * path formats nothing until it fails). */
+static const char *kind_name(scalar_kind k) {
+  static const char *const names[] = {
+      [K_NONE] = "?",        [K_BOOL] = "bool",       [K_I8] = "int8",
+      [K_I16] = "int16",     [K_I32] = "int32",       [K_I64] = "int64",
+      [K_U8] = "uint8",      [K_U16] = "uint16",      [K_U32] = "uint32",
+      [K_U64] = "uint64",    [K_F16] = "float16",     [K_F32] = "float32",
+      [K_F64] = "float64",   [K_BF16] = "bfloat16",   [K_C32] = "complex32",
+      [K_C64] = "complex64", [K_C128] = "complex128"};
+  return names[k];
 }
 
 /* Store Python number obj as dtype dt in *out, for argument argname of
- * function fname (messages).  0 or -1. */
+ * function fname: dlb__store_scalar's rule, the argument named in the
+ * message ("f() argument 'a': ...", the same exception type).  0 or -1. */
 int dlb__scalar_from_number(PyObject *fname, PyObject *argname, PyObject *obj,
                             DLDataType dt, dlb_scalar *out) {
-  char dts[48];
-  int is_int = PyLong_Check(obj); /* bool included */
-  int is_float = PyFloat_Check(obj);
-  if (dt.lanes != 1) goto unsupported;
-  switch (dt.code) {
-    case kDLBool:
-      if (dt.bits != 8) goto unsupported;
-      if (!is_int) goto wrong_kind;
-      {
-        int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        if (overflow || (v != 0 && v != 1)) goto range;
-        out->bytes[0] = (unsigned char)v;
-      }
-      return 0;
-    case kDLInt: {
-      if (!is_int) goto wrong_kind;
-      int overflow;
-      long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-      if (v == -1 && PyErr_Occurred()) return -1;
-      if (overflow) goto range;
-      switch (dt.bits) {
-        case 8:
-          if (v < INT8_MIN || v > INT8_MAX) goto range;
-          {
-            int8_t x = (int8_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 16:
-          if (v < INT16_MIN || v > INT16_MAX) goto range;
-          {
-            int16_t x = (int16_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 32:
-          if (v < INT32_MIN || v > INT32_MAX) goto range;
-          {
-            int32_t x = (int32_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 64:
-          out->i = (int64_t)v;
-          return 0;
-        default:
-          goto unsupported;
-      }
-    }
-    case kDLUInt: {
-      if (!is_int) goto wrong_kind;
-      unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-      if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-        PyErr_Clear();
-        goto range;
-      }
-      switch (dt.bits) {
-        case 8:
-          if (v > UINT8_MAX) goto range;
-          out->bytes[0] = (uint8_t)v;
-          return 0;
-        case 16:
-          if (v > UINT16_MAX) goto range;
-          {
-            uint16_t x = (uint16_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 32:
-          if (v > UINT32_MAX) goto range;
-          {
-            uint32_t x = (uint32_t)v;
-            memcpy(out->bytes, &x, sizeof x);
-          }
-          return 0;
-        case 64:
-          out->u = (uint64_t)v;
-          return 0;
-        default:
-          goto unsupported;
-      }
-    }
-    case kDLFloat:
-    case kDLBfloat:
-    case kDLComplex: {
-      double re, im = 0.0;
-      if (PyComplex_Check(obj)) {
-        if (dt.code != kDLComplex) goto wrong_kind;
-        re = PyComplex_RealAsDouble(obj);
-        im = PyComplex_ImagAsDouble(obj);
-      } else if (is_int || is_float) {
-        re = PyFloat_AsDouble(obj);
-        if (re == -1.0 && PyErr_Occurred()) {
-          if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-          PyErr_Clear();
-          goto range;
-        }
-      } else {
-        goto wrong_kind;
-      }
-      int parts = dt.code == kDLComplex ? 2 : 1;
-      int bits = dt.code == kDLComplex ? dt.bits / 2 : dt.bits;
-      double v[2] = {re, im};
-      for (int k = 0; k < parts; k++) {
-        if (dt.code == kDLBfloat) {
-          if (bits != 16) goto unsupported;
-          if (isfinite(v[k]) && fabs(v[k]) > (double)FLT_MAX) goto range;
-          uint16_t h = bf16_from_double(v[k]);
-          memcpy(out->bytes, &h, sizeof h);
-        } else if (bits == 16) {
-          if (PyFloat_Pack2(v[k], (char *)out->bytes + 2 * k, PY_LITTLE_ENDIAN)
-              < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
-            PyErr_Clear();
-            goto range;
-          }
-        } else if (bits == 32) {
-          if (isfinite(v[k]) && fabs(v[k]) > (double)FLT_MAX) goto range;
-          float f = (float)v[k];
-          memcpy(out->bytes + 4 * k, &f, sizeof f);
-        } else if (bits == 64) {
-          memcpy(out->bytes + 8 * k, &v[k], sizeof v[k]);
-        } else {
-          goto unsupported;
-        }
-      }
-      return 0;
-    }
-    default:
-      goto unsupported;
+  scalar_kind k = dlb__scalar_kind(dt);
+  if (k == K_NONE) {
+    char dts[48];
+    dlb__dtype_str(dt, dts, sizeof dts);
+    PyErr_Format(PyExc_TypeError,
+                 "%U() argument '%U': no Python number converts to %s; pass "
+                 "a 0-d tensor",
+                 fname, argname, dts);
+    return -1;
   }
-range:
-  dlb__dtype_str(dt, dts, sizeof dts);
-  return scalar_range_error(fname, argname, dts);
-wrong_kind:
-  dlb__dtype_str(dt, dts, sizeof dts);
-  PyErr_Format(PyExc_TypeError,
-               "%U() argument '%U': a Python %.50s cannot be passed as %s",
-               fname, argname, Py_TYPE(obj)->tp_name, dts);
-  return -1;
-unsupported:
-  dlb__dtype_str(dt, dts, sizeof dts);
-  PyErr_Format(PyExc_TypeError,
-               "%U() argument '%U': no Python number converts to %s; pass a "
-               "0-d tensor",
-               fname, argname, dts);
-  return -1;
+  int cls = dlb__number_class(obj);
+  if (cls < 0 || dlb__store_scalar(obj, cls, k, kind_name(k),
+                                   (char *)out->bytes) < 0) {
+    dlb__error_prefix_argument(fname, argname);
+    return -1;
+  }
+  return 0;
 }
-

@@ -115,33 +115,31 @@ static int view_buffer(PyObject *obj, unsigned options, dlb_view *v) {
   return 0;
 }
 
-static int view_exchange(const dlb_handler *h, PyObject *obj, dlb_view *v) {
+static int view_exchange(dlb_module_state *st, const dlb_handler *h,
+                         PyObject *obj, unsigned options, dlb_view *v) {
   const DLPackExchangeAPI *api = h->api;
+  int readonly = 0, ran_python = 0;
+  if (!(options & DLB_VIEW_BITS_CHECKED) &&
+      dlb__check_bits(st, obj, options, &readonly, &ran_python) < 0)
+    return -1;
   if (api->dltensor_from_py_object_no_sync != NULL) {
     if (api->dltensor_from_py_object_no_sync(obj, &v->t) != 0) {
-      if (!PyErr_Occurred())
-        PyErr_Format(PyExc_BufferError,
-                     "the exchange table of '%.200s' failed to describe the "
-                     "object without saying why",
-                     Py_TYPE(obj)->tp_name);
+      dlb__error_exchange_refusal(Py_TYPE(obj), "describe");
       return -1;
     }
-    v->flags = 0; /* the borrowed entry cannot say read-only (export.c) */
+    /* the borrowed entry cannot say read-only (export.c) */
+    v->flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
     return 0;
   }
   DLManagedTensorVersioned *m = NULL;
   if (api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 || m == NULL) {
-    if (!PyErr_Occurred())
-      PyErr_Format(PyExc_BufferError,
-                   "the exchange table of '%.200s' failed to export the "
-                   "object without saying why",
-                   Py_TYPE(obj)->tp_name);
+    dlb__error_exchange_refusal(Py_TYPE(obj), "export");
     return -1;
   }
   if (dlb__check_owned(m, "exchange API export") < 0) return -1;
   v->owned = m;
   v->t = m->dl_tensor;
-  v->flags = m->flags;
+  v->flags = m->flags | (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0);
   return 0;
 }
 
@@ -191,7 +189,7 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
       goto check_writable;
     }
     case DLB_KIND_EXCHANGE:
-      rc = view_exchange(h, obj, v);
+      rc = view_exchange(st, h, obj, options, v);
       break;
     case DLB_KIND_NUMPY:
       rc = view_numpy(st->handlers, obj, v);
@@ -200,7 +198,11 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
       rc = view_buffer(obj, options, v);
       break;
     case DLB_KIND_DLPACK:
-      rc = dlb__dunder_dlpack_managed(st, obj, NULL, -1, &v->owned);
+      /* A view that will be written must not be a copy: ask for none
+       * (copy=False), and refuse one the producer says it made anyway
+       * (IS_COPIED, below) -- the writes would be lost. */
+      rc = dlb__dunder_dlpack_managed(
+          st, obj, NULL, (options & DLB_VIEW_WRITABLE) ? 0 : -1, &v->owned);
       if (rc == 0) {
         v->t = v->owned->dl_tensor;
         v->flags = v->owned->flags;
@@ -231,6 +233,15 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
     goto error;
   }
 check_writable:
+  if ((options & DLB_VIEW_WRITABLE) && v->owned != NULL &&
+      (v->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
+    PyErr_Format(PyExc_BufferError,
+                 "the producer of type '%.200s' exported a copy "
+                 "(IS_COPIED), but this argument is written to: the writes "
+                 "would be lost",
+                 Py_TYPE(obj)->tp_name);
+    goto error;
+  }
   if ((options & DLB_VIEW_WRITABLE) &&
       (v->flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
     PyErr_Format(PyExc_BufferError,

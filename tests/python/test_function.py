@@ -625,3 +625,21 @@ def test_function_is_collected(lib):
     assert fn() is None
     del fn
     assert r() is None
+
+
+@pytest.mark.parametrize("n", [7, 8, 9, 64])
+def test_large_signatures_use_heap_scratch(lib, n):
+    """Up to 8 parameters and results the call's arrays are on the stack,
+    beyond that in one heap block: both give the same checks and errors."""
+    sig = "f(" + ", ".join("a%d: float32[k]" % i for i in range(n - 1)) + ") -> float32[k]"
+    fn = load(lib, "dlb_kernel_noop", sig)
+    xs = [np.ones(3, np.float32) for _ in range(n - 1)]
+    out = fn(*xs)
+    assert out.shape == (3,)
+    xs[-1] = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="a%d" % (n - 2)):
+        fn(*xs)
+    with pytest.raises(TypeError, match="takes %d arguments" % (n - 1)):
+        fn(*xs[:-1])
+    kw = {"a%d" % i: np.ones(3, np.float32) for i in range(n - 1)}
+    assert fn(**kw).shape == (3,)

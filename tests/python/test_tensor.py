@@ -219,8 +219,11 @@ def test_tensor_inference():
 
 def test_tensor_explicit_dtypes():
     assert dlb.tensor([1, 2], dtype="float32").tolist() == [1.0, 2.0]
-    assert dlb.tensor([1.9, -1.9], dtype="int32").tolist() == [1, -1]
-    assert dlb.tensor([0, 3], dtype="bool").tolist() == [False, True]
+    with pytest.raises(TypeError):          # no silent truncation
+        dlb.tensor([1.9, -1.9], dtype="int32")
+    assert dlb.tensor([0, 1], dtype="bool").tolist() == [False, True]
+    with pytest.raises(OverflowError):      # 0 or 1 only, as Function
+        dlb.tensor([0, 3], dtype="bool")
     assert dlb.tensor([1 + 2j], dtype="complex64").tolist() == [1 + 2j]
     assert dlb.tensor([1 + 2j], dtype="complex32").tolist() == [1 + 2j]
     assert dlb.tensor([0.5, 1.0], dtype="float16").tolist() == [0.5, 1.0]
@@ -242,8 +245,10 @@ def test_tensor_range_checks():
         dlb.tensor([1e300], dtype="float32")
     with pytest.raises(OverflowError):
         dlb.tensor([1e10], dtype="float16")
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError):          # floats are never truncated
         dlb.tensor([float("nan")], dtype="int32")
+    with pytest.raises(TypeError):
+        dlb.tensor([1.5], dtype="int32")
     with pytest.raises(TypeError):
         dlb.tensor([1j], dtype="float64")
     assert math.isnan(dlb.tensor([float("nan")], dtype="float32").tolist()[0])
