@@ -305,7 +305,17 @@ static PyObject *py_cache_size(PyObject *module, PyObject *unused) {
   return Py_BuildValue("(nn)", (Py_ssize_t)c->count, (Py_ssize_t)(c->mask + 1));
 }
 
+/* 0: torch's lazy bits not looked for yet; 1: read from its TensorImpl
+ * (the fast path); -1: the experiment failed, tensors are asked. */
+static PyObject *py_torch_bits_state(PyObject *module, PyObject *unused) {
+  (void)unused;
+  return PyLong_FromLong(mod_state(module)->torch_bits);
+}
+
 static PyMethodDef private_methods[] = {
+    {"_torch_bits_state", (PyCFunction)py_torch_bits_state, METH_NOARGS,
+     "Private (tests): 1 when torch's conj/neg bits are read directly, -1 "
+     "when they are asked of each tensor, 0 before the first torch tensor."},
     {"_exchange_handler", (PyCFunction)py_handler, METH_O,
      "Private (tests): (kind, framework, table address) of type(obj)."},
     {"_exchange_view", (PyCFunction)(void (*)(void))py_view, METH_FASTCALL,

@@ -213,3 +213,13 @@ def test_graph_capture_and_replay(k, torch):
         np.testing.assert_array_equal(out.cpu().numpy(), 2 * xs + ys)
         np.testing.assert_array_equal(acc.cpu().numpy(), 2 * xs + ys)
         np.testing.assert_array_equal(c.cpu().numpy(), an @ bn)
+
+
+def test_torch_lazy_bits_read_on_the_fast_path(k, dlb, torch):
+    """The conj/neg check on torch CUDA arguments reads torch's TensorImpl
+    (torchbits.c) rather than asking each tensor (~50 ns a question); this
+    fails when that experiment does not work with this torch build."""
+    x = torch.ones(8, device="cuda:0")
+    y = torch.zeros(8, device="cuda:0")
+    k.saxpy(1.0, x, y)
+    assert dlb._core._torch_bits_state() == 1

@@ -643,3 +643,15 @@ def test_large_signatures_use_heap_scratch(lib, n):
         fn(*xs[:-1])
     kw = {"a%d" % i: np.ones(3, np.float32) for i in range(n - 1)}
     assert fn(**kw).shape == (3,)
+
+
+def test_torch_lazy_bits_read_on_the_fast_path(k):
+    """Function checks every torch argument for torch's lazy conj/neg bits;
+    asking the tensor costs ~50 ns a question, so the bits are read from
+    torch's TensorImpl at offsets found by an experiment (torchbits.c).
+    This fails when that experiment stops working with an installed torch
+    (the check is then still right, only slow)."""
+    torch = pytest.importorskip("torch")
+    a = torch.ones(4)
+    k.saxpy(1.0, a, torch.zeros(4))
+    assert dlbridge._core._torch_bits_state() == 1
