@@ -569,6 +569,67 @@ DLB_API int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src,
                           void *stream,
                           dlb_error *err);
 
+/* ---- Kernel signatures (signature.c) -----------------------------------------
+ *
+ * The signature language of dlb_kernel functions, as dlbridge.Function
+ * takes it: "saxpy(a: float32, x: float32[n], y: mut float32[n]) ->
+ * float32[n]" (grammar in src/core/signature.c and docs/function.md).
+ * Parsed into flat records: a parameter is a dtype, a rank and the index
+ * of its first dimension record; a dimension is a literal extent, the
+ * first appearance of a name (binds it), or a later one (must equal the
+ * extent at (from_param, from_axis) that bound it).  Inputs come first,
+ * then results. */
+
+#define DLB_SIGNATURE_MAX_PARAMS 64
+
+enum {
+  DLB_SIGNATURE_DIM_LITERAL = 0, /* extent must equal value */
+  DLB_SIGNATURE_DIM_BIND,        /* first use of a name: anything goes */
+  DLB_SIGNATURE_DIM_CHECK        /* must equal the extent that bound it */
+};
+
+typedef struct dlb_signature_dim {
+  int64_t value;      /* DLB_SIGNATURE_DIM_LITERAL: the extent */
+  int16_t kind;
+  int16_t from_param; /* BIND / CHECK: the (parameter, axis) that bound it */
+  int16_t from_axis;
+  int16_t sym;        /* index into sym[], -1 for literals */
+} dlb_signature_dim;
+
+typedef struct dlb_signature_param {
+  DLDataType dtype;
+  int32_t ndim;
+  int32_t dim0; /* first of ndim records in dims[] */
+  uint8_t mut;  /* inputs only: written by the kernel */
+} dlb_signature_param;
+
+/* The parse, in one (large: ~130 KB, allocate it) struct.  Names point
+ * into the text parsed, which must outlive their use. */
+typedef struct dlb_signature {
+  const char *text;
+  size_t length, pos;
+  const char *message; /* the first error, or NULL */
+  size_t error_pos;    /* byte offset of the error in text */
+  char message_buf[160];
+  const char *name;    /* the function name */
+  size_t name_len;
+  int nparams, nin;    /* parameters and results; inputs among them */
+  dlb_signature_param params[DLB_SIGNATURE_MAX_PARAMS];
+  const char *param_name[DLB_SIGNATURE_MAX_PARAMS];
+  size_t param_name_len[DLB_SIGNATURE_MAX_PARAMS];
+  int ndims;
+  dlb_signature_dim dims[DLB_SIGNATURE_MAX_PARAMS * DLB_MAX_NDIM];
+  int nsyms;
+  const char *sym[DLB_SIGNATURE_MAX_PARAMS * DLB_MAX_NDIM];
+  size_t sym_len[DLB_SIGNATURE_MAX_PARAMS * DLB_MAX_NDIM];
+} dlb_signature;
+
+/* Parse length bytes of text (no NUL needed) into *out.  DLB_EINVAL with a
+ * message and its byte offset (also in out->message / out->error_pos) for
+ * text that is not a signature. */
+DLB_API int dlb_signature_parse(const char *text, size_t length,
+                                dlb_signature *out, dlb_error *err);
+
 /* ---- CUDA IPC (cuda_ipc.c) ---------------------------------------------------
  *
  * Device memory another process maps with no copy, for dlbridge.share of

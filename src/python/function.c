@@ -4,21 +4,9 @@
  *
  * A signature such as
  *     "saxpy(a: float32, x: float32[n], y: mut float32[n]) -> float32[n]"
- * is parsed once, at construction, into a flat array of fn_param / fn_dim
- * records.  Grammar (whitespace allowed between any two tokens):
- *
- *     signature := NAME '(' [param {',' param} [',']] ')' ['->' results]
- *     param     := NAME ':' ['mut'] type
- *     results   := type | '(' [type {',' type} [',']] ')'
- *     type      := DTYPE ['[' [dim {',' dim}] ']']     no brackets, or
- *                                                       "[]": 0-d
- *     dim       := NAME | INTEGER
- *
- * NAME is [A-Za-z_][A-Za-z0-9_]*; DTYPE any name dlb_dtype_from_name knows.
- * A dimension NAME binds the first time it appears, reading parameters left
- * to right, and must be equal everywhere after; output dimensions must be
- * literals or names some input binds.  At most 64 parameters and results
- * together.
+ * is parsed once, at construction, by the core (dlb_signature_parse; the
+ * grammar and the rules for dimension names are in src/core/signature.c
+ * and docs/function.md) into a flat array of parameter and dim records.
  *
  * The call path is built for overhead, not generality: every check that can
  * be decided from the signature alone is decided at parse time.  Each dim
@@ -78,35 +66,23 @@
 #define FN_READONLY Py_READONLY
 #endif
 
-/* Parameters and results together: the kernel's DLTensor * array and the
- * views are stack arrays of this size. */
-#define FN_MAX_PARAMS 64
+/* Parameters and results together (the signature language's limit). */
+#define FN_MAX_PARAMS DLB_SIGNATURE_MAX_PARAMS
 
 #define KERNEL_CAPSULE_NAME "dlb_kernel"
 #define LIBRARY_CAPSULE_NAME "dlbridge._library"
 
 /* ---- the compiled signature --------------------------------------------------- */
 
-enum {
-  DIM_LITERAL = 0, /* extent must equal value */
-  DIM_BIND,        /* first use of a name: anything goes, others read it */
-  DIM_CHECK        /* must equal shape[from_axis] of parameter from_param */
-};
-
-typedef struct {
-  int64_t value;      /* DIM_LITERAL: the extent */
-  int16_t kind;
-  int16_t from_param; /* DIM_CHECK (and outputs): who bound the name */
-  int16_t from_axis;
-  int16_t sym;        /* index into symbol names, -1 for literals */
-} fn_dim;
-
-typedef struct {
-  DLDataType dtype;
-  int32_t ndim;
-  int32_t dim0; /* first of ndim records in dims[] */
-  uint8_t mut;  /* inputs only: must be writable */
-} fn_param;
+/* The parse of the core (dlb_signature_parse, src/core/signature.c): a
+ * parameter is a dtype, a rank and its first dim record; a dim record
+ * binds a name, checks a literal, or checks against the (parameter, axis)
+ * that bound its name. */
+typedef dlb_signature_param fn_param;
+typedef dlb_signature_dim fn_dim;
+#define DIM_LITERAL DLB_SIGNATURE_DIM_LITERAL
+#define DIM_BIND DLB_SIGNATURE_DIM_BIND
+#define DIM_CHECK DLB_SIGNATURE_DIM_CHECK
 
 typedef struct {
   PyObject_HEAD
@@ -124,284 +100,13 @@ typedef struct {
   PyObject *weakreflist;
 } fn_object;
 
-/* ---- signature parser ------------------------------------------------------------ */
-
-typedef struct {
-  const char *s;
-  Py_ssize_t len, pos;
-  const char *msg;   /* first error, static or in msgbuf */
-  Py_ssize_t errpos;
-  char msgbuf[160];
-  /* result */
-  const char *name;
-  Py_ssize_t name_len;
-  int nparams, nin;
-  fn_param params[FN_MAX_PARAMS];
-  const char *pname[FN_MAX_PARAMS];
-  Py_ssize_t pname_len[FN_MAX_PARAMS];
-  int ndims;
-  fn_dim dims[FN_MAX_PARAMS * DLB_MAX_NDIM];
-  int nsyms;
-  const char *sym[FN_MAX_PARAMS * DLB_MAX_NDIM];
-  Py_ssize_t sym_len[FN_MAX_PARAMS * DLB_MAX_NDIM];
-} parser;
-
-static int perr(parser *p, Py_ssize_t at, const char *msg) {
-  if (p->msg == NULL) {
-    p->msg = msg;
-    p->errpos = at;
-  }
-  return -1;
-}
-
-static void skip_ws(parser *p) {
-  while (p->pos < p->len &&
-         (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
-          p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
-    p->pos++;
-}
-
-static int is_ident_start(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
-
-static int is_ident_char(char c) {
-  return is_ident_start(c) || (c >= '0' && c <= '9');
-}
-
-/* An identifier at the cursor (after whitespace): its start and length, or
- * 0 when there is none (cursor left on the offending character). */
-static Py_ssize_t ident(parser *p, const char **start) {
-  skip_ws(p);
-  Py_ssize_t b = p->pos;
-  if (b >= p->len || !is_ident_start(p->s[b])) return 0;
-  while (p->pos < p->len && is_ident_char(p->s[p->pos])) p->pos++;
-  *start = p->s + b;
-  return p->pos - b;
-}
-
-static int accept(parser *p, char c) {
-  skip_ws(p);
-  if (p->pos < p->len && p->s[p->pos] == c) {
-    p->pos++;
-    return 1;
-  }
-  return 0;
-}
-
-static int word_is(const char *w, Py_ssize_t n, const char *lit) {
-  return (size_t)n == strlen(lit) && memcmp(w, lit, (size_t)n) == 0;
-}
-
-static int find_sym(const parser *p, const char *w, Py_ssize_t n) {
-  for (int i = 0; i < p->nsyms; i++)
-    if (p->sym_len[i] == n && memcmp(p->sym[i], w, (size_t)n) == 0) return i;
-  return -1;
-}
-
-/* type := DTYPE ['[' dims ']'], filling params[p->nparams]. */
-static int parse_type(parser *p, int is_output) {
-  fn_param *prm = &p->params[p->nparams];
-  const char *w;
-  skip_ws(p);
-  Py_ssize_t at = p->pos;
-  Py_ssize_t n = ident(p, &w);
-  if (n == 0) return perr(p, p->pos, "expected a dtype name");
-  if (word_is(w, n, "mut")) {
-    const char *w2;
-    Py_ssize_t save = p->pos;
-    if (ident(p, &w2) > 0)
-      return perr(p, at, is_output ? "results cannot be 'mut': they are "
-                                     "always written"
-                                   : "'mut' given twice");
-    p->pos = save;
-  }
-  char name[64];
-  if ((size_t)n >= sizeof name) return perr(p, at, "unknown dtype");
-  memcpy(name, w, (size_t)n);
-  name[n] = '\0';
-  dlb_error err;
-  if (dlb_dtype_from_name(name, &prm->dtype, &err) != DLB_OK) {
-    snprintf(p->msgbuf, sizeof p->msgbuf, "unknown dtype '%s'", name);
-    return perr(p, at, p->msgbuf);
-  }
-  prm->ndim = 0;
-  prm->dim0 = p->ndims;
-  prm->mut = 0;
-  if (!accept(p, '[')) return 0;
-  if (accept(p, ']')) return 0; /* "float32[]": 0-d */
-  for (;;) {
-    if (prm->ndim >= DLB_MAX_NDIM) {
-      skip_ws(p);
-      return perr(p, p->pos, "too many dimensions (at most 64)");
-    }
-    fn_dim *d = &p->dims[p->ndims];
-    skip_ws(p);
-    Py_ssize_t dat = p->pos;
-    if (dat < p->len && p->s[dat] >= '0' && p->s[dat] <= '9') {
-      int64_t v = 0;
-      while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
-        int digit = p->s[p->pos] - '0';
-        if (v > (INT64_MAX - digit) / 10)
-          return perr(p, dat, "dimension too large");
-        v = v * 10 + digit;
-        p->pos++;
-      }
-      if (p->pos < p->len && is_ident_char(p->s[p->pos]))
-        return perr(p, p->pos, "expected ',' or ']' after a dimension");
-      d->kind = DIM_LITERAL;
-      d->value = v;
-      d->sym = -1;
-      d->from_param = d->from_axis = -1;
-    } else {
-      n = ident(p, &w);
-      if (n == 0)
-        return perr(p, p->pos, "expected a dimension (a name or an integer)");
-      int s = find_sym(p, w, n);
-      d->value = 0;
-      if (s < 0) {
-        if (is_output) {
-          snprintf(p->msgbuf, sizeof p->msgbuf,
-                   "result dimension '%.*s' is not bound by any input",
-                   (int)(n < 64 ? n : 64), w);
-          return perr(p, dat, p->msgbuf);
-        }
-        s = p->nsyms++;
-        p->sym[s] = w;
-        p->sym_len[s] = n;
-        d->kind = DIM_BIND;
-        d->from_param = (int16_t)p->nparams;
-        d->from_axis = (int16_t)prm->ndim;
-      } else {
-        /* the binding record holds who bound it */
-        const fn_dim *b = NULL;
-        for (int i = 0; i < p->ndims; i++)
-          if (p->dims[i].sym == s && p->dims[i].kind == DIM_BIND) {
-            b = &p->dims[i];
-            break;
-          }
-        d->kind = DIM_CHECK;
-        d->from_param = b->from_param;
-        d->from_axis = b->from_axis;
-      }
-      d->sym = (int16_t)s;
-    }
-    p->ndims++;
-    prm->ndim++;
-    if (accept(p, ']')) return 0;
-    if (!accept(p, ',')) {
-      skip_ws(p);
-      return perr(p, p->pos, "expected ',' or ']' after a dimension");
-    }
-  }
-}
-
-static int parse_param(parser *p) {
-  const char *w;
-  skip_ws(p);
-  Py_ssize_t at = p->pos;
-  if (p->nparams >= FN_MAX_PARAMS)
-    return perr(p, at, "too many parameters (at most 64 with the results)");
-  Py_ssize_t n = ident(p, &w);
-  if (n == 0) return perr(p, p->pos, "expected a parameter name");
-  for (int i = 0; i < p->nparams; i++)
-    if (p->pname_len[i] == n && memcmp(p->pname[i], w, (size_t)n) == 0)
-    {
-      snprintf(p->msgbuf, sizeof p->msgbuf, "duplicate parameter name '%.*s'",
-               (int)(n < 64 ? n : 64), w);
-      return perr(p, at, p->msgbuf);
-    }
-  p->pname[p->nparams] = w;
-  p->pname_len[p->nparams] = n;
-  if (!accept(p, ':')) {
-    skip_ws(p);
-    return perr(p, p->pos, "expected ':' after parameter name");
-  }
-  int mut = 0;
-  Py_ssize_t save = p->pos;
-  n = ident(p, &w);
-  if (n > 0 && word_is(w, n, "mut")) {
-    /* "mut" is the keyword only when a dtype follows it */
-    const char *w2;
-    Py_ssize_t after = p->pos;
-    if (ident(p, &w2) > 0) mut = 1;
-    p->pos = mut ? after : save;
-  } else {
-    p->pos = save;
-  }
-  if (parse_type(p, 0) < 0) return -1;
-  p->params[p->nparams].mut = (uint8_t)mut;
-  p->nparams++;
-  return 0;
-}
-
-static int parse_result(parser *p) {
-  skip_ws(p);
-  if (p->nparams >= FN_MAX_PARAMS)
-    return perr(p, p->pos,
-                "too many parameters (at most 64 with the results)");
-  if (parse_type(p, 1) < 0) return -1;
-  p->nparams++;
-  return 0;
-}
-
-static int parse_signature(parser *p) {
-  const char *w;
-  Py_ssize_t n = ident(p, &w);
-  if (n == 0) return perr(p, p->pos, "expected the function name");
-  p->name = w;
-  p->name_len = n;
-  if (!accept(p, '(')) {
-    skip_ws(p);
-    return perr(p, p->pos, "expected '(' after the function name");
-  }
-  if (!accept(p, ')')) {
-    for (;;) {
-      if (parse_param(p) < 0) return -1;
-      if (accept(p, ')')) break;
-      if (!accept(p, ',')) {
-        skip_ws(p);
-        return perr(p, p->pos, "expected ',' or ')' after a parameter");
-      }
-      if (accept(p, ')')) break; /* trailing comma */
-    }
-  }
-  p->nin = p->nparams;
-  skip_ws(p);
-  if (p->pos < p->len) {
-    if (!(p->pos + 1 < p->len && p->s[p->pos] == '-' &&
-          p->s[p->pos + 1] == '>'))
-      return perr(p, p->pos, "expected '->' or the end of the signature");
-    p->pos += 2;
-    if (accept(p, '(')) {
-      if (!accept(p, ')')) {
-        for (;;) {
-          if (parse_result(p) < 0) return -1;
-          if (accept(p, ')')) break;
-          if (!accept(p, ',')) {
-            skip_ws(p);
-            return perr(p, p->pos, "expected ',' or ')' after a result type");
-          }
-          if (accept(p, ')')) break;
-        }
-      }
-    } else if (parse_result(p) < 0) {
-      return -1;
-    }
-    skip_ws(p);
-    if (p->pos < p->len)
-      return perr(p, p->pos, "unexpected text after the signature");
-  }
-  return 0;
-}
-
 /* ValueError: message, the signature, and a caret under the bad character.
  * Control whitespace is shown as spaces and the caret column counts code
  * points, so it lines up for any signature. */
-static void raise_parse_error(PyObject *sig, const parser *p) {
+static void raise_parse_error(PyObject *sig, const dlb_signature *p) {
   Py_ssize_t col = 0;
-  for (Py_ssize_t i = 0; i < p->errpos && i < p->len; i++)
-    if (((unsigned char)p->s[i] & 0xC0) != 0x80) col++;
+  for (size_t i = 0; i < p->error_pos && i < p->length; i++)
+    if (((unsigned char)p->text[i] & 0xC0) != 0x80) col++;
   PyObject *shown = NULL, *pad = NULL, *tmp = NULL;
   shown = Py_NewRef(sig);
   for (const char *ws = "\n\r\t"; *ws; ws++) {
@@ -417,7 +122,7 @@ static void raise_parse_error(PyObject *sig, const parser *p) {
   pad = PyUnicode_New(col, 127);
   if (pad == NULL) goto done;
   if (col > 0 && PyUnicode_Fill(pad, 0, col, ' ') < 0) goto done;
-  PyErr_Format(PyExc_ValueError, "%s\n  %U\n  %U^", p->msg, shown, pad);
+  PyErr_Format(PyExc_ValueError, "%s\n  %U\n  %U^", p->message, shown, pad);
 done:
   Py_XDECREF(shown);
   Py_XDECREF(pad);
@@ -425,12 +130,12 @@ done:
 
 /* ---- construction ------------------------------------------------------------------ */
 
-static PyObject *names_tuple(const char *const *w, const Py_ssize_t *len,
+static PyObject *names_tuple(const char *const *w, const size_t *len,
                              int n) {
   PyObject *t = PyTuple_New(n);
   if (t == NULL) return NULL;
   for (int i = 0; i < n; i++) {
-    PyObject *s = PyUnicode_FromStringAndSize(w[i], len[i]);
+    PyObject *s = PyUnicode_FromStringAndSize(w[i], (Py_ssize_t)len[i]);
     if (s == NULL) {
       Py_DECREF(t);
       return NULL;
@@ -445,7 +150,8 @@ static PyObject *names_tuple(const char *const *w, const Py_ssize_t *len,
  * sym_names).  0, or -1 with ValueError/TypeError/MemoryError. */
 static int compile_signature(fn_object *fn, PyObject *sig) {
   int rc = -1;
-  parser *p = NULL;
+  dlb_signature *p = NULL;
+  dlb_error err;
   if (!PyUnicode_Check(sig)) {
     PyErr_Format(PyExc_TypeError, "signature must be a str, not %.100s",
                  Py_TYPE(sig)->tp_name);
@@ -454,15 +160,13 @@ static int compile_signature(fn_object *fn, PyObject *sig) {
   Py_ssize_t len;
   const char *s = PyUnicode_AsUTF8AndSize(sig, &len);
   if (s == NULL) goto cleanup;
-  /* The parser state is large (every possible dim); it lives only here. */
-  p = (parser *)PyMem_Calloc(1, sizeof *p);
+  /* The parse is large (every possible dim); it lives only here. */
+  p = (dlb_signature *)PyMem_Calloc(1, sizeof *p);
   if (p == NULL) {
     PyErr_NoMemory();
     goto cleanup;
   }
-  p->s = s;
-  p->len = len;
-  if (parse_signature(p) < 0) {
+  if (dlb_signature_parse(s, (size_t)len, p, &err) != DLB_OK) {
     raise_parse_error(sig, p);
     goto cleanup;
   }
@@ -478,9 +182,9 @@ static int compile_signature(fn_object *fn, PyObject *sig) {
   memcpy(fn->dims, p->dims, (size_t)p->ndims * sizeof(fn_dim));
   fn->nin = p->nin;
   fn->nout = p->nparams - p->nin;
-  fn->name = PyUnicode_FromStringAndSize(p->name, p->name_len);
+  fn->name = PyUnicode_FromStringAndSize(p->name, (Py_ssize_t)p->name_len);
   if (fn->name == NULL) goto cleanup;
-  fn->param_names = names_tuple(p->pname, p->pname_len, p->nin);
+  fn->param_names = names_tuple(p->param_name, p->param_name_len, p->nin);
   if (fn->param_names == NULL) goto cleanup;
   fn->sym_names = names_tuple(p->sym, p->sym_len, p->nsyms);
   if (fn->sym_names == NULL) goto cleanup;

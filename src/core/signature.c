@@ -1,0 +1,291 @@
+/* signature.c -- the signature language of dlb_kernel functions, parsed
+ * once into flat records a caller checks tensors against with no symbol
+ * table (dlbridge.Function, src/python/function.c).  Grammar (whitespace
+ * allowed between any two tokens):
+ *
+ *     signature := NAME '(' [param {',' param} [',']] ')' ['->' results]
+ *     param     := NAME ':' ['mut'] type
+ *     results   := type | '(' [type {',' type} [',']] ')'
+ *     type      := DTYPE ['[' [dim {',' dim}] ']']     no brackets, or
+ *                                                       "[]": 0-d
+ *     dim       := NAME | INTEGER
+ *
+ * NAME is [A-Za-z_][A-Za-z0-9_]*; DTYPE any name dlb_dtype_from_name knows.
+ * A dimension NAME binds the first time it appears, reading parameters left
+ * to right, and must be equal everywhere after; output dimensions must be
+ * literals or names some input binds.  The text is untrusted (fuzzed:
+ * tests/fuzz/fuzz_signature.c): every read is bounded by its length, no
+ * NUL is needed, and every count is bounded by the record arrays.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+
+
+static int perr(dlb_signature *p, size_t at, const char *msg) {
+  if (p->message == NULL) {
+    p->message = msg;
+    p->error_pos = at;
+  }
+  return -1;
+}
+
+static void skip_ws(dlb_signature *p) {
+  while (p->pos < p->length &&
+         (p->text[p->pos] == ' ' || p->text[p->pos] == '\t' ||
+          p->text[p->pos] == '\n' || p->text[p->pos] == '\r'))
+    p->pos++;
+}
+
+static int is_ident_start(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+static int is_ident_char(char c) {
+  return is_ident_start(c) || (c >= '0' && c <= '9');
+}
+
+/* An identifier at the cursor (after whitespace): its start and length, or
+ * 0 when there is none (cursor left on the offending character). */
+static size_t ident(dlb_signature *p, const char **start) {
+  skip_ws(p);
+  size_t b = p->pos;
+  if (b >= p->length || !is_ident_start(p->text[b])) return 0;
+  while (p->pos < p->length && is_ident_char(p->text[p->pos])) p->pos++;
+  *start = p->text + b;
+  return p->pos - b;
+}
+
+static int accept(dlb_signature *p, char c) {
+  skip_ws(p);
+  if (p->pos < p->length && p->text[p->pos] == c) {
+    p->pos++;
+    return 1;
+  }
+  return 0;
+}
+
+static int word_is(const char *w, size_t n, const char *lit) {
+  return (size_t)n == strlen(lit) && memcmp(w, lit, (size_t)n) == 0;
+}
+
+static int find_sym(const dlb_signature *p, const char *w, size_t n) {
+  for (int i = 0; i < p->nsyms; i++)
+    if (p->sym_len[i] == n && memcmp(p->sym[i], w, (size_t)n) == 0) return i;
+  return -1;
+}
+
+/* type := DTYPE ['[' dims ']'], filling params[p->nparams]. */
+static int parse_type(dlb_signature *p, int is_output) {
+  dlb_signature_param *prm = &p->params[p->nparams];
+  const char *w;
+  skip_ws(p);
+  size_t at = p->pos;
+  size_t n = ident(p, &w);
+  if (n == 0) return perr(p, p->pos, "expected a dtype name");
+  if (word_is(w, n, "mut")) {
+    const char *w2;
+    size_t save = p->pos;
+    if (ident(p, &w2) > 0)
+      return perr(p, at, is_output ? "results cannot be 'mut': they are "
+                                     "always written"
+                                   : "'mut' given twice");
+    p->pos = save;
+  }
+  char name[64];
+  if ((size_t)n >= sizeof name) return perr(p, at, "unknown dtype");
+  memcpy(name, w, (size_t)n);
+  name[n] = '\0';
+  dlb_error err;
+  if (dlb_dtype_from_name(name, &prm->dtype, &err) != DLB_OK) {
+    snprintf(p->message_buf, sizeof p->message_buf, "unknown dtype '%s'", name);
+    return perr(p, at, p->message_buf);
+  }
+  prm->ndim = 0;
+  prm->dim0 = p->ndims;
+  prm->mut = 0;
+  if (!accept(p, '[')) return 0;
+  if (accept(p, ']')) return 0; /* "float32[]": 0-d */
+  for (;;) {
+    if (prm->ndim >= DLB_MAX_NDIM) {
+      skip_ws(p);
+      return perr(p, p->pos, "too many dimensions (at most 64)");
+    }
+    dlb_signature_dim *d = &p->dims[p->ndims];
+    skip_ws(p);
+    size_t dat = p->pos;
+    if (dat < p->length && p->text[dat] >= '0' && p->text[dat] <= '9') {
+      int64_t v = 0;
+      while (p->pos < p->length && p->text[p->pos] >= '0' && p->text[p->pos] <= '9') {
+        int digit = p->text[p->pos] - '0';
+        if (v > (INT64_MAX - digit) / 10)
+          return perr(p, dat, "dimension too large");
+        v = v * 10 + digit;
+        p->pos++;
+      }
+      if (p->pos < p->length && is_ident_char(p->text[p->pos]))
+        return perr(p, p->pos, "expected ',' or ']' after a dimension");
+      d->kind = DLB_SIGNATURE_DIM_LITERAL;
+      d->value = v;
+      d->sym = -1;
+      d->from_param = d->from_axis = -1;
+    } else {
+      n = ident(p, &w);
+      if (n == 0)
+        return perr(p, p->pos, "expected a dimension (a name or an integer)");
+      int s = find_sym(p, w, n);
+      d->value = 0;
+      if (s < 0) {
+        if (is_output) {
+          snprintf(p->message_buf, sizeof p->message_buf,
+                   "result dimension '%.*s' is not bound by any input",
+                   (int)(n < 64 ? n : 64), w);
+          return perr(p, dat, p->message_buf);
+        }
+        s = p->nsyms++;
+        p->sym[s] = w;
+        p->sym_len[s] = n;
+        d->kind = DLB_SIGNATURE_DIM_BIND;
+        d->from_param = (int16_t)p->nparams;
+        d->from_axis = (int16_t)prm->ndim;
+      } else {
+        /* the binding record holds who bound it */
+        const dlb_signature_dim *b = NULL;
+        for (int i = 0; i < p->ndims; i++)
+          if (p->dims[i].sym == s && p->dims[i].kind == DLB_SIGNATURE_DIM_BIND) {
+            b = &p->dims[i];
+            break;
+          }
+        d->kind = DLB_SIGNATURE_DIM_CHECK;
+        d->from_param = b->from_param;
+        d->from_axis = b->from_axis;
+      }
+      d->sym = (int16_t)s;
+    }
+    p->ndims++;
+    prm->ndim++;
+    if (accept(p, ']')) return 0;
+    if (!accept(p, ',')) {
+      skip_ws(p);
+      return perr(p, p->pos, "expected ',' or ']' after a dimension");
+    }
+  }
+}
+
+static int parse_param(dlb_signature *p) {
+  const char *w;
+  skip_ws(p);
+  size_t at = p->pos;
+  if (p->nparams >= DLB_SIGNATURE_MAX_PARAMS)
+    return perr(p, at, "too many parameters (at most 64 with the results)");
+  size_t n = ident(p, &w);
+  if (n == 0) return perr(p, p->pos, "expected a parameter name");
+  for (int i = 0; i < p->nparams; i++)
+    if (p->param_name_len[i] == n && memcmp(p->param_name[i], w, (size_t)n) == 0)
+    {
+      snprintf(p->message_buf, sizeof p->message_buf, "duplicate parameter name '%.*s'",
+               (int)(n < 64 ? n : 64), w);
+      return perr(p, at, p->message_buf);
+    }
+  p->param_name[p->nparams] = w;
+  p->param_name_len[p->nparams] = n;
+  if (!accept(p, ':')) {
+    skip_ws(p);
+    return perr(p, p->pos, "expected ':' after parameter name");
+  }
+  int mut = 0;
+  size_t save = p->pos;
+  n = ident(p, &w);
+  if (n > 0 && word_is(w, n, "mut")) {
+    /* "mut" is the keyword only when a dtype follows it */
+    const char *w2;
+    size_t after = p->pos;
+    if (ident(p, &w2) > 0) mut = 1;
+    p->pos = mut ? after : save;
+  } else {
+    p->pos = save;
+  }
+  if (parse_type(p, 0) < 0) return -1;
+  p->params[p->nparams].mut = (uint8_t)mut;
+  p->nparams++;
+  return 0;
+}
+
+static int parse_result(dlb_signature *p) {
+  skip_ws(p);
+  if (p->nparams >= DLB_SIGNATURE_MAX_PARAMS)
+    return perr(p, p->pos,
+                "too many parameters (at most 64 with the results)");
+  if (parse_type(p, 1) < 0) return -1;
+  p->nparams++;
+  return 0;
+}
+
+static int parse_signature(dlb_signature *p) {
+  const char *w;
+  size_t n = ident(p, &w);
+  if (n == 0) return perr(p, p->pos, "expected the function name");
+  p->name = w;
+  p->name_len = n;
+  if (!accept(p, '(')) {
+    skip_ws(p);
+    return perr(p, p->pos, "expected '(' after the function name");
+  }
+  if (!accept(p, ')')) {
+    for (;;) {
+      if (parse_param(p) < 0) return -1;
+      if (accept(p, ')')) break;
+      if (!accept(p, ',')) {
+        skip_ws(p);
+        return perr(p, p->pos, "expected ',' or ')' after a parameter");
+      }
+      if (accept(p, ')')) break; /* trailing comma */
+    }
+  }
+  p->nin = p->nparams;
+  skip_ws(p);
+  if (p->pos < p->length) {
+    if (!(p->pos + 1 < p->length && p->text[p->pos] == '-' &&
+          p->text[p->pos + 1] == '>'))
+      return perr(p, p->pos, "expected '->' or the end of the signature");
+    p->pos += 2;
+    if (accept(p, '(')) {
+      if (!accept(p, ')')) {
+        for (;;) {
+          if (parse_result(p) < 0) return -1;
+          if (accept(p, ')')) break;
+          if (!accept(p, ',')) {
+            skip_ws(p);
+            return perr(p, p->pos, "expected ',' or ')' after a result type");
+          }
+          if (accept(p, ')')) break;
+        }
+      }
+    } else if (parse_result(p) < 0) {
+      return -1;
+    }
+    skip_ws(p);
+    if (p->pos < p->length)
+      return perr(p, p->pos, "unexpected text after the signature");
+  }
+  return 0;
+}
+
+int dlb_signature_parse(const char *text, size_t length, dlb_signature *out,
+                        dlb_error *err) {
+  if (out == NULL || (text == NULL && length > 0))
+    return dlb_error_set(err, DLB_EINVAL,
+                         "dlb_signature_parse: out is NULL, or text is NULL "
+                         "with a length");
+  memset(out, 0, sizeof *out);
+  out->text = text != NULL ? text : "";
+  out->length = length;
+  if (parse_signature(out) < 0) {
+    if (out->message == NULL) out->message = "malformed signature";
+    return dlb_error_set(err, DLB_EINVAL, "%s (at byte %zu)", out->message,
+                         out->error_pos);
+  }
+  return DLB_OK;
+}
