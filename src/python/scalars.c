@@ -304,7 +304,7 @@ int dlb__store_scalar(PyObject *o, int cls, scalar_kind k, const char *name,
         return 0;
       }
       if (k == K_F16) return PyFloat_Pack2(d, p, PY_LITTLE_ENDIAN);
-      float f;
+      float f = 0.0f; /* set by narrow_float; -O3 cannot see it on every path */
       if (narrow_float(o, d, name, &f) < 0) return -1;
       if (k == K_F32) {
         memcpy(p, &f, 4);
