@@ -634,3 +634,37 @@ def test_share_cuda_without_ipc_entry_points():
         raise AssertionError("shared without IPC")
     assert fake.dlb_fake_cuda_live_allocations() == 1   # x only: nothing leaked
     ''')
+
+
+# ---- CuPy arrays: read through __cuda_array_interface__ ---------------------------------------------
+
+def test_cupy_arrays_are_read_through_cai_with_dlpack_for_what_cai_cannot_say():
+    run('''
+    class FakeCupy:
+        """What dlbridge sees of a CuPy ndarray: both protocols."""
+        def __init__(self, t, cai, dlpack_ok=True):
+            self.t, self.cai, self.dlpack_ok = t, cai, dlpack_ok
+        @property
+        def __cuda_array_interface__(self):
+            return self.cai
+        def __dlpack__(self, **kw):
+            if not self.dlpack_ok:   # CuPy 14's garbled negative strides
+                raise AssertionError("__dlpack__ must not be asked")
+            return self.t.__dlpack__(**kw)
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+    FakeCupy.__module__ = "cupy._core.core"   # the registry's "cupy"
+    # negative strides: the interface's byte strides are used, __dlpack__ is not
+    t = dlb.from_dlpack(np.arange(8, dtype=np.float32), device="cuda:0")
+    rev = {"shape": (8,), "typestr": "<f4", "version": 3, "stream": None,
+           "data": (t.data_ptr + 7 * 4, False), "strides": (-4,)}
+    v = dlb.from_dlpack(FakeCupy(t, rev, dlpack_ok=False))
+    assert v.strides == (-1,) and v.device == "cuda:0", v.strides
+    assert host(v).tolist() == list(range(7, -1, -1))
+    # bfloat16: "<V2" in the interface names no dtype; __dlpack__ does
+    b = dlb.zeros((3,), dtype="bfloat16", device="cuda:0")
+    bf = {"shape": (3,), "typestr": "<V2", "version": 3, "stream": None,
+          "data": (b.data_ptr, False), "strides": None}
+    w = dlb.from_dlpack(FakeCupy(b, bf))
+    assert w.dtype == "bfloat16" and w.data_ptr == b.data_ptr
+    ''')
