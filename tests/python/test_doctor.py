@@ -169,3 +169,22 @@ def test_cuda_variants_pair_only_with_cuda():
     assert _doctor.known_reason("torch:cuda", "dlbridge:cuda", "float32",
                                 "negative") == _doctor.known_reason(
                                     "torch", "dlbridge", "float32", "negative")
+
+
+def test_unaligned_copy_for_tensorflow_is_not_a_defect():
+    """dlbridge.convert copies data that is not 64-byte aligned for
+    TensorFlow (whose kernels abort on it): labelled, not a dlbridge defect;
+    any other copy where the consumer's own path shares memory is one."""
+    cells = [
+        dict(producer="numpy", consumer="tensorflow", dtype="int8",
+             layout="contiguous", path="own", outcome="zero-copy", message=""),
+        dict(producer="numpy", consumer="tensorflow", dtype="int8",
+             layout="contiguous", path="dlb", outcome="copied",
+             message=_doctor.UNALIGNED_FOR_TF),
+        dict(producer="numpy", consumer="torch", dtype="int8",
+             layout="contiguous", path="own", outcome="zero-copy", message=""),
+        dict(producer="numpy", consumer="torch", dtype="int8",
+             layout="contiguous", path="dlb", outcome="copied", message=""),
+    ]
+    bad = _doctor.dlbridge_defects(cells)
+    assert [(c["consumer"], c["path"]) for c in bad] == [("torch", "dlb")]
