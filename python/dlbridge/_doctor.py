@@ -536,23 +536,33 @@ def run(frameworks=None, workers=2, progress=None):
 
 
 def _versions(fws):
+    """Installed version of each framework, from its distribution's
+    metadata (nothing imported): the registry's distribution name, the
+    framework's own name, then whatever distribution provides its top-level
+    module (cupy-cuda13x, tensorflow for tensorflow-cpu, ...)."""
     from importlib import metadata
     names = {n: fw.dist for n, fw in REGISTRY.items() if fw.dist != n}
+    provides = None
     out = {}
     for f in fws:
-        for dist in (names.get(_base(f)), _base(f)):
+        base = _base(f)
+        candidates = [names.get(base), base]
+        for i, dist in enumerate(candidates):
             if not dist:
                 continue
             try:
                 out[f] = metadata.version(dist)
                 break
             except metadata.PackageNotFoundError:
-                if f == "tensorflow":
-                    try:
-                        out[f] = metadata.version("tensorflow")
-                        break
-                    except metadata.PackageNotFoundError:
-                        pass
+                if i == len(candidates) - 1:
+                    if provides is None:
+                        provides = metadata.packages_distributions()
+                    for other in provides.get(base.split(".")[0], ()):
+                        try:
+                            out[f] = metadata.version(other)
+                            break
+                        except metadata.PackageNotFoundError:
+                            continue
         out.setdefault(f, "?")
     return out
 
