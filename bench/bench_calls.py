@@ -146,15 +146,7 @@ def machine():
                                   text=True, check=True).stdout.strip()
         except Exception:
             return "?"
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = _measure.cpu_model()
     versions = {"numpy": np.__version__, "torch": torch.__version__}
     for mod in ("nanobind", "tvm_ffi"):
         try:

@@ -330,16 +330,7 @@ def run_child(fw, cfg):
 
 
 def _machine():
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpus": os.cpu_count() or 0,
+    return {"cpu": _measure.cpu_model(), "cpus": os.cpu_count() or 0,
             "python": platform.python_version(), "platform": platform.platform()}
 
 

@@ -150,3 +150,16 @@ def measure(cases, settings=DEFAULT):
     for key, case in live.items():
         out[key] = case.ns()
     return out
+
+
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo), else the platform's guess."""
+    import platform
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"

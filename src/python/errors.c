@@ -90,6 +90,17 @@ static int is_own_refusal(PyObject *type) {
          type == PyExc_BufferError || type == PyExc_OverflowError;
 }
 
+/* Make cause (borrowed; NULL: nothing) the __cause__ of the pending
+ * exception, as `raise ... from cause` does. */
+static void set_cause(PyObject *cause) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (value != NULL && cause != NULL)
+    PyException_SetCause(value, Py_NewRef(cause)); /* steals */
+  PyErr_Restore(type, value, tb);
+}
+
 void dlb__error_prefix_argument(PyObject *fname, PyObject *argname) {
   /* PEP 678 notes: 3.11+, the oldest Python dlbridge supports. */
   PyObject *type, *value, *tb;
@@ -113,14 +124,7 @@ void dlb__error_prefix_argument(PyObject *fname, PyObject *argname) {
   }
   PyErr_Format(type, "%U() argument '%U': %S", fname, argname,
                value ? value : Py_None);
-  PyObject *ntype, *nvalue, *ntb;
-  PyErr_Fetch(&ntype, &nvalue, &ntb);
-  PyErr_NormalizeException(&ntype, &nvalue, &ntb);
-  if (nvalue != NULL && value != NULL) {
-    Py_INCREF(value);
-    PyException_SetCause(nvalue, value); /* steals */
-  }
-  PyErr_Restore(ntype, nvalue, ntb);
+  set_cause(value);
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(tb);
@@ -170,14 +174,7 @@ void dlb__error_exchange_refusal(PyTypeObject *type, const char *what) {
                  "table (%s): %U",
                  type->tp_name, ((PyTypeObject *)type_)->tp_name, line);
     Py_DECREF(line);
-    PyObject *ntype, *nvalue, *ntb;
-    PyErr_Fetch(&ntype, &nvalue, &ntb);
-    PyErr_NormalizeException(&ntype, &nvalue, &ntb);
-    if (nvalue != NULL && value != NULL) {
-      Py_INCREF(value);
-      PyException_SetCause(nvalue, value); /* steals */
-    }
-    PyErr_Restore(ntype, nvalue, ntb);
+    set_cause(value);
   }
   Py_XDECREF(type_);
   Py_XDECREF(value);

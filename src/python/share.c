@@ -32,6 +32,34 @@ typedef struct shared_block {
   int64_t dims[];                   /* shape, then strides */
 } shared_block;
 
+/* Fill m, the managed struct of a block whose shape and strides live at
+ * dims (2 * ndim int64s, also in the block): a versioned view of layout
+ * with its own copy of the extents (row-major strides when layout has
+ * none), owned through ctx and deleter. */
+static void managed_over(DLManagedTensorVersioned *m, void *ctx,
+                         void (*deleter)(DLManagedTensorVersioned *),
+                         const DLTensor *layout, uint64_t flags,
+                         int64_t *dims) {
+  m->version.major = DLPACK_MAJOR_VERSION;
+  m->version.minor = DLPACK_MINOR_VERSION;
+  m->manager_ctx = ctx;
+  m->deleter = deleter;
+  m->flags = flags;
+  m->dl_tensor = *layout;
+  m->dl_tensor.shape = NULL;
+  m->dl_tensor.strides = NULL;
+  if (layout->ndim > 0) {
+    int64_t *shape = dims, *strides = dims + layout->ndim;
+    memcpy(shape, layout->shape, (size_t)layout->ndim * sizeof(int64_t));
+    if (layout->strides != NULL)
+      memcpy(strides, layout->strides, (size_t)layout->ndim * sizeof(int64_t));
+    else
+      (void)dlb_strides_row_major(layout->ndim, shape, strides, NULL);
+    m->dl_tensor.shape = shape;
+    m->dl_tensor.strides = strides;
+  }
+}
+
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static shared_block *registry;
 
@@ -191,24 +219,7 @@ static PyObject *cuda_shared_tensor(dlb_module_state *st, cuda_shared *c,
   b->allocator = *a;
   b->shared = c;
   DLManagedTensorVersioned *m = &b->managed;
-  m->version.major = DLPACK_MAJOR_VERSION;
-  m->version.minor = DLPACK_MINOR_VERSION;
-  m->manager_ctx = b;
-  m->deleter = cuda_block_deleter;
-  m->flags = flags;
-  m->dl_tensor = *layout;
-  m->dl_tensor.shape = NULL;
-  m->dl_tensor.strides = NULL;
-  if (layout->ndim > 0) {
-    int64_t *shape = b->dims, *strides = b->dims + layout->ndim;
-    memcpy(shape, layout->shape, (size_t)layout->ndim * sizeof(int64_t));
-    if (layout->strides != NULL)
-      memcpy(strides, layout->strides, (size_t)layout->ndim * sizeof(int64_t));
-    else
-      (void)dlb_strides_row_major(layout->ndim, shape, strides, NULL);
-    m->dl_tensor.shape = shape;
-    m->dl_tensor.strides = strides;
-  }
+  managed_over(m, b, cuda_block_deleter, layout, flags, b->dims);
   return dlb__tensor_from_managed(st, m); /* runs the deleter on failure */
 }
 
@@ -282,26 +293,7 @@ static PyObject *shared_tensor(dlb_module_state *st, dlb_shm *shm,
   b->allocator = *a;
   b->shm = shm;
   DLManagedTensorVersioned *m = &b->managed;
-  m->version.major = DLPACK_MAJOR_VERSION;
-  m->version.minor = DLPACK_MINOR_VERSION;
-  m->manager_ctx = b;
-  m->deleter = shared_deleter;
-  m->flags = flags;
-  m->dl_tensor = *layout;
-  if (layout->ndim > 0) {
-    int64_t *shape = b->dims, *strides = b->dims + layout->ndim;
-    memcpy(shape, layout->shape, (size_t)layout->ndim * sizeof(int64_t));
-    if (layout->strides != NULL) {
-      memcpy(strides, layout->strides, (size_t)layout->ndim * sizeof(int64_t));
-    } else {
-      (void)dlb_strides_row_major(layout->ndim, shape, strides, NULL);
-    }
-    m->dl_tensor.shape = shape;
-    m->dl_tensor.strides = strides;
-  } else {
-    m->dl_tensor.shape = NULL;
-    m->dl_tensor.strides = NULL;
-  }
+  managed_over(m, b, shared_deleter, layout, flags, b->dims);
   registry_add(b);
   return dlb__tensor_from_managed(st, m); /* runs the deleter on failure */
 }

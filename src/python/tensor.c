@@ -147,12 +147,7 @@ void dlb__keeper_release(void *ctx) {
   if (k == NULL) return;
   if (dlb__python_gone()) return;
   PyGILState_STATE g = PyGILState_Ensure();
-  dlb__saved_error e;
-  dlb__error_save(&e);
-  if (k->has_view) PyBuffer_Release(&k->view);
-  Py_XDECREF(k->owner);
-  PyMem_RawFree(k);
-  dlb__error_restore(&e);
+  dlb__keeper_free(k);
   PyGILState_Release(g);
 }
 

@@ -498,18 +498,24 @@ static int f_cuThreadExchangeStreamCaptureMode(int *mode) {
   RETURN(rc_);
 }
 
+/* A new live event (kept reachable until destroyed); the lock is held. */
+static int new_event(fake_event **out) {
+  fake_event *e = malloc(sizeof *e);
+  if (e == NULL) return OUT_OF_MEMORY;
+  e->id = ++st.event_ids;
+  e->captured = false;
+  e->next = st.events;
+  st.events = e;
+  *out = e;
+  return OK;
+}
+
 static int f_cuEventCreate(void **event, unsigned flags) {
   ENTER("cuEventCreate");
   fake_event *e = NULL;
   if (rc_ == OK && current == NULL) rc_ = INVALID_CONTEXT;
-  if (rc_ == OK && (e = malloc(sizeof *e)) == NULL) rc_ = OUT_OF_MEMORY;
-  if (rc_ == OK) {
-    e->id = ++st.event_ids;
-    e->captured = false;
-    e->next = st.events;
-    st.events = e;
-    *event = e;
-  }
+  if (rc_ == OK) rc_ = new_event(&e);
+  if (rc_ == OK) *event = e;
   logf_("cuEventCreate flags=%u -> %d (e%d)", flags, rc_, e ? e->id : 0);
   RETURN(rc_);
 }
@@ -727,14 +733,8 @@ static int f_cuIpcOpenEventHandle(void **event, fake_ipc_handle h) {
   if (rc_ == OK && (sscanf(h.reserved, "%15s %d", magic, &remote) != 2 ||
                     strcmp(magic, ipc_event_magic) != 0))
     rc_ = INVALID_HANDLE;
-  if (rc_ == OK && (e = malloc(sizeof *e)) == NULL) rc_ = OUT_OF_MEMORY;
-  if (rc_ == OK) {
-    e->id = ++st.event_ids;
-    e->captured = false;
-    e->next = st.events;
-    st.events = e;
-    *event = e;
-  }
+  if (rc_ == OK) rc_ = new_event(&e);
+  if (rc_ == OK) *event = e;
   logf_("cuIpcOpenEventHandle remote=e%d -> %d (e%d)", remote, rc_, e ? e->id : 0);
   RETURN(rc_);
 }
