@@ -44,7 +44,9 @@
  * name every file reaches "up" for is dlb__module_def, through the inline
  * dlb__state_from_type below: the module's identity, defined in module.c
  * because it names the method table.  The declarations below are grouped
- * by file in the same order.
+ * by file in the same order.  Of the core's private headers one is used
+ * here: function.c includes src/core/validate_fast.h, the inline fast path
+ * of dlb_tensor_validate, to validate torch arguments without a call.
  *
  * Ownership model: every Tensor owns exactly one DLManagedTensorVersioned
  * (self->managed), whatever it came from -- an allocation of ours, a
@@ -565,6 +567,9 @@ struct dlb_handler_cache {
   struct dlb_handler_entry **slots;
   size_t mask;   /* capacity - 1, capacity a power of two */
   size_t count;
+  /* Moves whenever an entry is freed (its type died): a memo taken before
+   * (dlb_handler_memo) may point at freed memory and is not used. */
+  uint64_t generation;
   PyObject *callback; /* weakref callback; self = cache_capsule */
   PyObject *cache_capsule;
   int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */
@@ -586,6 +591,38 @@ struct dlb_handler_cache {
  * kind DLB_KIND_NONE, cached too.  A type modified since it was classified
  * (its version tag moved) is classified again, which runs Python code. */
 const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type);
+
+/* One remembered answer of dlb__handler_for, for a caller that meets the
+ * same type call after call (each Function parameter keeps one).  It stands
+ * while the cache is the same and has freed nothing since (generation),
+ * and the type has the version tag it had then: tags are never reused and
+ * a modified class gets a new one, so a hit is the handler dlb__handler_for
+ * would return, found without hashing or calling.  Zeroed: empty. */
+typedef struct {
+  PyTypeObject *type;
+  const struct dlb_handler_cache *cache;
+  uint64_t generation;
+  const dlb_handler *handler;
+  unsigned int tag; /* never 0 in a filled memo */
+} dlb_handler_memo;
+
+/* The memo's handler for type, or NULL when it does not stand (call
+ * dlb__handler_for_memo). */
+static inline const dlb_handler *dlb__handler_memo_get(
+    const dlb_module_state *st, const dlb_handler_memo *m,
+    PyTypeObject *type) {
+  const struct dlb_handler_cache *c = st->handlers;
+  if (m->type != type || m->cache != c || m->tag != type->tp_version_tag ||
+      m->generation != c->generation)
+    return NULL;
+  return m->handler;
+}
+
+/* dlb__handler_for, refilling m from the answer when the type's version
+ * tag still matches the classification (else m is left empty). */
+const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
+                                         dlb_handler_memo *m,
+                                         PyTypeObject *type);
 
 /* _core._type_framework(type): the framework name cached in type's handler
  * (the registry's answer), for dlbridge.convert. */
@@ -720,6 +757,27 @@ int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
  * Py_TYPE(obj) (saves the second lookup). */
 int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
                        PyObject *obj, unsigned options, dlb_view *view);
+/* The borrowed exchange-table view (h->api has
+ * dltensor_from_py_object_no_sync) for a caller that has run
+ * dlb__check_bits on obj already: dlb__view_get_with's EXCHANGE path,
+ * inline for Function, which reads torch tensors this way on every call.
+ * NOT validated: the caller validates v->t before anything reads its shape
+ * (dlb__view_fill does; Function does in its checking pass, with the
+ * validator inline).  The entry cannot say read-only; dlb__check_bits
+ * refused what must not be written.  0, or -1 with an exception and
+ * nothing to release. */
+static inline int dlb__view_exchange_borrowed(const dlb_handler *h,
+                                              PyObject *obj, dlb_view *v) {
+  v->handler = h;
+  v->owned = NULL;
+  v->has_buffer = 0;
+  v->flags = 0;
+  if (h->api->dltensor_from_py_object_no_sync(obj, &v->t) != 0) {
+    dlb__error_exchange_refusal(Py_TYPE(obj), "describe");
+    return -1;
+  }
+  return 0;
+}
 /* dlb__view_get_with reading obj as kind (h's own kind, or a forced one for
  * the tests and benchmarks). */
 int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,

@@ -17,6 +17,16 @@
  * that live on the stack for up to FN_INLINE (8) parameters and results,
  * in one heap block beyond; Python numbers for 0-d parameters are stored
  * there too.  Nothing else is allocated unless the signature has outputs.
+ *
+ * A torch tensor is the case the call is tuned for (bench/bench_calls.py:
+ * its overhead against the raw exchange-table loop, tvm-ffi and the
+ * __dlpack__ path): each parameter remembers the handler its last
+ * argument's type had (dlb_handler_memo: no hash, no call), the table's
+ * borrowed entry is called inline (dlb__view_exchange_borrowed), and the
+ * DLTensor it wrote is validated in the checking pass with the core's
+ * validator inline (src/core/validate_fast.h), after the dtype was found
+ * to be the signature's.  Together these took the three-tensor call from
+ * ~200 to ~178 ns (docs/function.md).
  * Error paths are kept out of line (DLB__OUT_OF_LINE), so the hot function
  * stays small: its frame was 46 KB when 64 views lived in it.
  *
@@ -49,6 +59,7 @@
  *    lives: the handle is owned by a capsule the Function holds.
  */
 #include "dlbridge_py.h"
+#include "../core/validate_fast.h"
 
 #include <dlfcn.h>
 #include <float.h>
@@ -92,6 +103,9 @@ typedef struct {
   int32_t nin, nout;
   fn_param *params;     /* nin inputs then nout outputs; owns dims too */
   fn_dim *dims;
+  /* [nin]: the last handler each input's type had (the common call passes
+   * the same types every time) */
+  dlb_handler_memo *memos;
   PyObject *name;        /* str */
   PyObject *signature;   /* str, as given */
   PyObject *param_names; /* tuple of str, the inputs */
@@ -180,6 +194,12 @@ static int compile_signature(fn_object *fn, PyObject *sig) {
   memcpy(fn->params, p->params, (size_t)p->nparams * sizeof(fn_param));
   fn->dims = (fn_dim *)(fn->params + p->nparams);
   memcpy(fn->dims, p->dims, (size_t)p->ndims * sizeof(fn_dim));
+  fn->memos = (dlb_handler_memo *)PyMem_Calloc(p->nin ? (size_t)p->nin : 1,
+                                               sizeof *fn->memos);
+  if (fn->memos == NULL) {
+    PyErr_NoMemory();
+    goto cleanup;
+  }
   fn->nin = p->nin;
   fn->nout = p->nparams - p->nin;
   fn->name = PyUnicode_FromStringAndSize(p->name, (Py_ssize_t)p->name_len);
@@ -279,6 +299,7 @@ static void function_dealloc(PyObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
   if (fn->weakreflist != NULL) PyObject_ClearWeakRefs(self);
   PyMem_Free(fn->params);
+  PyMem_Free(fn->memos);
   Py_CLEAR(fn->name);
   Py_CLEAR(fn->signature);
   Py_CLEAR(fn->param_names);
@@ -495,6 +516,18 @@ static int order_keywords(const fn_object *fn, PyObject *const *args,
 #define DLB__OUT_OF_LINE(ret, name, params) \
   static ret (*const volatile name##_out_of_line) params = name
 
+/* Argument i's tensor t, read borrowed from obj's exchange table, failed
+ * the inline validator: the full one says why (-1), or accepts what the
+ * fast path would not decide (0). */
+static int invalid_error(const fn_object *fn, int i, PyObject *obj,
+                         const DLTensor *t) {
+  dlb_error err;
+  if (dlb_tensor_validate(t, 0, &err) == DLB_OK) return 0;
+  dlb__raise_view_error("an object", obj, &err);
+  prefix_error(fn, i);
+  return -1;
+}
+
 static PyObject *nargs_error(const fn_object *fn, Py_ssize_t nargs) {
   PyErr_Format(PyExc_TypeError, "%U() takes %d argument%s (%zd given)",
                fn->name, (int)fn->nin, fn->nin == 1 ? "" : "s", nargs);
@@ -522,6 +555,8 @@ DLB__OUT_OF_LINE(PyObject *, nargs_error,
                  (const fn_object *, Py_ssize_t));
 DLB__OUT_OF_LINE(int, mut_number_error, (const fn_object *, int, PyObject *));
 DLB__OUT_OF_LINE(int, changing_error, (const fn_object *));
+DLB__OUT_OF_LINE(int, invalid_error,
+                 (const fn_object *, int, PyObject *, const DLTensor *));
 DLB__OUT_OF_LINE(void, prefix_error, (const fn_object *, int));
 DLB__OUT_OF_LINE(int, dim_error,
                  (const fn_object *, int, int, int64_t, const fn_dim *,
@@ -541,6 +576,8 @@ enum {
   ARG_SCALAR,      /* a Python number, stored in scalars[i] */
   ARG_BORROWED,    /* a borrowed view (owns nothing): valid only while no
                       Python code runs, taken again if some does */
+  ARG_FOREIGN,     /* the same, from an exchange table: not validated yet
+                      (the checking pass does) */
   ARG_VIEW         /* an owning view, safe across Python code; released at
                       the end */
 };
@@ -560,6 +597,21 @@ typedef struct {
   DLManagedTensorVersioned **outs; /* [nout] */
 } fn_frame;
 
+/* The handler of argument i's type when its memo does not stand: looked
+ * up (and remembered).  A type seen for the first time ran Python code to
+ * classify it: *python is set then.  NULL with an exception. */
+static const dlb_handler *arg_handler(fn_object *fn, int i, PyTypeObject *type,
+                                      int *python) {
+  dlb_module_state *st = fn->st;
+  size_t classified = st->handlers != NULL ? st->handlers->count : 0;
+  const dlb_handler *h = dlb__handler_for_memo(st, &fn->memos[i], type);
+  if (h != NULL && st->handlers->count != classified) *python = 1;
+  return h;
+}
+
+DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
+                 (fn_object *, int, PyTypeObject *, int *));
+
 /* Read argument i (not a number), looking its handler up.  A NumPy array,
  * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
  * what its exchange table cannot say is checked first
@@ -578,11 +630,12 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
                                   int i, int *python) {
   dlb_module_state *st = fn->st;
   unsigned opts = fn->params[i].mut ? DLB_VIEW_WRITABLE : 0;
-  size_t classified = st->handlers->count;
-  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
-  if (h == NULL) return -1;
-  /* A type seen for the first time ran Python code to classify it. */
-  if (st->handlers->count != classified) *python = 1;
+  const dlb_handler *h =
+      dlb__handler_memo_get(st, &fn->memos[i], Py_TYPE(obj));
+  if (h == NULL) {
+    h = arg_handler_out_of_line(fn, i, Py_TYPE(obj), python);
+    if (h == NULL) return -1;
+  }
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
@@ -592,7 +645,9 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
         if (dlb__check_bits(st, obj, opts, NULL, python) < 0) return -1;
         f->types[i] = Py_TYPE(obj);
       }
-      /* fall through */
+      if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
+      f->state[i] = ARG_FOREIGN;
+      return 0;
     case DLB_KIND_TENSOR:
     case DLB_KIND_NUMPY:
       if (dlb__view_get_with(st, h, obj, opts | DLB_VIEW_BITS_CHECKED,
@@ -694,7 +749,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     }
     python = 0;
     for (int i = 0; i < nin; i++) {
-      if (state[i] != ARG_BORROWED) continue;
+      if (state[i] != ARG_BORROWED && state[i] != ARG_FOREIGN) continue;
       if (read_arg_again_out_of_line(fn, f, args[i], i, &python) < 0) {
         prefix_error_out_of_line(fn, i);
         goto cleanup;
@@ -712,6 +767,12 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
       check_error_out_of_line(fn, i, t, p, NULL, -1);
       goto cleanup;
     }
+    /* Before anything reads its shape.  The dtype is the signature's,
+     * known to be valid: the inline check need not look it up. */
+    if (state[i] == ARG_FOREIGN &&
+        !dlb__validate_ok(t, DLB_VALIDATE_ANY_DTYPE, false) &&
+        invalid_error_out_of_line(fn, i, args[i], t) < 0)
+      goto cleanup;
     if (ifirst < 0) {
       ifirst = i;
     } else if (t->device.device_type != views[ifirst].t.device.device_type ||
@@ -866,7 +927,7 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
     if (block == NULL) return NULL;
   }
   PyObject *r = function_call(fn, args, PyVectorcall_NARGS(nargsf), kwnames, &f);
-  PyMem_Free(block);
+  if (block != NULL) PyMem_Free(block);
   return r;
 }
 

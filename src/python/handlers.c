@@ -151,6 +151,7 @@ static PyObject *on_type_dead(PyObject *capsule, PyObject *wr) {
     handler_entry *e = c->slots[i];
     if (e != NULL && e->weakref == wr) {
       cache_remove_at(c, i);
+      c->generation++; /* before the free: no memo may use e again */
       entry_free(e);
       break;
     }
@@ -455,6 +456,26 @@ const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
     i = (i + 1) & c->mask;
   }
   return classify_and_insert(st, c, type);
+}
+
+const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
+                                         dlb_handler_memo *m,
+                                         PyTypeObject *type) {
+  const dlb_handler *h = dlb__handler_for(st, type);
+  memset(m, 0, sizeof *m);
+  if (h == NULL) return NULL;
+  /* The entry dlb__handler_for answered from: its version is the tag the
+   * answer belongs to (a type classified while Python code modified it
+   * keeps the older tag, and is not remembered). */
+  const handler_entry *e = (const handler_entry *)h;
+  if (e->version != 0 && e->version == type->tp_version_tag) {
+    m->type = type;
+    m->cache = st->handlers;
+    m->generation = st->handlers->generation;
+    m->handler = h;
+    m->tag = e->version;
+  }
+  return h;
 }
 
 PyObject *dlb__py_type_framework(PyObject *module, PyObject *type) {

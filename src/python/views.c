@@ -115,6 +115,8 @@ static int view_buffer(PyObject *obj, unsigned options, dlb_view *v) {
   return 0;
 }
 
+/* Through the table: the borrowed entry when it has one, else an owning
+ * export (both validated by the caller). */
 static int view_exchange(dlb_module_state *st, const dlb_handler *h,
                          PyObject *obj, unsigned options, dlb_view *v) {
   const DLPackExchangeAPI *api = h->api;
@@ -123,11 +125,7 @@ static int view_exchange(dlb_module_state *st, const dlb_handler *h,
       dlb__check_bits(st, obj, options, &readonly, &ran_python) < 0)
     return -1;
   if (api->dltensor_from_py_object_no_sync != NULL) {
-    if (api->dltensor_from_py_object_no_sync(obj, &v->t) != 0) {
-      dlb__error_exchange_refusal(Py_TYPE(obj), "describe");
-      return -1;
-    }
-    /* the borrowed entry cannot say read-only (export.c) */
+    if (dlb__view_exchange_borrowed(h, obj, v) < 0) return -1;
     v->flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
     return 0;
   }

@@ -1341,6 +1341,10 @@ static const char *const ct_count_names[CT_NCOUNTS] = {
 static long long g_ct_counts[CT_NCOUNTS];
 static char g_ct_fail_alloc_kind[64]; /* non-empty: the allocator fails */
 static int g_ct_fail_to_py;           /* to_py deletes the tensor and fails */
+/* Non-empty: dltensor_from_py_object_no_sync describes the tensor wrongly
+ * this way (counting_corrupt), as a broken or hostile producer might. */
+static char g_ct_corrupt[32];
+static int64_t g_ct_bad_shape[2], g_ct_bad_strides[2];
 static PyTypeObject *g_ct_type;       /* CountingTable (module lifetime) */
 
 typedef struct {
@@ -1483,6 +1487,26 @@ static int ct_dltensor(void *py_object, DLTensor *out) {
   g_ct_counts[CT_DLTENSOR]++;
   if (ct_check(py_object, "dltensor_from_py_object_no_sync") < 0) return -1;
   *out = ((CountingObject *)py_object)->view;
+  if (g_ct_corrupt[0] == '\0') return 0;
+  g_ct_bad_shape[0] = out->shape[0];
+  g_ct_bad_strides[0] = out->strides[0];
+  out->shape = g_ct_bad_shape;
+  out->strides = g_ct_bad_strides;
+  if (strcmp(g_ct_corrupt, "negative_extent") == 0) {
+    g_ct_bad_shape[0] = -4;
+  } else if (strcmp(g_ct_corrupt, "null_data") == 0) {
+    out->data = NULL;
+  } else if (strcmp(g_ct_corrupt, "span_overflow") == 0) {
+    g_ct_bad_strides[0] = INT64_C(1) << 62;
+  } else if (strcmp(g_ct_corrupt, "unknown_device") == 0) {
+    out->device.device_type = (DLDeviceType)99;
+  } else if (strcmp(g_ct_corrupt, "negative_device_id") == 0) {
+    out->device.device_id = -1;
+  } else if (strcmp(g_ct_corrupt, "huge_offset") == 0) {
+    out->byte_offset = UINT64_C(1) << 63;
+  } else if (strcmp(g_ct_corrupt, "null_shape") == 0) {
+    out->shape = NULL;
+  }
   return 0;
 }
 
@@ -1550,6 +1574,16 @@ static PyObject *mod_counting_reset(PyObject *m, PyObject *unused) {
   memset(g_ct_counts, 0, sizeof g_ct_counts);
   g_ct_fail_alloc_kind[0] = '\0';
   g_ct_fail_to_py = 0;
+  g_ct_corrupt[0] = '\0';
+  Py_RETURN_NONE;
+}
+
+/* counting_corrupt(case or None): see g_ct_corrupt. */
+static PyObject *mod_counting_corrupt(PyObject *m, PyObject *arg) {
+  (void)m;
+  const char *c = "";
+  if (arg != Py_None && (c = PyUnicode_AsUTF8(arg)) == NULL) return NULL;
+  PyOS_snprintf(g_ct_corrupt, sizeof g_ct_corrupt, "%s", c);
   Py_RETURN_NONE;
 }
 
@@ -1912,6 +1946,11 @@ static PyMethodDef module_methods[] = {
      "Calls of each CountingTable table entry since counting_reset()."},
     {"counting_reset", mod_counting_reset, METH_NOARGS,
      "Zero the CountingTable counters and failure modes."},
+    {"counting_corrupt", mod_counting_corrupt, METH_O,
+     "counting_corrupt(case): dltensor_from_py_object_no_sync describes "
+     "every CountingTable wrongly (negative_extent, null_data, "
+     "span_overflow, unknown_device, negative_device_id, huge_offset, "
+     "null_shape) until counting_reset() or counting_corrupt(None)."},
     {"counting_fail", mod_counting_fail, METH_VARARGS,
      "counting_fail(alloc_kind, to_py): make the allocator fail with "
      "SetError(kind) (None: do not) and to_py delete and fail."},

@@ -431,6 +431,93 @@ def test_no_stale_handler_after_type_death(tp):
         gc.collect()
 
 
+ADD3 = "add3(x: float32[n], y: float32[n], z: mut float32[n])"
+
+
+@pytest.mark.parametrize("case, message", [
+    ("negative_extent", r"shape\[0\] is -4"),
+    ("null_data", "data is NULL"),
+    ("span_overflow", "overflow|exceeds"),
+    ("unknown_device", "device"),
+    ("negative_device_id", "device_id -1"),
+    ("huge_offset", "byte_offset"),
+    ("null_shape", "shape is NULL"),
+])
+def test_borrowed_exchange_views_are_validated(tp, lib, case, message):
+    """A table's borrowed entry describing its tensor wrongly is refused
+    before anything reads the description: by Function (which reads torch
+    tensors this way, validating in its checking pass) and by the borrowed
+    views of the C API (dlb_py_view_get), and the kernel never runs."""
+    add3 = dlb.load(lib, "dlb_kernel_add3", ADD3)
+    x = tp.CountingTable(4)
+    y, z = np.ones(4, np.float32), np.zeros(4, np.float32)
+    add3(x, y, z)
+    assert z.tolist() == [1, 2, 3, 4]
+    z[:] = 0
+    tp.counting_reset()
+    tp.counting_corrupt(case)
+    try:
+        with pytest.raises(BufferError, match=message) as e:
+            add3(x, y, z)
+        assert "argument 'x'" in str(e.value)
+        assert z.tolist() == [0, 0, 0, 0], "the kernel ran"
+        with pytest.raises(BufferError, match=message):
+            add3(y, x, z)
+        with pytest.raises(BufferError, match=message):
+            core._exchange_view(x, 0, 0)
+        n = tp.counting_counts()
+        assert n["dltensor"] >= 3 and n["from_py"] == 0 and n["dunder"] == 0
+    finally:
+        tp.counting_corrupt(None)
+    add3(x, y, z)
+    assert z.tolist() == [1, 2, 3, 4]
+
+
+def test_function_handler_memo_follows_class_changes(tp, lib):
+    """Function remembers each parameter's last handler; a class changed
+    between calls (its version tag moves) is looked up again."""
+    add3 = dlb.load(lib, "dlb_kernel_add3", ADD3)
+    a = np.arange(4, dtype=np.float32)
+    y, z = np.ones(4, np.float32), np.zeros(4, np.float32)
+
+    class C:
+        pass
+    with pytest.raises(TypeError, match="not tensor-like"):
+        add3(C(), y, z)
+    C.__array_interface__ = property(lambda self: a.__array_interface__)
+    add3(C(), y, z)
+    assert z.tolist() == [1, 2, 3, 4]
+    del C.__array_interface__
+    with pytest.raises(TypeError, match="not tensor-like"):
+        add3(C(), y, z)
+    C.__dlpack_c_exchange_api__ = tp.exchange_capsule("counting")
+    with pytest.raises(BufferError, match="not a CountingTable"):
+        add3(C(), y, z)      # the table is asked now, and refuses C
+
+
+def test_function_handler_memo_after_type_death(tp, lib):
+    """A type that dies takes its handler with it; a new type, perhaps at
+    the same address, must get its own (a remembered handler of the dead
+    one would read the object the wrong way, or freed memory)."""
+    add3 = dlb.load(lib, "dlb_kernel_add3", ADD3)
+    cap = tp.exchange_capsule("counting")
+    a = np.arange(4, dtype=np.float32)
+    y = np.ones(4, np.float32)
+    for i in range(200):
+        if i % 2:
+            T = type("X", (tp.CountingTable,), {"__dlpack_c_exchange_api__": cap})
+            x = T(4)
+        else:
+            T = type("X", (), {"__array_interface__":
+                               property(lambda self: a.__array_interface__)})
+            x = T()
+        z = np.zeros(4, np.float32)
+        add3(x, y, z)
+        assert z.tolist() == [1, 2, 3, 4]
+        del x, T
+        gc.collect()
+
+
 def test_skip_env_var():
     code = ("import dlbridge, _dlb_testproducer as tp;"
             "print(dlbridge._core._exchange_handler(tp.CountingTable())[0])")
