@@ -223,6 +223,23 @@ static int parse_result(dlb_signature *p) {
   return 0;
 }
 
+/* The items of a list whose '(' was just read, through its ')': none, or
+ * items separated by commas, a trailing comma allowed.  missing_separator
+ * is the error when an item is followed by neither. */
+static int parse_list(dlb_signature *p, int (*item)(dlb_signature *),
+                      const char *missing_separator) {
+  if (accept(p, ')')) return 0;
+  for (;;) {
+    if (item(p) < 0) return -1;
+    if (accept(p, ')')) return 0;
+    if (!accept(p, ',')) {
+      skip_ws(p);
+      return perr(p, p->pos, missing_separator);
+    }
+    if (accept(p, ')')) return 0; /* trailing comma */
+  }
+}
+
 static int parse_signature(dlb_signature *p) {
   const char *w;
   size_t n = ident(p, &w);
@@ -233,17 +250,8 @@ static int parse_signature(dlb_signature *p) {
     skip_ws(p);
     return perr(p, p->pos, "expected '(' after the function name");
   }
-  if (!accept(p, ')')) {
-    for (;;) {
-      if (parse_param(p) < 0) return -1;
-      if (accept(p, ')')) break;
-      if (!accept(p, ',')) {
-        skip_ws(p);
-        return perr(p, p->pos, "expected ',' or ')' after a parameter");
-      }
-      if (accept(p, ')')) break; /* trailing comma */
-    }
-  }
+  if (parse_list(p, parse_param, "expected ',' or ')' after a parameter") < 0)
+    return -1;
   p->nin = p->nparams;
   skip_ws(p);
   if (p->pos < p->length) {
@@ -252,17 +260,9 @@ static int parse_signature(dlb_signature *p) {
       return perr(p, p->pos, "expected '->' or the end of the signature");
     p->pos += 2;
     if (accept(p, '(')) {
-      if (!accept(p, ')')) {
-        for (;;) {
-          if (parse_result(p) < 0) return -1;
-          if (accept(p, ')')) break;
-          if (!accept(p, ',')) {
-            skip_ws(p);
-            return perr(p, p->pos, "expected ',' or ')' after a result type");
-          }
-          if (accept(p, ')')) break;
-        }
-      }
+      if (parse_list(p, parse_result,
+                     "expected ',' or ')' after a result type") < 0)
+        return -1;
     } else if (parse_result(p) < 0) {
       return -1;
     }

@@ -19,14 +19,22 @@
 #include "dlbridge_py.h" /* Python.h first: it sets the feature macros */
 
 #include <pthread.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-/* A shared tensor's managed struct, with its shape and strides after it. */
-typedef struct shared_block {
+/* How every block of this file starts: the tensor's managed struct (whose
+ * context is the block) and the allocator that made the block, which frees
+ * it.  Its shape and strides follow in the block's flexible tail. */
+typedef struct {
   DLManagedTensorVersioned managed;
   dlb_allocator allocator;
+} block_head;
+
+/* A shared tensor's managed struct, with its shape and strides after it. */
+typedef struct shared_block {
+  block_head head;
   dlb_shm *shm;                     /* this block's mapping, owned */
   struct shared_block *prev, *next; /* the registry */
   int64_t dims[];                   /* shape, then strides */
@@ -58,6 +66,31 @@ static void managed_over(DLManagedTensorVersioned *m, void *ctx,
     m->dl_tensor.shape = shape;
     m->dl_tensor.strides = strides;
   }
+}
+
+/* A new block whose tail (2 * layout->ndim int64s) starts at dims_offset,
+ * zeroed before it, from the installed allocator, its managed struct
+ * filled over layout (managed_over) with deleter.  NULL when out of memory
+ * (no exception set). */
+static void *block_new(size_t dims_offset,
+                       void (*deleter)(DLManagedTensorVersioned *),
+                       const DLTensor *layout, uint64_t flags) {
+  const dlb_allocator *a = dlb_get_allocator();
+  size_t bytes = dims_offset + 2u * (size_t)layout->ndim * sizeof(int64_t);
+  char *b = (char *)a->alloc(bytes, a->ctx);
+  if (b == NULL) return NULL;
+  memset(b, 0, dims_offset);
+  block_head *h = (block_head *)b;
+  h->allocator = *a;
+  managed_over(&h->managed, b, deleter, layout, flags,
+               (int64_t *)(b + dims_offset));
+  return b;
+}
+
+/* Give a block back to the allocator that made it. */
+static void block_free(block_head *h) {
+  dlb_allocator a = h->allocator;
+  a.release(h, a.ctx);
 }
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -125,8 +158,7 @@ static cuda_shared *cuda_registry;
 
 /* A Tensor's managed struct over a cuda_shared, shape and strides after. */
 typedef struct cuda_block {
-  DLManagedTensorVersioned managed;
-  dlb_allocator allocator;
+  block_head head;
   cuda_shared *shared;
   int64_t dims[];
 } cuda_block;
@@ -198,8 +230,7 @@ static void cuda_block_deleter(DLManagedTensorVersioned *self) {
   if (self == NULL) return;
   cuda_block *b = (cuda_block *)self->manager_ctx;
   cuda_shared *c = b->shared;
-  dlb_allocator a = b->allocator;
-  a.release(b, a.ctx);
+  block_free(&b->head);
   cuda_shared_drop(c);
 }
 
@@ -208,19 +239,15 @@ static void cuda_block_deleter(DLManagedTensorVersioned *self) {
  * failure. */
 static PyObject *cuda_shared_tensor(dlb_module_state *st, cuda_shared *c,
                                     const DLTensor *layout, uint64_t flags) {
-  const dlb_allocator *a = dlb_get_allocator();
-  size_t bytes = sizeof(cuda_block) + 2u * (size_t)layout->ndim * sizeof(int64_t);
-  cuda_block *b = (cuda_block *)a->alloc(bytes, a->ctx);
+  cuda_block *b = (cuda_block *)block_new(offsetof(cuda_block, dims),
+                                          cuda_block_deleter, layout, flags);
   if (b == NULL) {
     cuda_shared_drop(c);
     return PyErr_NoMemory();
   }
-  memset(b, 0, sizeof *b);
-  b->allocator = *a;
   b->shared = c;
-  DLManagedTensorVersioned *m = &b->managed;
-  managed_over(m, b, cuda_block_deleter, layout, flags, b->dims);
-  return dlb__tensor_from_managed(st, m); /* runs the deleter on failure */
+  /* runs the deleter on failure */
+  return dlb__tensor_from_managed(st, &b->head.managed);
 }
 
 static void shared_deleter(DLManagedTensorVersioned *self) {
@@ -228,8 +255,7 @@ static void shared_deleter(DLManagedTensorVersioned *self) {
   shared_block *b = (shared_block *)self->manager_ctx;
   registry_remove(b);
   dlb_shm_close(b->shm);
-  dlb_allocator a = b->allocator;
-  a.release(b, a.ctx);
+  block_free(&b->head);
 }
 
 /* The byte range [*lo, *hi) of t's elements.  0, or -1 with an exception. */
@@ -282,20 +308,16 @@ PyObject *dlb__tensor_get_is_shared(PyObject *op, void *closure) {
  * shm.  Takes shm on success and failure. */
 static PyObject *shared_tensor(dlb_module_state *st, dlb_shm *shm,
                                const DLTensor *layout, uint64_t flags) {
-  const dlb_allocator *a = dlb_get_allocator();
-  size_t bytes = sizeof(shared_block) + 2u * (size_t)layout->ndim * sizeof(int64_t);
-  shared_block *b = (shared_block *)a->alloc(bytes, a->ctx);
+  shared_block *b = (shared_block *)block_new(offsetof(shared_block, dims),
+                                              shared_deleter, layout, flags);
   if (b == NULL) {
     dlb_shm_close(shm);
     return PyErr_NoMemory();
   }
-  memset(b, 0, sizeof *b);
-  b->allocator = *a;
   b->shm = shm;
-  DLManagedTensorVersioned *m = &b->managed;
-  managed_over(m, b, shared_deleter, layout, flags, b->dims);
   registry_add(b);
-  return dlb__tensor_from_managed(st, m); /* runs the deleter on failure */
+  /* runs the deleter on failure */
+  return dlb__tensor_from_managed(st, &b->head.managed);
 }
 
 /* ---- dlbridge.share ---------------------------------------------------------- */

@@ -21,8 +21,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def child_env():
     """os.environ, plus DLB_EXAMPLE_KERNELS pointing at the Meson build's
     kernels library when the caller did not set it (as conftest's `lib`
-    fixture finds it), so Function snippets fail only for real reasons."""
+    fixture finds it), so Function snippets fail only for real reasons, and
+    this directory on PYTHONPATH (the snippets' struct mirrors come from
+    dlpack_ctypes)."""
     env = dict(os.environ)
+    here = str(pathlib.Path(__file__).resolve().parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [p for p in (env.get("PYTHONPATH"), here) if p])
     if not env.get("DLB_EXAMPLE_KERNELS"):
         for build in ("build", "build-sanitize"):
             p = ROOT / build / "libdlb_example_kernels.so"
@@ -55,14 +60,7 @@ def check(code, expect="OK", timeout=60, pre=""):
 # A DLPack 1.x capsule over ctypes memory, for the child scripts:
 # capsule(device_type, shape, data_address=None, code=2, bits=32) -> capsule
 CAPSULE = """
-class _Dev(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-class _DT(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-class _T(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _Dev), ("ndim", ctypes.c_int32),
-                ("dtype", _DT), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+from dlpack_ctypes import DLTensor as _T
 class _M(ctypes.Structure):
     pass
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_M))

@@ -52,7 +52,8 @@ def _torch():
 
 # ---- ctypes mirror of python.h --------------------------------------------------
 
-from dlpack_ctypes import DLDataType, DLDevice, DLTensor  # noqa: E402,F401
+from dlpack_ctypes import (CAPI, DLBError, DLDataType,  # noqa: E402,F401
+                           DLDevice, DLTensor)
 
 
 class DLManagedTensorVersioned(ctypes.Structure):
@@ -79,18 +80,6 @@ ALLOC_LIKE = _F(ctypes.c_int, _P, _PY, ctypes.c_int32,
                 ctypes.POINTER(ctypes.c_int64), DLDataType, ctypes.POINTER(_P))
 CURRENT_STREAM = _F(ctypes.c_int, _P, _PY, ctypes.POINTER(_P))
 RAISE = _F(_P, _P, _P)
-
-
-class CAPI(ctypes.Structure):
-    _fields_ = [("abi_version", ctypes.c_uint32), ("size", ctypes.c_uint32),
-                ("view_size", ctypes.c_uint32), ("reserved_", ctypes.c_uint32),
-                ("view_get", _P), ("view_release", _P), ("import_managed", _P),
-                ("export_managed", _P), ("alloc_like", _P),
-                ("current_stream", _P), ("raise_error", _P)]
-
-
-class DLBError(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 256)]
 
 
 # A private handle on the interpreter's symbols: ctypes.pythonapi caches one

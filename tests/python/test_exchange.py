@@ -43,24 +43,8 @@ _capsule_get_pointer = ctypes.PYFUNCTYPE(
         ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-class Version(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
-
-
-class Header(ctypes.Structure):
-    _fields_ = [("version", Version), ("prev_api", ctypes.c_void_p)]
-
-
-class ExchangeAPI(ctypes.Structure):
-    _fields_ = [("header", Header),
-                ("managed_tensor_allocator", ctypes.c_void_p),
-                ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
-                ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
-                ("dltensor_from_py_object_no_sync", ctypes.c_void_p),
-                ("current_work_stream", ctypes.c_void_p)]
-
-
-from dlpack_ctypes import DLDataType, DLDevice, DLTensor  # noqa: E402,F401
+from dlpack_ctypes import (DLDataType, DLDevice, DLTensor,  # noqa: E402,F401
+                           ExchangeAPI, Header, Version)
 
 
 class Managed(ctypes.Structure):

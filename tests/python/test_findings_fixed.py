@@ -318,14 +318,7 @@ P = ctypes.c_void_p
 get = ctypes.pythonapi.PyCapsule_GetPointer
 get.restype = P; get.argtypes = [ctypes.py_object, ctypes.c_char_p]
 addr = get(dlb._core._C_API, b"dlbridge._C_API")
-class CAPI(ctypes.Structure):
-    _fields_ = [("abi_version", ctypes.c_uint32), ("size", ctypes.c_uint32),
-                ("view_size", ctypes.c_uint32), ("reserved_", ctypes.c_uint32),
-                ("view_get", P), ("view_release", P), ("import_managed", P),
-                ("export_managed", P), ("alloc_like", P),
-                ("current_stream", P), ("raise_error", P)]
-class DLBError(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_int), ("message", ctypes.c_char * 256)]
+from dlpack_ctypes import CAPI, DLBError
 raise_error = ctypes.PYFUNCTYPE(P, P, P)(CAPI.from_address(addr).raise_error)
 """
 
@@ -771,23 +764,18 @@ def test_exchange_table_borrowed_entry_respects_read_only():
     so a second consumer writes into immutable bytes.  The entry must be
     absent, or refuse a read-only tensor."""
     check("""
+    from dlpack_ctypes import DLTensor, ExchangeAPI
     P = ctypes.c_void_p
-    class API(ctypes.Structure):
-        _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev", P),
-                    ("alloc", P), ("from_py", P), ("to_py", P), ("dltensor", P), ("stream", P)]
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype = P; get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    api = API.from_address(get(dlb.Tensor.__dlpack_c_exchange_api__, b"dlpack_exchange_api"))
-    if not api.dltensor:
+    api = ExchangeAPI.from_address(get(dlb.Tensor.__dlpack_c_exchange_api__, b"dlpack_exchange_api"))
+    if not api.dltensor_from_py_object_no_sync:
         print("OK"); sys.exit(0)
     raw = bytes(16)
     t = dlb.from_dlpack(np.frombuffer(raw, dtype=np.float32))
     assert t.readonly
-    class DLTensor(ctypes.Structure):
-        _fields_ = [("data", P), ("dev", ctypes.c_int64), ("ndim", ctypes.c_int32),
-                    ("dtype", ctypes.c_uint32), ("shape", P), ("strides", P),
-                    ("byte_offset", ctypes.c_uint64)]
-    fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(DLTensor))(api.dltensor)
+    fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(DLTensor))(
+        api.dltensor_from_py_object_no_sync)
     out = DLTensor()
     try:
         rc = fn(t, ctypes.byref(out))
@@ -969,32 +957,23 @@ def test_output_checked_against_prototype():
     pytest.importorskip("torch")
     check("""
     import torch
+    from dlpack_ctypes import DLTensor, ExchangeAPI
     P = ctypes.c_void_p
-    class DLDevice(ctypes.Structure):
-        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-    class DLDataType(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-    class DLTensor(ctypes.Structure):
-        _fields_ = [("data", P), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                    ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                    ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-    class API(ctypes.Structure):
-        _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev", P),
-                    ("alloc", P), ("from_py", P), ("to_py", P), ("dltensor", P), ("stream", P)]
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype = P; get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    torch_api = API.from_address(get(torch.Tensor.__dlpack_c_exchange_api__, b"dlpack_exchange_api"))
+    torch_api = ExchangeAPI.from_address(
+        get(torch.Tensor.__dlpack_c_exchange_api__, b"dlpack_exchange_api"))
     ALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(DLTensor), ctypes.POINTER(P), P, P)
-    real = ALLOC(torch_api.alloc)
+    real = ALLOC(torch_api.managed_tensor_allocator)
     small = (ctypes.c_int64 * 1)(1)
     @ALLOC
     def alloc(proto, out, ctx, seterr):
         t = DLTensor.from_buffer_copy(proto.contents)
         t.shape = small               # one element where n were asked for
         return real(ctypes.pointer(t), out, ctx, seterr)
-    mine = API.from_buffer_copy(torch_api)
-    mine.alloc = ctypes.cast(alloc, P).value
-    mine.dltensor = None               # force the managed (allocating) route
+    mine = ExchangeAPI.from_buffer_copy(torch_api)
+    mine.managed_tensor_allocator = ctypes.cast(alloc, P).value
+    mine.dltensor_from_py_object_no_sync = None  # force the managed (allocating) route
     new = ctypes.pythonapi.PyCapsule_New
     new.restype = ctypes.py_object; new.argtypes = [P, ctypes.c_char_p, P]
     cap = new(ctypes.addressof(mine), b"dlpack_exchange_api", None)
