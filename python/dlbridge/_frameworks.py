@@ -179,6 +179,32 @@ def _type_framework(tp):
     return _ROOTS.get(root, root)
 
 
+# Graph compilers' placeholders for tensors, as (module, qualname) of a base
+# class: a type with one of these on its MRO stands for a tensor that has no
+# memory yet (a JAX tracer under jit/vmap/grad, a torch fake or functional
+# tensor under torch.compile / FakeTensorMode, a TensorFlow symbolic tensor
+# inside tf.function).  Matched by name so that nothing is imported.
+_TRACED_BASES = frozenset({
+    ("jax._src.core", "Tracer"),
+    ("torch._subclasses.fake_tensor", "FakeTensor"),
+    ("torch._subclasses.functional_tensor", "FunctionalTensor"),
+    ("tensorflow.python.framework.ops", "SymbolicTensor"),
+})
+
+
+def _is_traced(tp):
+    """Whether ``tp`` is a graph compiler's placeholder for a tensor.  Asked
+    by the C handler cache once per type of the jax, torch and tensorflow
+    frameworks; a Function called with one hands the call to the compiler
+    (dlbridge._compiled)."""
+    for base in getattr(tp, "__mro__", ()):
+        key = (getattr(base, "__module__", None),
+               getattr(base, "__qualname__", None))
+        if key in _TRACED_BASES:
+            return True
+    return False
+
+
 # The framework of a type is cached by the C handler cache (weakly: an entry
 # dies with its type), read back through _core._type_framework.  type.
 # __module__ of a C type is a new string built from tp_name on every read

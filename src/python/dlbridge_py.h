@@ -30,6 +30,8 @@
  *   outputs.c  current stream, allocate-like, hand a result to a framework
  *   import.c   from_dlpack's policy: which reader, device= and copy=
  *   function.c Function and load()
+ *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
+ *              Functions compiled graphs name, by identity
  *   capi.c     the dlbridge._C_API capsule (include/dlbridge/python.h)
  *   testing.c  every private test hook (_fail_allocations, _exchange_*)
  *   pickle.c   Tensor pickling: protocol 5 out of band, in band below 5,
@@ -538,6 +540,12 @@ typedef struct dlb_handler {
   /* Framework name from the type's module ("numpy", "torch", "jax",
    * "tensorflow", "cupy", "dlbridge", ...): interned str, strong ref. */
   PyObject *framework;
+  /* The type is a graph compiler's placeholder for a tensor (a JAX
+   * tracer, a torch fake or functional tensor, a TensorFlow symbolic
+   * tensor; the registry's _is_traced): it has no memory to read.  Function
+   * hands such a call to the compiler (python/dlbridge/_compiled.py); every
+   * other reader treats the type by its kind as before. */
+  int traced;
 } dlb_handler;
 
 /* NumPy's array struct, mirrored.  The leading fields of NumPy's
@@ -584,6 +592,7 @@ struct dlb_handler_cache {
   PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
   PyObject *str_registry;        /* "dlbridge._frameworks" */
   PyObject *str_type_framework;  /* "_type_framework" */
+  PyObject *str_is_traced;       /* "_is_traced" */
 };
 
 /* The handler for type (borrowed; lives as long as the type).  Never NULL
@@ -824,6 +833,29 @@ PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
 
 /* Adds the Function type and load() to the module. */
 int dlb__function_init(PyObject *module, dlb_module_state *st);
+
+/* What a graph compiler's op (src/ops/) needs of a Function.  GIL held
+ * unless a line says otherwise. */
+/* Whether obj is a dlbridge.Function. */
+int dlb__function_check(PyObject *obj);
+/* The signature's records: *nin inputs, then *nout results. */
+const dlb_signature_param *dlb__function_params(PyObject *fn, int32_t *nin,
+                                                int32_t *nout);
+/* The name, UTF-8 (valid while fn lives; needs no GIL). */
+const char *dlb__function_name(PyObject *fn);
+/* Whether two Functions run the same kernel (same address). */
+int dlb__function_same_kernel(PyObject *a, PyObject *b);
+/* The compiled identity "<name>_<8 hex digits>": a hash of the signature
+ * in one spelling, the same in every process (new reference). */
+PyObject *dlb__function_identity(PyObject *fn);
+/* Run fn's kernel on argv: its nin inputs then nout results, in signature
+ * order, each checked against the signature first (dtype, rank, extents;
+ * a Python number arrives as the 0-d tensor it was made into); stream as
+ * the kernel ABI says.  Needs neither Python nor the GIL, so a compiler
+ * calls it from its own threads; the caller keeps fn alive.  DLB_OK, or a
+ * negative status with err saying "<name>: ...". */
+int dlb__function_run(PyObject *fn, DLTensor *const *argv, int32_t nargs,
+                      void *stream, dlb_error *err);
 /* Adds the dlbridge._C_API capsule (include/dlbridge/python.h). */
 int dlb__capi_init(PyObject *module, dlb_module_state *st);
 
@@ -849,6 +881,23 @@ int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
 /* dtype of a buffer-protocol format string; BufferError when it has none. */
 int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
                              DLDataType *out);
+
+/* ---- Functions in compiled graphs (src/ops/) ------------------------------- */
+
+/* At most this many Function identities are registered for compiled
+ * graphs in one process (ops/registry.c; a power of two). */
+#define DLB_OPS_MAX 4096
+
+/* Register fn for compiled graphs under its identity, idempotently: on
+ * success *registered is the Function registered under it (fn itself the
+ * first time; alive until exit).  ValueError when another kernel holds the
+ * identity, RuntimeError past DLB_OPS_MAX.  GIL held.  0 or -1. */
+int dlb__ops_register(PyObject *fn, PyObject **registered);
+/* The Function registered under identity (len bytes, UTF-8), borrowed and
+ * alive until exit; NULL when none.  Lock-free; needs no GIL. */
+PyObject *dlb__ops_find(const char *identity, size_t len);
+/* Adds _ops_register and _ops_find to the module. */
+int dlb__ops_registry_init(PyObject *module);
 
 /* ---- Pickling and shared memory (pickle.c, share.c) ------------------------ */
 

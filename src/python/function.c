@@ -107,6 +107,9 @@ typedef struct {
    * the same types every time) */
   dlb_handler_memo *memos;
   PyObject *name;        /* str */
+  char *cname;           /* the name in UTF-8, for messages made without
+                            the GIL (dlb__function_run) */
+  PyObject *identity;    /* str "<name>_<hash>", made on first use */
   PyObject *signature;   /* str, as given */
   PyObject *param_names; /* tuple of str, the inputs */
   PyObject *sym_names;   /* tuple of str */
@@ -204,6 +207,13 @@ static int compile_signature(fn_object *fn, PyObject *sig) {
   fn->nout = p->nparams - p->nin;
   fn->name = PyUnicode_FromStringAndSize(p->name, (Py_ssize_t)p->name_len);
   if (fn->name == NULL) goto cleanup;
+  fn->cname = (char *)PyMem_Malloc(p->name_len + 1);
+  if (fn->cname == NULL) {
+    PyErr_NoMemory();
+    goto cleanup;
+  }
+  memcpy(fn->cname, p->name, p->name_len);
+  fn->cname[p->name_len] = '\0';
   fn->param_names = names_tuple(p->param_name, p->param_name_len, p->nin);
   if (fn->param_names == NULL) goto cleanup;
   fn->sym_names = names_tuple(p->sym, p->sym_len, p->nsyms);
@@ -300,7 +310,9 @@ static void function_dealloc(PyObject *self) {
   if (fn->weakreflist != NULL) PyObject_ClearWeakRefs(self);
   PyMem_Free(fn->params);
   PyMem_Free(fn->memos);
+  PyMem_Free(fn->cname);
   Py_CLEAR(fn->name);
+  Py_CLEAR(fn->identity);
   Py_CLEAR(fn->signature);
   Py_CLEAR(fn->param_names);
   Py_CLEAR(fn->sym_names);
@@ -398,7 +410,7 @@ static void prefix_error(const fn_object *fn, int i) {
 }
 
 static int dim_error(const fn_object *fn, int i, int axis, int64_t got,
-                     const fn_dim *d, const dlb_view *views) {
+                     const fn_dim *d, DLTensor *const *argv) {
   if (d->kind == DIM_LITERAL)
     PyErr_Format(PyExc_ValueError,
                  "%U() argument '%U': dimension %d is %lld but the signature "
@@ -411,7 +423,7 @@ static int dim_error(const fn_object *fn, int i, int axis, int64_t got,
                  "from argument '%U'",
                  fn->name, pname(fn, i), PyTuple_GET_ITEM(fn->sym_names, d->sym),
                  (long long)got,
-                 (long long)views[d->from_param].t.shape[d->from_axis],
+                 (long long)argv[d->from_param]->shape[d->from_axis],
                  pname(fn, d->from_param));
   return -1;
 }
@@ -560,7 +572,7 @@ DLB__OUT_OF_LINE(int, invalid_error,
 DLB__OUT_OF_LINE(void, prefix_error, (const fn_object *, int));
 DLB__OUT_OF_LINE(int, dim_error,
                  (const fn_object *, int, int, int64_t, const fn_dim *,
-                  const dlb_view *));
+                  DLTensor *const *));
 DLB__OUT_OF_LINE(int, check_error,
                  (const fn_object *, int, const DLTensor *, const fn_param *,
                   const DLTensor *, int));
@@ -569,6 +581,52 @@ DLB__OUT_OF_LINE(PyObject *, kernel_error,
 DLB__OUT_OF_LINE(int, order_keywords,
                  (const fn_object *, PyObject *const *, Py_ssize_t,
                   PyObject *, PyObject **));
+
+/* ---- the signature's checks, shared by every caller ---------------------------
+ *
+ * The eager call (function_call), the compiled calls' shape function
+ * (Function._result_specs, at trace time) and their run time
+ * (dlb__function_run) check tensors against the signature with these, so
+ * a mismatch is found by the same rule everywhere. */
+
+#if defined(__GNUC__)
+#define FN_HOT_INLINE __attribute__((always_inline)) inline
+#else
+#define FN_HOT_INLINE inline
+#endif
+
+/* Whether t has parameter p's dtype and rank. */
+static FN_HOT_INLINE int type_matches(const fn_param *p, const DLTensor *t) {
+  return t->dtype.code == p->dtype.code && t->dtype.bits == p->dtype.bits &&
+         t->dtype.lanes == p->dtype.lanes && t->ndim == p->ndim;
+}
+
+/* The first axis of t (parameter p, of the right rank) whose extent is not
+ * the signature's -- a literal, or the extent of the argument that bound
+ * its name (argv[d->from_param], checked before) -- or -1. */
+static FN_HOT_INLINE int dim_mismatch(const fn_object *fn, const fn_param *p,
+                                      const DLTensor *t,
+                                      DLTensor *const *argv) {
+  const fn_dim *d = &fn->dims[p->dim0];
+  for (int a = 0; a < p->ndim; a++, d++) {
+    if (d->kind == DIM_BIND) continue;
+    int64_t want = d->kind == DIM_LITERAL
+                       ? d->value
+                       : argv[d->from_param]->shape[d->from_axis];
+    if (t->shape[a] != want) return a;
+  }
+  return -1;
+}
+
+/* Result p's extents, from the inputs in argv that bound their names. */
+static FN_HOT_INLINE void result_shape(const fn_object *fn, const fn_param *p,
+                                       DLTensor *const *argv, int64_t *shape) {
+  const fn_dim *d = &fn->dims[p->dim0];
+  for (int a = 0; a < p->ndim; a++, d++)
+    shape[a] = d->kind == DIM_LITERAL
+                   ? d->value
+                   : argv[d->from_param]->shape[d->from_axis];
+}
 
 /* Where an argument is in the call's reading (fn_frame.state). */
 enum {
@@ -619,13 +677,9 @@ DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
  * tensor, subclasses), and is not asked again for the same type unless
  * that is a plain read.  Every other kind is read owning (producers'
  * __dlpack__ run Python code).  *python is set when Python code may have
- * run.  0 or -1 (the caller names the argument). */
-#if defined(__GNUC__)
-#define FN_HOT_INLINE __attribute__((always_inline)) inline
-#else
-#define FN_HOT_INLINE inline
-#endif
-
+ * run.  0, -1 (the caller names the argument), or 1 when obj is a graph
+ * compiler's placeholder (nothing read; views[i].handler is its handler):
+ * the call belongs to the compiler. */
 static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
                                   int i, int *python) {
   dlb_module_state *st = fn->st;
@@ -635,6 +689,10 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   if (h == NULL) {
     h = arg_handler_out_of_line(fn, i, Py_TYPE(obj), python);
     if (h == NULL) return -1;
+  }
+  if (h->traced) {
+    f->views[i].handler = h;
+    return 1;
   }
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
@@ -669,6 +727,29 @@ static int read_arg_again(fn_object *fn, fn_frame *f, PyObject *obj, int i,
   return read_arg(fn, f, obj, i, python);
 }
 
+/* The call with a compiler's placeholder among args (nin of them, in
+ * parameter order), handed to python/dlbridge/_compiled.py's dispatch with
+ * the framework whose placeholder it is.  Off the fast path. */
+static PyObject *dispatch_traced(const fn_object *fn, PyObject *const *args,
+                                 PyObject *framework) {
+  PyObject *result = NULL, *module = NULL, *tuple = NULL;
+  module = PyImport_ImportModule("dlbridge._compiled");
+  if (module == NULL) goto cleanup;
+  tuple = PyTuple_New(fn->nin);
+  if (tuple == NULL) goto cleanup;
+  for (int i = 0; i < fn->nin; i++)
+    PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+  result = PyObject_CallMethod(module, "dispatch", "OOO", (PyObject *)fn,
+                               framework, tuple);
+cleanup:
+  Py_XDECREF(tuple);
+  Py_XDECREF(module);
+  return result;
+}
+
+DLB__OUT_OF_LINE(PyObject *, dispatch_traced,
+                 (const fn_object *, PyObject *const *, PyObject *));
+
 DLB__OUT_OF_LINE(int, read_arg_again,
                  (fn_object *, fn_frame *, PyObject *, int, int *));
 
@@ -690,8 +771,8 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   dlb_view *views = f->views;
   uint8_t *state = f->state;
   DLTensor **argv = f->argv;
-  PyObject *result = NULL;
-  int nseen = 0, nalloc = 0, ifirst = -1, python = 0;
+  PyObject *result = NULL, *traced = NULL;
+  int nseen = 0, nalloc = 0, ifirst = -1, python = 0, r;
   const dlb_handler *h = NULL;
   DLTensor proto;
   int64_t shape[DLB_MAX_NDIM];
@@ -735,7 +816,13 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
       state[i] = ARG_SCALAR;
       continue;
     }
-    if (read_arg(fn, f, obj, i, &python) < 0) {
+    r = read_arg(fn, f, obj, i, &python);
+    if (r != 0) {
+      if (r > 0) {
+        /* a compiler's placeholder: the call is the compiler's (below) */
+        traced = Py_NewRef(views[i].handler->framework);
+        goto cleanup;
+      }
       prefix_error_out_of_line(fn, i);
       goto cleanup;
     }
@@ -750,7 +837,12 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     python = 0;
     for (int i = 0; i < nin; i++) {
       if (state[i] != ARG_BORROWED && state[i] != ARG_FOREIGN) continue;
-      if (read_arg_again_out_of_line(fn, f, args[i], i, &python) < 0) {
+      r = read_arg_again_out_of_line(fn, f, args[i], i, &python);
+      if (r != 0) {
+        if (r > 0) {
+          traced = Py_NewRef(views[i].handler->framework);
+          goto cleanup;
+        }
         prefix_error_out_of_line(fn, i);
         goto cleanup;
       }
@@ -762,8 +854,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     const fn_param *p = &fn->params[i];
     DLTensor *t = &views[i].t;
     if (state[i] == ARG_SCALAR) continue;
-    if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits ||
-        t->dtype.lanes != p->dtype.lanes || t->ndim != p->ndim) {
+    if (!type_matches(p, t)) {
       check_error_out_of_line(fn, i, t, p, NULL, -1);
       goto cleanup;
     }
@@ -780,17 +871,11 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
       check_error_out_of_line(fn, i, t, p, &views[ifirst].t, ifirst);
       goto cleanup;
     }
-    const fn_dim *d = &fn->dims[p->dim0];
-    for (int a = 0; a < p->ndim; a++, d++) {
-      int64_t got = t->shape[a];
-      if (d->kind == DIM_BIND) continue;
-      int64_t want = d->kind == DIM_LITERAL
-                         ? d->value
-                         : views[d->from_param].t.shape[d->from_axis];
-      if (got != want) {
-        dim_error_out_of_line(fn, i, a, got, d, views);
-        goto cleanup;
-      }
+    int axis = dim_mismatch(fn, p, t, argv);
+    if (axis >= 0) {
+      dim_error_out_of_line(fn, i, axis, t->shape[axis],
+                            &fn->dims[p->dim0 + axis], argv);
+      goto cleanup;
     }
   }
 
@@ -811,11 +896,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
 
   for (int o = 0; o < nout; o++) {
     const fn_param *p = &fn->params[nin + o];
-    const fn_dim *d = &fn->dims[p->dim0];
-    for (int a = 0; a < p->ndim; a++, d++)
-      shape[a] = d->kind == DIM_LITERAL
-                     ? d->value
-                     : views[d->from_param].t.shape[d->from_axis];
+    result_shape(fn, p, argv, shape);
     proto.data = NULL;
     proto.ndim = p->ndim;
     proto.dtype = p->dtype;
@@ -874,6 +955,11 @@ cleanup:
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
     if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
+  if (traced != NULL) {
+    /* What was read is let go of; the compiler gets the whole call. */
+    result = dispatch_traced_out_of_line(fn, args, traced);
+    Py_DECREF(traced);
+  }
   return result;
 }
 
@@ -931,6 +1017,359 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   return r;
 }
 
+/* ---- what compilers ask of a Function (src/ops, python/dlbridge/_ops_*.py) -------- */
+
+int dlb__function_check(PyObject *obj) {
+  dlb_module_state *st = dlb__state_from_type(Py_TYPE(obj));
+  return st != NULL && PyObject_TypeCheck(obj, st->FunctionType);
+}
+
+const dlb_signature_param *dlb__function_params(PyObject *self, int32_t *nin,
+                                                int32_t *nout) {
+  const fn_object *fn = (const fn_object *)self;
+  *nin = fn->nin;
+  *nout = fn->nout;
+  return fn->params;
+}
+
+const char *dlb__function_name(PyObject *self) {
+  return ((const fn_object *)self)->cname;
+}
+
+int dlb__function_same_kernel(PyObject *a, PyObject *b) {
+  return ((const fn_object *)a)->kernel == ((const fn_object *)b)->kernel;
+}
+
+int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
+                      void *stream, dlb_error *err) {
+  const fn_object *fn = (const fn_object *)self;
+  if (nargs != fn->nin + fn->nout)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "%s(): called with %d tensors; the signature has %d "
+                         "parameters and %d results",
+                         fn->cname, (int)nargs, (int)fn->nin, (int)fn->nout);
+  for (int32_t i = 0; i < nargs; i++) {
+    const fn_param *p = &fn->params[i];
+    const DLTensor *t = argv[i];
+    int axis = -1;
+    if (!type_matches(p, t) || (axis = dim_mismatch(fn, p, t, argv)) >= 0) {
+      char want[DLB_DESCRIBE_MAX], got[DLB_DESCRIBE_MAX];
+      dlb__dtype_str(p->dtype, want, sizeof want);
+      dlb__dtype_str(t->dtype, got, sizeof got);
+      return dlb_error_set(
+          err, DLB_EINVAL,
+          "%s(): %s %d is a %s tensor of %d dimensions%s; the signature "
+          "says %s with %d",
+          fn->cname, i < fn->nin ? "argument" : "result",
+          (int)(i < fn->nin ? i : i - fn->nin), got, (int)t->ndim,
+          axis >= 0 ? " with another extent" : "", want, (int)p->ndim);
+    }
+  }
+  err->code = DLB_OK;
+  err->message[0] = '\0';
+  int rc = fn->kernel(argv, nargs, stream, err);
+  if (rc > 0)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "%s: the kernel returned %d; a kernel returns 0 or a "
+                         "negative dlb_status",
+                         fn->cname, rc);
+  if (rc < 0) {
+    /* The kernel's own message, named: "<name>: <message>". */
+    char message[DLB_ERROR_MESSAGE_SIZE];
+    err->message[DLB_ERROR_MESSAGE_SIZE - 1] = '\0';
+    memcpy(message, err->message, sizeof message);
+    if (message[0] != '\0')
+      return dlb_error_set(err, rc, "%s: %s", fn->cname, message);
+    return dlb_error_set(err, rc, "%s: the kernel failed with %s", fn->cname,
+                         dlb_status_name(rc));
+  }
+  return DLB_OK;
+}
+
+/* One tensor of specs for Function._result_specs: shape (a sequence of
+ * ints) and dtype (anything dlb.dtype takes) into t, its extents stored at
+ * shape.  0, or -1 with an exception. */
+static int spec_tensor(const fn_object *fn, int i, PyObject *spec, DLTensor *t,
+                       int64_t *shape) {
+  int rc = -1;
+  PyObject *dims = NULL;
+  if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2) {
+    PyErr_Format(PyExc_TypeError,
+                 "%U()._result_specs: the spec of argument '%U' must be a "
+                 "(shape, dtype) pair or None, not %.100s",
+                 fn->name, pname(fn, i), Py_TYPE(spec)->tp_name);
+    goto cleanup;
+  }
+  if (dlb__dtype_converter(fn->st, PyTuple_GET_ITEM(spec, 1), &t->dtype) < 0)
+    goto cleanup;
+  dims = PySequence_Tuple(PyTuple_GET_ITEM(spec, 0));
+  if (dims == NULL) goto cleanup;
+  Py_ssize_t n = PyTuple_GET_SIZE(dims);
+  if (n > DLB_MAX_NDIM) {
+    PyErr_Format(PyExc_ValueError,
+                 "%U() argument '%U': %zd dimensions; at most %d are "
+                 "supported",
+                 fn->name, pname(fn, i), n, DLB_MAX_NDIM);
+    goto cleanup;
+  }
+  for (Py_ssize_t a = 0; a < n; a++) {
+    PyObject *d = PyTuple_GET_ITEM(dims, a);
+    if (!PyLong_Check(d)) {
+      PyErr_Format(PyExc_TypeError,
+                   "%U() argument '%U': dimension %zd is %R; a dlbridge "
+                   "Function needs every extent known when it is traced",
+                   fn->name, pname(fn, i), a, d);
+      goto cleanup;
+    }
+    shape[a] = PyLong_AsLongLong(d);
+    if (shape[a] == -1 && PyErr_Occurred()) goto cleanup;
+    if (shape[a] < 0) {
+      PyErr_Format(PyExc_ValueError,
+                   "%U() argument '%U': dimension %zd is negative (%lld)",
+                   fn->name, pname(fn, i), a, (long long)shape[a]);
+      goto cleanup;
+    }
+  }
+  t->data = NULL;
+  t->device.device_type = kDLCPU;
+  t->device.device_id = 0;
+  t->ndim = (int32_t)n;
+  t->shape = shape;
+  t->strides = NULL;
+  t->byte_offset = 0;
+  rc = 0;
+cleanup:
+  Py_XDECREF(dims);
+  return rc;
+}
+
+/* Function._result_specs(specs) -> (results, aliases).  What a call with
+ * inputs described by specs produces, checked as the eager call checks
+ * its arguments (same rule, same exception and message): specs holds one
+ * item per input in parameter order, a (shape, dtype) pair for a tensor or
+ * None for a Python number passed to a 0-d parameter.  results: a
+ * (shape, DType) pair per declared result; aliases: the indices of the
+ * `mut` inputs, whose new values a compiler that cannot write its inputs
+ * returns after the results.  The shape function of every compiled route. */
+static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
+  fn_object *fn = (fn_object *)self;
+  PyObject *result = NULL, *seq = NULL, *results = NULL, *aliases = NULL;
+  int nin = fn->nin, nout = fn->nout, nmut = 0;
+  DLTensor *ts = NULL, **argv = NULL;
+  int64_t *shapes = NULL;
+  seq = PySequence_Fast(specs, "_result_specs() takes a sequence of specs");
+  if (seq == NULL) goto cleanup;
+  if (PySequence_Fast_GET_SIZE(seq) != nin) {
+    nargs_error(fn, PySequence_Fast_GET_SIZE(seq));
+    goto cleanup;
+  }
+  ts = PyMem_Calloc((size_t)nin + 1, sizeof *ts);
+  argv = PyMem_Calloc((size_t)nin + 1, sizeof *argv);
+  shapes = PyMem_Calloc(((size_t)nin + 1) * DLB_MAX_NDIM, sizeof *shapes);
+  if (ts == NULL || argv == NULL || shapes == NULL) {
+    PyErr_NoMemory();
+    goto cleanup;
+  }
+  for (int i = 0; i < nin; i++) {
+    const fn_param *p = &fn->params[i];
+    PyObject *spec = PySequence_Fast_GET_ITEM(seq, i);
+    argv[i] = &ts[i];
+    if (p->mut) nmut++;
+    if (spec == Py_None) {
+      if (p->mut) {
+        mut_number_error(fn, i, spec);
+        goto cleanup;
+      }
+      if (p->ndim != 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%U() argument '%U': a Python number is accepted only "
+                     "for a 0-d parameter",
+                     fn->name, pname(fn, i));
+        goto cleanup;
+      }
+      ts[i].dtype = p->dtype; /* a number takes the parameter's dtype */
+      continue;
+    }
+    if (spec_tensor(fn, i, spec, &ts[i], shapes + (size_t)i * DLB_MAX_NDIM) < 0)
+      goto cleanup;
+    if (!type_matches(p, &ts[i])) {
+      check_error(fn, i, &ts[i], p, NULL, -1);
+      goto cleanup;
+    }
+    int axis = dim_mismatch(fn, p, &ts[i], argv);
+    if (axis >= 0) {
+      dim_error(fn, i, axis, ts[i].shape[axis], &fn->dims[p->dim0 + axis],
+                argv);
+      goto cleanup;
+    }
+  }
+  results = PyTuple_New(nout);
+  aliases = PyTuple_New(nmut);
+  if (results == NULL || aliases == NULL) goto cleanup;
+  for (int o = 0; o < nout; o++) {
+    const fn_param *p = &fn->params[nin + o];
+    int64_t *shape = shapes + (size_t)nin * DLB_MAX_NDIM;
+    result_shape(fn, p, argv, shape);
+    PyObject *pair = Py_BuildValue("(NN)", dlb__int64_tuple(p->ndim, shape),
+                                   dlb__dtype_new(fn->st, p->dtype));
+    if (pair == NULL) goto cleanup;
+    PyTuple_SET_ITEM(results, o, pair);
+  }
+  for (int i = 0, k = 0; i < nin; i++) {
+    if (!fn->params[i].mut) continue;
+    PyObject *index = PyLong_FromLong(i);
+    if (index == NULL) goto cleanup;
+    PyTuple_SET_ITEM(aliases, k++, index);
+  }
+  result = PyTuple_Pack(2, results, aliases);
+cleanup:
+  PyMem_Free(shapes);
+  PyMem_Free(argv);
+  PyMem_Free(ts);
+  Py_XDECREF(aliases);
+  Py_XDECREF(results);
+  Py_XDECREF(seq);
+  return result;
+}
+
+/* One parameter or result as the signature language writes it, always the
+ * same way: "x: mut float32[n, 3]" (name NULL for results). */
+static PyObject *param_text(const fn_object *fn, const fn_param *p,
+                            PyObject *name) {
+  char dtype[DLB_DESCRIBE_MAX];
+  dlb__dtype_str(p->dtype, dtype, sizeof dtype);
+  PyObject *text = name ? PyUnicode_FromFormat("%U: %s%s", name,
+                                               p->mut ? "mut " : "", dtype)
+                        : PyUnicode_FromString(dtype);
+  if (text == NULL || p->ndim == 0) return text;
+  const fn_dim *d = &fn->dims[p->dim0];
+  for (int a = 0; a < p->ndim && text != NULL; a++, d++) {
+    PyObject *dim =
+        d->kind == DIM_LITERAL
+            ? PyUnicode_FromFormat("%s%lld", a ? ", " : "[",
+                                   (long long)d->value)
+            : PyUnicode_FromFormat("%s%U", a ? ", " : "[",
+                                   PyTuple_GET_ITEM(fn->sym_names, d->sym));
+    PyObject *joined = dim ? PyUnicode_Concat(text, dim) : NULL;
+    Py_XDECREF(dim);
+    Py_SETREF(text, joined);
+  }
+  if (text != NULL) {
+    PyObject *close = PyUnicode_FromString("]");
+    PyObject *joined = close ? PyUnicode_Concat(text, close) : NULL;
+    Py_XDECREF(close);
+    Py_SETREF(text, joined);
+  }
+  return text;
+}
+
+/* The signature in one spelling, whatever spacing it was written with:
+ * "name(x: float32[n], y: mut float32[n]) -> (float32[n])". */
+static PyObject *normalized_signature(const fn_object *fn) {
+  PyObject *result = NULL, *ins = NULL, *outs = NULL, *sep = NULL;
+  ins = PyList_New(0);
+  outs = PyList_New(0);
+  sep = PyUnicode_FromString(", ");
+  if (ins == NULL || outs == NULL || sep == NULL) goto cleanup;
+  for (int i = 0; i < fn->nin + fn->nout; i++) {
+    PyObject *text = param_text(fn, &fn->params[i],
+                                i < fn->nin ? pname(fn, i) : NULL);
+    if (text == NULL ||
+        PyList_Append(i < fn->nin ? ins : outs, text) < 0) {
+      Py_XDECREF(text);
+      goto cleanup;
+    }
+    Py_DECREF(text);
+  }
+  PyObject *a = PyUnicode_Join(sep, ins);
+  PyObject *b = a ? PyUnicode_Join(sep, outs) : NULL;
+  if (b != NULL) result = PyUnicode_FromFormat("%U(%U) -> (%U)", fn->name, a, b);
+  Py_XDECREF(a);
+  Py_XDECREF(b);
+cleanup:
+  Py_XDECREF(sep);
+  Py_XDECREF(outs);
+  Py_XDECREF(ins);
+  return result;
+}
+
+PyObject *dlb__function_identity(PyObject *self) {
+  fn_object *fn = (fn_object *)self;
+  if (fn->identity != NULL) return Py_NewRef(fn->identity);
+  PyObject *text = normalized_signature(fn);
+  if (text == NULL) return NULL;
+  Py_ssize_t len;
+  const char *utf8 = PyUnicode_AsUTF8AndSize(text, &len);
+  if (utf8 == NULL) {
+    Py_DECREF(text);
+    return NULL;
+  }
+  /* FNV-1a, 64 bits folded to 32: the same in every process and version
+   * (Python's hash() of a str is salted per process). */
+  uint64_t h = UINT64_C(0xcbf29ce484222325);
+  for (Py_ssize_t k = 0; k < len; k++) {
+    h ^= (unsigned char)utf8[k];
+    h *= UINT64_C(0x100000001b3);
+  }
+  Py_DECREF(text);
+  PyObject *identity = PyUnicode_FromFormat(
+      "%U_%08x", fn->name, (unsigned int)(uint32_t)(h ^ (h >> 32)));
+  if (identity == NULL) return NULL;
+  if (fn->identity == NULL) fn->identity = Py_NewRef(identity);
+  return identity;
+}
+
+static PyObject *get_identity(PyObject *self, void *c) {
+  (void)c;
+  return dlb__function_identity(self);
+}
+
+static PyObject *get_normalized(PyObject *self, void *c) {
+  (void)c;
+  return normalized_signature((fn_object *)self);
+}
+
+/* _inputs: (name, DType, ndim, mut) per input; _results: (DType, ndim) per
+ * declared result. */
+static PyObject *get_inputs(PyObject *self, void *c) {
+  (void)c;
+  fn_object *fn = (fn_object *)self;
+  PyObject *t = PyTuple_New(fn->nin);
+  for (int i = 0; t != NULL && i < fn->nin; i++) {
+    const fn_param *p = &fn->params[i];
+    PyObject *item = Py_BuildValue("(ONiO)", pname(fn, i),
+                                   dlb__dtype_new(fn->st, p->dtype),
+                                   (int)p->ndim, p->mut ? Py_True : Py_False);
+    if (item == NULL) Py_CLEAR(t);
+    else PyTuple_SET_ITEM(t, i, item);
+  }
+  return t;
+}
+
+static PyObject *get_results(PyObject *self, void *c) {
+  (void)c;
+  fn_object *fn = (fn_object *)self;
+  PyObject *t = PyTuple_New(fn->nout);
+  for (int o = 0; t != NULL && o < fn->nout; o++) {
+    const fn_param *p = &fn->params[fn->nin + o];
+    PyObject *item =
+        Py_BuildValue("(Ni)", dlb__dtype_new(fn->st, p->dtype), (int)p->ndim);
+    if (item == NULL) Py_CLEAR(t);
+    else PyTuple_SET_ITEM(t, o, item);
+  }
+  return t;
+}
+
+static PyMethodDef function_methods[] = {
+    {"_result_specs", function_result_specs, METH_O,
+     "_result_specs(specs) -> (results, aliases)\n\nThe shape function of "
+     "compiled calls: specs has a (shape, dtype) pair per input (None for a "
+     "Python number), checked as a call checks its arguments; results is a "
+     "(shape, DType) pair per declared result, aliases the indices of the "
+     "'mut' inputs."},
+    {NULL, NULL, 0, NULL},
+};
+
 /* ---- attributes --------------------------------------------------------------------- */
 
 static PyObject *function_repr(PyObject *self) {
@@ -960,6 +1399,15 @@ static PyGetSetDef function_getset[] = {
     {"nin", get_nin, NULL, "Number of arguments the call takes.", NULL},
     {"nout", get_nout, NULL, "Number of results the call returns.", NULL},
     {"address", get_address, NULL, "Address of the kernel (int).", NULL},
+    {"_identity", get_identity, NULL,
+     "The Function's name in compiled graphs: '<name>_<hash of the "
+     "normalized signature>', the same in every process.", NULL},
+    {"_normalized_signature", get_normalized, NULL,
+     "The signature in one spelling (what _identity hashes).", NULL},
+    {"_inputs", get_inputs, NULL,
+     "(name, DType, ndim, mut) for each input.", NULL},
+    {"_results", get_results, NULL,
+     "(DType, ndim) for each declared result.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -985,6 +1433,7 @@ static PyType_Slot function_slots[] = {
     {Py_tp_repr, function_repr},
     {Py_tp_members, function_members},
     {Py_tp_getset, function_getset},
+    {Py_tp_methods, function_methods},
     {Py_tp_doc,
      "Function(kernel, signature)\n--\n\n"
      "A C kernel (dlb_kernel ABI) callable with any framework's tensors.  "

@@ -232,6 +232,27 @@ static PyObject *framework_of(struct dlb_handler_cache *c, PyTypeObject *type) {
   return name;
 }
 
+/* Whether type is a graph compiler's placeholder (dlb_handler.traced): the
+ * registry's answer, asked only for the frameworks that have compilers
+ * dlbridge serves, so other types cost no second call.  1, 0, or -1 with
+ * an exception. */
+static int is_traced(struct dlb_handler_cache *c, PyTypeObject *type,
+                     PyObject *framework) {
+  if (PyUnicode_CompareWithASCIIString(framework, "jax") != 0 &&
+      PyUnicode_CompareWithASCIIString(framework, "torch") != 0 &&
+      PyUnicode_CompareWithASCIIString(framework, "tensorflow") != 0)
+    return 0;
+  PyObject *registry = PyImport_Import(c->str_registry);
+  if (registry == NULL) return -1;
+  PyObject *answer =
+      PyObject_CallMethodOneArg(registry, c->str_is_traced, (PyObject *)type);
+  Py_DECREF(registry);
+  if (answer == NULL) return -1;
+  int traced = PyObject_IsTrue(answer);
+  Py_DECREF(answer);
+  return traced;
+}
+
 /* Special methods are looked up on the type, as Python does for its own
  * protocols: no bound method is created and a miss raises nothing. */
 int dlb__type_has(PyTypeObject *type, PyObject *name) {
@@ -369,6 +390,8 @@ static handler_entry *entry_new(dlb_module_state *st, struct dlb_handler_cache *
   e->h.type = type;
   e->h.framework = framework_of(c, type);
   if (e->h.framework == NULL) goto error;
+  e->h.traced = is_traced(c, type, e->h.framework);
+  if (e->h.traced < 0) goto error;
   classify(st, c, type, &e->h);
   if (PyErr_Occurred()) goto error; /* classify's numpy check failed */
   /* Read last: the classification's own lookups may have tagged it. */
@@ -392,7 +415,7 @@ static handler_entry *cache_find(struct dlb_handler_cache *c, PyTypeObject *type
 }
 
 static int same_answer(const dlb_handler *a, const dlb_handler *b) {
-  return a->kind == b->kind && a->api == b->api &&
+  return a->kind == b->kind && a->traced == b->traced && a->api == b->api &&
          a->api_owner == b->api_owner &&
          PyUnicode_Compare(a->framework, b->framework) == 0;
 }
@@ -513,9 +536,10 @@ int dlb__handlers_init(dlb_module_state *st) {
   c->str_exchange_legacy = PyUnicode_InternFromString("__c_dlpack_exchange_api__");
   c->str_registry = PyUnicode_InternFromString("dlbridge._frameworks");
   c->str_type_framework = PyUnicode_InternFromString("_type_framework");
+  c->str_is_traced = PyUnicode_InternFromString("_is_traced");
   if (c->converters == NULL || c->targets == NULL || c->str_module == NULL || c->str_exchange == NULL ||
       c->str_exchange_legacy == NULL || c->str_registry == NULL ||
-      c->str_type_framework == NULL)
+      c->str_type_framework == NULL || c->str_is_traced == NULL)
     return -1;
   /* The weakref callback reaches the cache through a capsule's context,
    * not the module: no reference cycle through module state. */
@@ -553,5 +577,6 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->str_exchange_legacy);
   Py_CLEAR(c->str_registry);
   Py_CLEAR(c->str_type_framework);
+  Py_CLEAR(c->str_is_traced);
   PyMem_Free(c);
 }
