@@ -1146,8 +1146,9 @@ cleanup:
 /* Function._result_specs(specs) -> (results, aliases).  What a call with
  * inputs described by specs produces, checked as the eager call checks
  * its arguments (same rule, same exception and message): specs holds one
- * item per input in parameter order, a (shape, dtype) pair for a tensor or
- * None for a Python number passed to a 0-d parameter.  results: a
+ * item per input in parameter order, a (shape, dtype) pair for a tensor or,
+ * for a Python number passed to a 0-d parameter, the number (checked as the
+ * eager call stores it) or None (not checked).  results: a
  * (shape, DType) pair per declared result; aliases: the indices of the
  * `mut` inputs, whose new values a compiler that cannot write its inputs
  * returns after the results.  The shape function of every compiled route. */
@@ -1175,7 +1176,10 @@ static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
     PyObject *spec = PySequence_Fast_GET_ITEM(seq, i);
     argv[i] = &ts[i];
     if (p->mut) nmut++;
-    if (spec == Py_None) {
+    /* None, or the number itself: then it is stored as the eager call
+     * stores it (same errors), and an error names its type. */
+    if (spec == Py_None || PyLong_Check(spec) || PyFloat_Check(spec) ||
+        PyComplex_Check(spec)) {
       if (p->mut) {
         mut_number_error(fn, i, spec);
         goto cleanup;
@@ -1187,6 +1191,11 @@ static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
                      fn->name, pname(fn, i));
         goto cleanup;
       }
+      dlb_scalar stored;
+      if (spec != Py_None &&
+          dlb__scalar_from_number(fn->name, pname(fn, i), spec, p->dtype,
+                                  &stored) < 0)
+        goto cleanup;
       ts[i].dtype = p->dtype; /* a number takes the parameter's dtype */
       continue;
     }
@@ -1364,7 +1373,7 @@ static PyMethodDef function_methods[] = {
     {"_result_specs", function_result_specs, METH_O,
      "_result_specs(specs) -> (results, aliases)\n\nThe shape function of "
      "compiled calls: specs has a (shape, dtype) pair per input (None for a "
-     "Python number), checked as a call checks its arguments; results is a "
+     "Python number, or the number itself), checked as a call checks its arguments; results is a "
      "(shape, DType) pair per declared result, aliases the indices of the "
      "'mut' inputs."},
     {NULL, NULL, 0, NULL},
