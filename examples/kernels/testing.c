@@ -5,6 +5,8 @@
  *   dlb_kernel_fail        any signature; fails with DLB_EINVAL and a message
  *   dlb_kernel_unsupported any signature; fails with DLB_EUNSUPPORTED, no message
  *   dlb_kernel_bad_status  any signature; returns 7, which the ABI forbids
+ *   dlb_kernel_describe    describe(x: T[...]) -> int64[k]: the device, rank and
+ *                          strides x arrived with (compiled handlers' tests)
  *   dlb_kernel_copy        copy(x: T[...]) -> T[...]: the result is a copy of
  *                          x (dlb_copy), so tests can read what a 0-d
  *                          parameter received from a Python number
@@ -71,5 +73,31 @@ EXPORT int dlb_kernel_stream_probe(DLTensor *const *args, int32_t nargs,
     return dlb_error_set(err, DLB_EINVAL, "stream_probe takes 2 arguments");
   int64_t value = (int64_t)(uintptr_t)stream;
   memcpy((char *)args[1]->data + args[1]->byte_offset, &value, sizeof value);
+  return DLB_OK;
+}
+
+/* describe(x: T[...]) -> int64[k]: writes what the kernel was given for x
+ * into its int64 output (host stores, as many as fit): device type, device
+ * id, ndim, whether strides is non-NULL, then the strides.  For the tests
+ * of a compiler's handler (src/ops/xla.c): device, layout, strides. */
+EXPORT int dlb_kernel_describe(DLTensor *const *args, int32_t nargs,
+                               void *stream, dlb_error *err) {
+  (void)stream;
+  if (nargs != 2)
+    return dlb_error_set(err, DLB_EINVAL, "describe takes 2 arguments");
+  const DLTensor *x = args[0];
+  const DLTensor *out = args[1];
+  if (out->ndim != 1 || out->dtype.code != kDLInt || out->dtype.bits != 64)
+    return dlb_error_set(err, DLB_EINVAL, "describe writes an int64 vector");
+  int64_t facts[4 + DLB_MAX_NDIM];
+  int64_t n = 0;
+  facts[n++] = (int64_t)x->device.device_type;
+  facts[n++] = (int64_t)x->device.device_id;
+  facts[n++] = (int64_t)x->ndim;
+  facts[n++] = x->strides != NULL;
+  for (int32_t a = 0; x->strides != NULL && a < x->ndim && a < DLB_MAX_NDIM; a++)
+    facts[n++] = x->strides[a];
+  int64_t *dst = (int64_t *)dlb_tensor_data(out);
+  for (int64_t i = 0; i < n && i < out->shape[0]; i++) dst[i] = facts[i];
   return DLB_OK;
 }

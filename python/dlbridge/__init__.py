@@ -36,6 +36,26 @@ def get_include():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
+def jax_register(*functions):
+    """Make dlbridge Functions runnable by XLA graphs in this process: a
+    process that runs a graph exported elsewhere (``jax.export``) creates
+    the Functions it calls (same kernel and signature) and passes them
+    here first.  A Function called inside ``jax.jit`` needs no call.
+    docs/compiled.md, "JAX"."""
+    from ._ops_jax import register
+
+    register(*functions)
+
+
+def jax_export_checks():
+    """The ``disabled_checks`` for ``jax.export.export`` of a function that
+    calls dlbridge Functions (dlbridge's XLA custom-call target is not on
+    JAX's list of targets with a compatibility guarantee)."""
+    from ._ops_jax import export_checks
+
+    return export_checks()
+
+
 __all__ = [
     "DType",
     "Device",
@@ -43,6 +63,8 @@ __all__ = [
     "Tensor",
     "convert",
     "get_include",
+    "jax_export_checks",
+    "jax_register",
     "device",
     "dtype",
     "empty",

@@ -32,6 +32,7 @@
  *   function.c Function and load()
  *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
  *              Functions compiled graphs name, by identity
+ *   ops/xla.c  the XLA FFI handler that runs a Function in a jax.jit graph
  *   capi.c     the dlbridge._C_API capsule (include/dlbridge/python.h)
  *   testing.c  every private test hook (_fail_allocations, _exchange_*)
  *   pickle.c   Tensor pickling: protocol 5 out of band, in band below 5,
@@ -898,6 +899,9 @@ int dlb__ops_register(PyObject *fn, PyObject **registered);
 PyObject *dlb__ops_find(const char *identity, size_t len);
 /* Adds _ops_register and _ops_find to the module. */
 int dlb__ops_registry_init(PyObject *module);
+/* Adds _xla_handler (the XLA FFI handlers as capsules) and _xla_ffi_layout
+ * to the module (ops/xla.c). */
+int dlb__ops_xla_init(PyObject *module);
 
 /* ---- Pickling and shared memory (pickle.c, share.c) ------------------------ */
 

@@ -1,0 +1,793 @@
+/*
+ * ops/xla.c -- a dlbridge.Function as an XLA FFI custom call: what runs
+ * when a graph that jax.jit built calls a Function (python/dlbridge/
+ * _ops_jax.py makes the call; docs/compiled.md, "JAX").
+ *
+ * One handler per platform (host, CUDA), registered once under one target
+ * name.  An XLA_FFI_Handler is a bare function pointer with no user data,
+ * so the handler learns which Function it runs from the call's one string
+ * attribute, the Function's identity, looked up in ops/registry.c: a name
+ * that survives serialisation (jax.export) and means the same Function in
+ * every process that made it.  No trampoline table, so no cap beyond the
+ * registry's.
+ *
+ * The C ABI is transcribed below from the facts of the XLA FFI C API
+ * (shared/reference/compiled-graphs.md, section 1): the subset the handler
+ * touches, nothing more, no XLA or JAX header at build time.  What keeps it
+ * valid across jaxlib releases:
+ *  - the metadata handshake declares API version 0.1, the lowest XLA
+ *    accepts (XLA takes any version from 0.1 to its own; older XLA wanted
+ *    an exact match and is not supported);
+ *  - the only calls made -- Error_Create, Stream_Get, DeviceOrdinal_Get --
+ *    have the same argument layout in every header version, and the
+ *    function table only ever grew at its end, so their slots never moved;
+ *  - the structs XLA hands us (call frame, buffers, attributes) are read
+ *    only after their struct_size says the fields are there;
+ *  - every offset is pinned by a _Static_assert on LP64, and
+ *    tests/python/test_compiled_jax.py compares each one with the installed
+ *    jaxlib's own header (_core._xla_ffi_layout).
+ *
+ * Decisions:
+ *  - Stages: only `execute` is registered, so XLA calls the handler once at
+ *    registration (the metadata query) and once per run; the stage field,
+ *    whose numbering changed between versions, is never read.
+ *  - Buffers are dense and row-major (ffi_call's default layouts; XLA
+ *    relayouts operands before the call), so each DLTensor gets compact
+ *    row-major strides, never NULL (kernels may index strides[] directly),
+ *    and byte_offset 0.
+ *  - `mut`: the Python side aliases each `mut` input with an extra result
+ *    after the declared ones (input_output_aliases), so XLA hands both as
+ *    one buffer and the kernel writes the result in place.  Should the two
+ *    ever differ, the input is copied into the result first (on the
+ *    stream), so the kernel still updates the input's value.
+ *  - Command buffers: the handler does not declare
+ *    COMMAND_BUFFER_COMPATIBLE.  A dlb_kernel launches on the stream it is
+ *    given, but the ABI does not promise that it launches the same work on
+ *    every call, or that it never synchronises, allocates with
+ *    cuMemAlloc or reads device memory on the host -- each of which breaks
+ *    or silently corrupts a CUDA-graph capture.  So XLA:GPU runs the call
+ *    outside its command buffers, on the stream, in order.
+ *  - Errors: a refused argument or a failed kernel is an XLA_FFI_Error
+ *    whose message starts with the Function's name; jax raises it as a
+ *    JaxRuntimeError (a RuntimeError) "<CODE>: <name>: <message>".
+ *  - Platforms: the host (DLDevice kDLCPU 0, stream NULL, as the kernel ABI
+ *    says) and CUDA (kDLCUDA with XLA's device ordinal; the stream from
+ *    Stream_Get, XLA's own, so the kernel is ordered with the graph's other
+ *    work without any synchronisation).
+ */
+#include "../python/dlbridge_py.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- the XLA FFI C ABI, the subset used (transcribed; names ours) ---------- */
+
+typedef enum { XFFI_EXTENSION_METADATA = 1 } xffi_extension_type;
+
+typedef struct xffi_extension {
+  size_t struct_size;
+  xffi_extension_type type;
+  struct xffi_extension *next;
+} xffi_extension;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  int major_version;
+  int minor_version;
+} xffi_api_version;
+
+typedef enum {
+  XFFI_OK = 0,
+  XFFI_UNKNOWN = 2,
+  XFFI_INVALID_ARGUMENT = 3,
+  XFFI_NOT_FOUND = 5,
+  XFFI_PERMISSION_DENIED = 7,
+  XFFI_RESOURCE_EXHAUSTED = 8,
+  XFFI_FAILED_PRECONDITION = 9,
+  XFFI_OUT_OF_RANGE = 11,
+  XFFI_UNIMPLEMENTED = 12,
+  XFFI_INTERNAL = 13,
+} xffi_error_code;
+
+typedef struct xffi_error xffi_error; /* opaque; XLA owns it once returned */
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  const char *message; /* copied by XLA */
+  xffi_error_code errc;
+} xffi_error_create_args;
+
+/* XLA's element types (xla_data.proto's numbering, every header since the
+ * first: three fp8 codes moved after version 0.0, which we never accept). */
+typedef enum {
+  XFFI_PRED = 1,
+  XFFI_S8 = 2,
+  XFFI_S16 = 3,
+  XFFI_S32 = 4,
+  XFFI_S64 = 5,
+  XFFI_U8 = 6,
+  XFFI_U16 = 7,
+  XFFI_U32 = 8,
+  XFFI_U64 = 9,
+  XFFI_F16 = 10,
+  XFFI_F32 = 11,
+  XFFI_F64 = 12,
+  XFFI_C64 = 15,
+  XFFI_BF16 = 16,
+  XFFI_C128 = 18,
+  XFFI_F8E5M2 = 19,
+  XFFI_F8E4M3FN = 20,
+  XFFI_F8E4M3B11FNUZ = 23,
+  XFFI_F8E5M2FNUZ = 24,
+  XFFI_F8E4M3FNUZ = 25,
+  XFFI_F8E4M3 = 28,
+  XFFI_F8E3M4 = 29,
+  XFFI_F8E8M0FNU = 33,
+} xffi_data_type;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  xffi_data_type dtype;
+  void *data;
+  int64_t rank;
+  int64_t *dims; /* rank of them */
+} xffi_buffer;
+
+enum { XFFI_BUFFER_KIND = 1 };      /* XLA_FFI_ArgType / RetType BUFFER */
+enum { XFFI_ATTR_STRING = 4 };      /* XLA_FFI_AttrType STRING */
+typedef int xffi_kind;              /* the C enums of those types */
+
+typedef struct {
+  const char *ptr; /* not NUL-terminated */
+  size_t len;
+} xffi_byte_span;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  int64_t size;
+  xffi_kind *types;
+  void **args; /* xffi_buffer * each */
+} xffi_args;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  int64_t size;
+  xffi_kind *types;
+  void **rets;
+} xffi_rets;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  int64_t size;
+  xffi_kind *types;
+  xffi_byte_span **names; /* sorted */
+  void **attrs;           /* xffi_byte_span * for a string */
+} xffi_attrs;
+
+typedef struct xffi_api xffi_api;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start; /* the metadata query's marker */
+  const xffi_api *api;
+  void *ctx;
+  int stage; /* renumbered across versions: never read */
+  xffi_args args;
+  xffi_rets rets;
+  xffi_attrs attrs;
+  void *future; /* out; outside struct_size */
+} xffi_call_frame;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  void *ctx;
+  void *stream; /* out: a CUstream on CUDA */
+} xffi_stream_get_args;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  void *ctx;
+  int32_t device_ordinal; /* out */
+} xffi_device_ordinal_get_args;
+
+/* The metadata a handler reports: later versions append state_type_id,
+ * which a stateless handler leaves as XLA set it. */
+typedef struct {
+  size_t struct_size;
+  xffi_api_version api_version;
+  uint32_t traits;
+} xffi_metadata;
+
+typedef struct {
+  xffi_extension extension_base;
+  xffi_metadata *metadata;
+} xffi_metadata_extension;
+
+typedef xffi_error *xffi_error_create_fn(xffi_error_create_args *);
+typedef xffi_error *xffi_stream_get_fn(xffi_stream_get_args *);
+typedef xffi_error *xffi_device_ordinal_get_fn(xffi_device_ordinal_get_args *);
+typedef void xffi_unused_fn(void);
+
+/* XLA's function table, up to the last slot used (it only grows at the
+ * end: slot 1 changed meaning once, GetMessage -> GetDetails, and slot 5
+ * TypeId_Register -> Type_Register; neither is called). */
+struct xffi_api {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  xffi_api_version api_version;
+  const void *internal_api;
+  xffi_error_create_fn *error_create;   /* slot 0 */
+  xffi_unused_fn *error_get_details;
+  xffi_unused_fn *error_destroy;
+  xffi_unused_fn *handler_register;
+  xffi_stream_get_fn *stream_get;       /* slot 4 */
+  xffi_unused_fn *type_register;
+  xffi_unused_fn *context_get;
+  xffi_unused_fn *state_set;
+  xffi_unused_fn *state_get;
+  xffi_unused_fn *memory_allocate;
+  xffi_unused_fn *memory_free;
+  xffi_unused_fn *thread_pool_schedule;
+  xffi_unused_fn *thread_pool_num_threads;
+  xffi_unused_fn *future_create;
+  xffi_unused_fn *future_set_available;
+  xffi_unused_fn *future_set_error;
+  xffi_unused_fn *run_id_get;
+  xffi_device_ordinal_get_fn *device_ordinal_get; /* slot 17 */
+};
+
+typedef xffi_error *xffi_handler(xffi_call_frame *);
+
+/* XLA's struct_size of a struct: up to the end of its last field. */
+#define XFFI_SIZE(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+
+/* The version the metadata answer declares (see the header comment). */
+#define XFFI_DECLARED_MAJOR 0
+#define XFFI_DECLARED_MINOR 1
+
+/* The layout on LP64 (every platform jaxlib ships for), as in the header. */
+#if SIZE_MAX == UINT64_MAX && UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(xffi_extension_type) == 4 && sizeof(xffi_data_type) == 4 &&
+                   sizeof(xffi_error_code) == 4 && sizeof(xffi_kind) == 4,
+               "XLA's enums are int-sized");
+_Static_assert(XFFI_SIZE(xffi_extension, next) == 24, "XLA_FFI_Extension_Base");
+_Static_assert(XFFI_SIZE(xffi_api_version, minor_version) == 24 &&
+                   offsetof(xffi_api_version, major_version) == 16,
+               "XLA_FFI_Api_Version");
+_Static_assert(XFFI_SIZE(xffi_error_create_args, errc) == 28 &&
+                   offsetof(xffi_error_create_args, message) == 16,
+               "XLA_FFI_Error_Create_Args");
+_Static_assert(offsetof(xffi_buffer, dtype) == 16 &&
+                   offsetof(xffi_buffer, data) == 24 &&
+                   offsetof(xffi_buffer, rank) == 32 &&
+                   XFFI_SIZE(xffi_buffer, dims) == 48,
+               "XLA_FFI_Buffer");
+_Static_assert(offsetof(xffi_args, size) == 16 &&
+                   offsetof(xffi_args, types) == 24 &&
+                   XFFI_SIZE(xffi_args, args) == 40 &&
+                   XFFI_SIZE(xffi_rets, rets) == 40,
+               "XLA_FFI_Args, XLA_FFI_Rets");
+_Static_assert(offsetof(xffi_attrs, names) == 32 &&
+                   XFFI_SIZE(xffi_attrs, attrs) == 48 &&
+                   sizeof(xffi_byte_span) == 16,
+               "XLA_FFI_Attrs, XLA_FFI_ByteSpan");
+_Static_assert(offsetof(xffi_call_frame, api) == 16 &&
+                   offsetof(xffi_call_frame, ctx) == 24 &&
+                   offsetof(xffi_call_frame, stage) == 32 &&
+                   offsetof(xffi_call_frame, args) == 40 &&
+                   offsetof(xffi_call_frame, rets) == 80 &&
+                   offsetof(xffi_call_frame, attrs) == 120 &&
+                   XFFI_SIZE(xffi_call_frame, attrs) == 168 &&
+                   offsetof(xffi_call_frame, future) == 168,
+               "XLA_FFI_CallFrame");
+_Static_assert(offsetof(xffi_stream_get_args, stream) == 24 &&
+                   XFFI_SIZE(xffi_stream_get_args, stream) == 32,
+               "XLA_FFI_Stream_Get_Args");
+_Static_assert(offsetof(xffi_device_ordinal_get_args, device_ordinal) == 24 &&
+                   XFFI_SIZE(xffi_device_ordinal_get_args, device_ordinal) == 28,
+               "XLA_FFI_DeviceOrdinal_Get_Args");
+_Static_assert(offsetof(xffi_metadata, api_version) == 8 &&
+                   offsetof(xffi_metadata, traits) == 32 &&
+                   offsetof(xffi_metadata_extension, metadata) == 24,
+               "XLA_FFI_Metadata, XLA_FFI_Metadata_Extension");
+_Static_assert(offsetof(xffi_api, api_version) == 16 &&
+                   offsetof(xffi_api, error_create) == 48 &&
+                   offsetof(xffi_api, stream_get) == 80 &&
+                   offsetof(xffi_api, device_ordinal_get) == 184,
+               "XLA_FFI_Api");
+#endif
+
+/* The one attribute of a dlbridge call: the Function's identity. */
+#define XLA_IDENTITY_ATTR "dlb_identity"
+
+/* Tensors and extents kept on the stack; a larger call allocates. */
+#define XLA_INLINE_TENSORS 8
+#define XLA_INLINE_EXTENTS 64
+
+/* ---- the handler ------------------------------------------------------------ */
+
+/* An XLA error with a message (XLA copies it). */
+static xffi_error *xla_error(const xffi_call_frame *cf, xffi_error_code code,
+                             const char *message) {
+  xffi_error_create_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = XFFI_SIZE(xffi_error_create_args, errc);
+  args.message = message;
+  args.errc = code;
+  return cf->api->error_create(&args);
+}
+
+static xffi_error *xla_errorf(const xffi_call_frame *cf, xffi_error_code code,
+                              const char *fmt, ...) {
+  char message[DLB_ERROR_MESSAGE_SIZE + 128];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  return xla_error(cf, code, message);
+}
+
+static xffi_error_code xla_code(int status) {
+  switch (status) {
+    case DLB_EINVAL: return XFFI_INVALID_ARGUMENT;
+    case DLB_ENOMEM: return XFFI_RESOURCE_EXHAUSTED;
+    case DLB_EOVERFLOW: return XFFI_OUT_OF_RANGE;
+    case DLB_EUNSUPPORTED: return XFFI_UNIMPLEMENTED;
+    case DLB_EVERSION: return XFFI_FAILED_PRECONDITION;
+    case DLB_EDEVICE: return XFFI_INTERNAL;
+    case DLB_EREADONLY: return XFFI_PERMISSION_DENIED;
+    default: return XFFI_UNKNOWN;
+  }
+}
+
+/* The DLPack dtype of an XLA element type; 0, or -1 for one a DLTensor
+ * cannot describe the same way (sub-byte types XLA packs, tokens). */
+static int xla_dtype(int xla, DLDataType *out) {
+  uint8_t code, bits;
+  switch (xla) {
+    case XFFI_PRED: code = kDLBool; bits = 8; break;
+    case XFFI_S8: code = kDLInt; bits = 8; break;
+    case XFFI_S16: code = kDLInt; bits = 16; break;
+    case XFFI_S32: code = kDLInt; bits = 32; break;
+    case XFFI_S64: code = kDLInt; bits = 64; break;
+    case XFFI_U8: code = kDLUInt; bits = 8; break;
+    case XFFI_U16: code = kDLUInt; bits = 16; break;
+    case XFFI_U32: code = kDLUInt; bits = 32; break;
+    case XFFI_U64: code = kDLUInt; bits = 64; break;
+    case XFFI_F16: code = kDLFloat; bits = 16; break;
+    case XFFI_F32: code = kDLFloat; bits = 32; break;
+    case XFFI_F64: code = kDLFloat; bits = 64; break;
+    case XFFI_BF16: code = kDLBfloat; bits = 16; break;
+    case XFFI_C64: code = kDLComplex; bits = 64; break;
+    case XFFI_C128: code = kDLComplex; bits = 128; break;
+    case XFFI_F8E5M2: code = kDLFloat8_e5m2; bits = 8; break;
+    case XFFI_F8E4M3FN: code = kDLFloat8_e4m3fn; bits = 8; break;
+    case XFFI_F8E4M3B11FNUZ: code = kDLFloat8_e4m3b11fnuz; bits = 8; break;
+    case XFFI_F8E5M2FNUZ: code = kDLFloat8_e5m2fnuz; bits = 8; break;
+    case XFFI_F8E4M3FNUZ: code = kDLFloat8_e4m3fnuz; bits = 8; break;
+    case XFFI_F8E4M3: code = kDLFloat8_e4m3; bits = 8; break;
+    case XFFI_F8E3M4: code = kDLFloat8_e3m4; bits = 8; break;
+    case XFFI_F8E8M0FNU: code = kDLFloat8_e8m0fnu; bits = 8; break;
+    default: return -1;
+  }
+  out->code = code;
+  out->bits = bits;
+  out->lanes = 1;
+  return 0;
+}
+
+/* The identity attribute's bytes, or NULL. */
+static const xffi_byte_span *find_identity(const xffi_attrs *attrs) {
+  static const char name[] = XLA_IDENTITY_ATTR;
+  for (int64_t i = 0; i < attrs->size; i++) {
+    const xffi_byte_span *key = attrs->names[i];
+    if (attrs->types[i] == XFFI_ATTR_STRING && key->len == sizeof name - 1 &&
+        memcmp(key->ptr, name, sizeof name - 1) == 0)
+      return (const xffi_byte_span *)attrs->attrs[i];
+  }
+  return NULL;
+}
+
+/* The metadata query XLA makes once, at registration: the version we were
+ * written against and no traits (see the header comment).  1 when cf was
+ * the query. */
+static int answer_metadata(xffi_call_frame *cf) {
+  xffi_extension *ext = cf->extension_start;
+  if (ext == NULL || ext->type != XFFI_EXTENSION_METADATA) return 0;
+  xffi_metadata *m = ((xffi_metadata_extension *)ext)->metadata;
+  m->api_version.major_version = XFFI_DECLARED_MAJOR;
+  m->api_version.minor_version = XFFI_DECLARED_MINOR;
+  m->traits = 0;
+  return 1;
+}
+
+/* Buffer b as DLTensor t on device, its compact row-major strides stored
+ * at strides.  Status, err filled for the Function named fname. */
+static int buffer_tensor(const xffi_buffer *b, DLDevice device, DLTensor *t,
+                         int64_t *strides, const char *fname,
+                         const char *what, int index, dlb_error *err) {
+  if (b->struct_size < XFFI_SIZE(xffi_buffer, dims))
+    return dlb_error_set(err, DLB_EVERSION,
+                         "%s: XLA passed %s %d in a buffer struct of %zu "
+                         "bytes; dlbridge reads %zu",
+                         fname, what, index, b->struct_size,
+                         XFFI_SIZE(xffi_buffer, dims));
+  if (xla_dtype(b->dtype, &t->dtype) < 0)
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "%s: %s %d has XLA element type %d, which a dlbridge "
+                         "kernel cannot be given (sub-byte types are packed "
+                         "by XLA)",
+                         fname, what, index, (int)b->dtype);
+  if (b->rank < 0 || b->rank > DLB_MAX_NDIM)
+    return dlb_error_set(err, DLB_EUNSUPPORTED,
+                         "%s: %s %d has %lld dimensions; at most %d are "
+                         "supported",
+                         fname, what, index, (long long)b->rank, DLB_MAX_NDIM);
+  int64_t step = 1;
+  for (int64_t a = b->rank - 1; a >= 0; a--) {
+    strides[a] = step;
+    step *= b->dims[a] > 1 ? b->dims[a] : 1;
+  }
+  t->data = b->data;
+  t->device = device;
+  t->ndim = (int32_t)b->rank;
+  t->shape = b->rank > 0 ? b->dims : strides; /* never NULL */
+  t->strides = strides;
+  t->byte_offset = 0;
+  return DLB_OK;
+}
+
+/* The execute call, on one platform (device type kDLCPU or kDLCUDA). */
+static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
+  if (answer_metadata(cf)) return NULL;
+  xffi_error *result = NULL;
+  void *block = NULL;
+  dlb_error err;
+  err.code = DLB_OK;
+  err.message[0] = '\0';
+
+  if (cf->struct_size < XFFI_SIZE(xffi_call_frame, attrs))
+    return xla_errorf(cf, XFFI_FAILED_PRECONDITION,
+                      "dlbridge: XLA's call frame has %zu bytes; dlbridge "
+                      "reads %zu (an XLA older than dlbridge supports)",
+                      cf->struct_size, XFFI_SIZE(xffi_call_frame, attrs));
+  const xffi_byte_span *id = find_identity(&cf->attrs);
+  if (id == NULL)
+    return xla_error(cf, XFFI_INVALID_ARGUMENT,
+                     "dlbridge: a custom call to dlbridge's XLA target "
+                     "without the '" XLA_IDENTITY_ATTR "' attribute; only "
+                     "calls made by a dlbridge.Function can run it");
+  PyObject *fn = dlb__ops_find(id->ptr, id->len);
+  if (fn == NULL)
+    return xla_errorf(
+        cf, XFFI_NOT_FOUND,
+        "dlbridge: the graph calls the dlbridge Function '%.*s', which this "
+        "process has not registered: create the same Function (same kernel "
+        "and signature) and pass it to dlbridge.jax_register() before "
+        "running a graph exported from another process",
+        (int)(id->len < 200 ? id->len : 200), id->ptr);
+  const char *fname = dlb__function_name(fn);
+  int32_t nin, nout;
+  const dlb_signature_param *params = dlb__function_params(fn, &nin, &nout);
+  int32_t nmut = 0;
+  for (int32_t i = 0; i < nin; i++) nmut += params[i].mut != 0;
+  if (cf->args.size != nin || cf->rets.size != (int64_t)nout + nmut)
+    return xla_errorf(cf, XFFI_INVALID_ARGUMENT,
+                      "%s: XLA passed %lld operands and %lld results; the "
+                      "signature has %d parameters (%d of them mut) and %d "
+                      "results",
+                      fname, (long long)cf->args.size,
+                      (long long)cf->rets.size, (int)nin, (int)nmut,
+                      (int)nout);
+
+  DLDevice device;
+  device.device_type = (DLDeviceType)device_type;
+  device.device_id = 0;
+  void *stream = NULL;
+  if (device_type == kDLCUDA) {
+    const xffi_api *api = cf->api;
+    if (api->struct_size < XFFI_SIZE(xffi_api, device_ordinal_get))
+      return xla_errorf(cf, XFFI_FAILED_PRECONDITION,
+                        "%s: this XLA cannot tell which GPU the call runs on "
+                        "(no DeviceOrdinal_Get)",
+                        fname);
+    xffi_device_ordinal_get_args ordinal;
+    memset(&ordinal, 0, sizeof ordinal);
+    ordinal.struct_size = XFFI_SIZE(xffi_device_ordinal_get_args, device_ordinal);
+    ordinal.ctx = cf->ctx;
+    result = api->device_ordinal_get(&ordinal);
+    if (result != NULL) return result; /* XLA's own error, passed on */
+    device.device_id = ordinal.device_ordinal;
+    xffi_stream_get_args s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = XFFI_SIZE(xffi_stream_get_args, stream);
+    s.ctx = cf->ctx;
+    result = api->stream_get(&s);
+    if (result != NULL) return result;
+    stream = s.stream;
+  }
+
+  /* One DLTensor per parameter and result, in signature order; a `mut`
+   * input is the result XLA aliased with it. */
+  int32_t n = nin + nout;
+  int64_t extents = 0;
+  for (int64_t i = 0; i < cf->args.size; i++) {
+    const xffi_buffer *b = (const xffi_buffer *)cf->args.args[i];
+    extents += b->rank > 0 && b->rank <= DLB_MAX_NDIM ? b->rank : 0;
+  }
+  for (int64_t i = 0; i < cf->rets.size; i++) {
+    const xffi_buffer *b = (const xffi_buffer *)cf->rets.rets[i];
+    extents += b->rank > 0 && b->rank <= DLB_MAX_NDIM ? b->rank : 0;
+  }
+  /* inputs, results, and the inputs of `mut` parameters (to compare) */
+  int32_t ntensors = n + nmut;
+  DLTensor tensors_inline[XLA_INLINE_TENSORS + XLA_INLINE_TENSORS];
+  DLTensor *argv_inline[XLA_INLINE_TENSORS];
+  int64_t strides_inline[XLA_INLINE_EXTENTS + 1]; /* + 1: never NULL */
+  DLTensor *tensors = tensors_inline;
+  DLTensor **argv = argv_inline;
+  int64_t *strides = strides_inline;
+  if (ntensors > 2 * XLA_INLINE_TENSORS || n > XLA_INLINE_TENSORS ||
+      extents > XLA_INLINE_EXTENTS) {
+    size_t bytes = (size_t)ntensors * sizeof(DLTensor) +
+                   (size_t)n * sizeof(DLTensor *) +
+                   ((size_t)extents + 1) * sizeof(int64_t);
+    block = PyMem_RawMalloc(bytes);
+    if (block == NULL) {
+      result = xla_errorf(cf, XFFI_RESOURCE_EXHAUSTED,
+                          "%s: out of memory for %d tensors", fname,
+                          (int)ntensors);
+      goto cleanup;
+    }
+    tensors = (DLTensor *)block;
+    argv = (DLTensor **)(tensors + ntensors);
+    strides = (int64_t *)(argv + n);
+  }
+
+  int64_t *next_strides = strides;
+  int rc = DLB_OK;
+  for (int32_t r = 0; r < nout + nmut && rc == DLB_OK; r++) {
+    const xffi_buffer *b = (const xffi_buffer *)cf->rets.rets[r];
+    if (cf->rets.types[r] != XFFI_BUFFER_KIND) {
+      rc = dlb_error_set(&err, DLB_EINVAL, "%s: result %d is not a buffer",
+                         fname, (int)r);
+      break;
+    }
+    rc = buffer_tensor(b, device, &tensors[nin + r], next_strides, fname,
+                       "result", (int)r, &err);
+    if (rc == DLB_OK) next_strides += b->rank;
+  }
+  for (int32_t i = 0, k = 0; i < nin && rc == DLB_OK; i++) {
+    const xffi_buffer *b = (const xffi_buffer *)cf->args.args[i];
+    if (cf->args.types[i] != XFFI_BUFFER_KIND) {
+      rc = dlb_error_set(&err, DLB_EINVAL, "%s: operand %d is not a buffer",
+                         fname, (int)i);
+      break;
+    }
+    rc = buffer_tensor(b, device, &tensors[i], next_strides, fname,
+                       "operand", (int)i, &err);
+    if (rc == DLB_OK) next_strides += b->rank;
+    argv[i] = &tensors[i];
+    if (rc != DLB_OK || !params[i].mut) continue;
+    /* The kernel writes the aliased result; it must start as the input. */
+    DLTensor *updated = &tensors[nin + nout + k++];
+    if (updated->data != tensors[i].data) {
+      if (updated->ndim != tensors[i].ndim ||
+          memcmp(updated->shape, tensors[i].shape,
+                 (size_t)updated->ndim * sizeof(int64_t)) != 0 ||
+          updated->dtype.code != tensors[i].dtype.code ||
+          updated->dtype.bits != tensors[i].dtype.bits)
+        rc = dlb_error_set(&err, DLB_EINVAL,
+                           "%s: the result XLA aliased with mut argument %d "
+                           "is not shaped like it",
+                           fname, (int)i);
+      else if (device_type == kDLCUDA)
+        rc = dlb_cuda_copy(updated, &tensors[i], stream, &err);
+      else
+        rc = dlb_copy(updated, &tensors[i], &err);
+    }
+    argv[i] = updated;
+  }
+  if (rc == DLB_OK) {
+    for (int32_t o = 0; o < nout; o++) argv[nin + o] = &tensors[nin + o];
+    rc = dlb__function_run(fn, argv, n, stream, &err);
+  }
+  if (rc != DLB_OK) {
+    err.message[DLB_ERROR_MESSAGE_SIZE - 1] = '\0';
+    result = xla_error(cf, xla_code(rc), err.message);
+  }
+cleanup:
+  PyMem_RawFree(block);
+  return result;
+}
+
+static xffi_error *xla_cpu_handler(xffi_call_frame *cf) {
+  return run_call(cf, kDLCPU);
+}
+
+static xffi_error *xla_cuda_handler(xffi_call_frame *cf) {
+  return run_call(cf, kDLCUDA);
+}
+
+/* ---- Python: the handlers as capsules, the layout for the tests ------------ */
+
+/* _core._xla_handler(platform) -> an unnamed PyCapsule holding the handler
+ * for platform "cpu" or "cuda", as jax.ffi.register_ffi_target takes it. */
+static PyObject *py_xla_handler(PyObject *module, PyObject *platform) {
+  (void)module;
+  xffi_handler *handler;
+  if (!PyUnicode_Check(platform)) {
+    PyErr_Format(PyExc_TypeError, "_xla_handler() takes a str, not %.100s",
+                 Py_TYPE(platform)->tp_name);
+    return NULL;
+  }
+  if (PyUnicode_CompareWithASCIIString(platform, "cpu") == 0) {
+    handler = xla_cpu_handler;
+  } else if (PyUnicode_CompareWithASCIIString(platform, "cuda") == 0) {
+    handler = xla_cuda_handler;
+  } else {
+    PyErr_Format(PyExc_ValueError,
+                 "_xla_handler(): no handler for platform %R (\"cpu\" or "
+                 "\"cuda\")",
+                 platform);
+    return NULL;
+  }
+  void *ptr;
+  memcpy(&ptr, &handler, sizeof ptr);
+  /* Unnamed: older jaxlib reads the pointer with a NULL name. */
+  return PyCapsule_New(ptr, NULL, NULL);
+}
+
+/* _core._xla_ffi_layout() -> {C expression in jaxlib's c_api.h: value in
+ * our transcription}: offsets, struct sizes and enum values, for the test
+ * that compiles the same expressions against the installed header. */
+static PyObject *py_xla_ffi_layout(PyObject *module, PyObject *unused) {
+  (void)module;
+  (void)unused;
+#define XFFI_ITEM(expr, value) {expr, (long long)(value)}
+  static const struct {
+    const char *expr;
+    long long value;
+  } items[] = {
+      XFFI_ITEM("XLA_FFI_Extension_Metadata", XFFI_EXTENSION_METADATA),
+      XFFI_ITEM("offsetof(XLA_FFI_Metadata_Extension, metadata)",
+                offsetof(xffi_metadata_extension, metadata)),
+      XFFI_ITEM("offsetof(XLA_FFI_Metadata, api_version)",
+                offsetof(xffi_metadata, api_version)),
+      XFFI_ITEM("offsetof(XLA_FFI_Metadata, traits)",
+                offsetof(xffi_metadata, traits)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api_Version, major_version)",
+                offsetof(xffi_api_version, major_version)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api_Version, minor_version)",
+                offsetof(xffi_api_version, minor_version)),
+      XFFI_ITEM("offsetof(XLA_FFI_Extension_Base, type)",
+                offsetof(xffi_extension, type)),
+      XFFI_ITEM("offsetof(XLA_FFI_CallFrame, api)",
+                offsetof(xffi_call_frame, api)),
+      XFFI_ITEM("offsetof(XLA_FFI_CallFrame, ctx)",
+                offsetof(xffi_call_frame, ctx)),
+      XFFI_ITEM("offsetof(XLA_FFI_CallFrame, args)",
+                offsetof(xffi_call_frame, args)),
+      XFFI_ITEM("offsetof(XLA_FFI_CallFrame, rets)",
+                offsetof(xffi_call_frame, rets)),
+      XFFI_ITEM("offsetof(XLA_FFI_CallFrame, attrs)",
+                offsetof(xffi_call_frame, attrs)),
+      XFFI_ITEM("XLA_FFI_CallFrame_STRUCT_SIZE",
+                XFFI_SIZE(xffi_call_frame, attrs)),
+      XFFI_ITEM("offsetof(XLA_FFI_Args, size)", offsetof(xffi_args, size)),
+      XFFI_ITEM("offsetof(XLA_FFI_Args, types)", offsetof(xffi_args, types)),
+      XFFI_ITEM("offsetof(XLA_FFI_Args, args)", offsetof(xffi_args, args)),
+      XFFI_ITEM("offsetof(XLA_FFI_Rets, size)", offsetof(xffi_rets, size)),
+      XFFI_ITEM("offsetof(XLA_FFI_Rets, types)", offsetof(xffi_rets, types)),
+      XFFI_ITEM("offsetof(XLA_FFI_Rets, rets)", offsetof(xffi_rets, rets)),
+      XFFI_ITEM("offsetof(XLA_FFI_Attrs, size)", offsetof(xffi_attrs, size)),
+      XFFI_ITEM("offsetof(XLA_FFI_Attrs, types)", offsetof(xffi_attrs, types)),
+      XFFI_ITEM("offsetof(XLA_FFI_Attrs, names)", offsetof(xffi_attrs, names)),
+      XFFI_ITEM("offsetof(XLA_FFI_Attrs, attrs)", offsetof(xffi_attrs, attrs)),
+      XFFI_ITEM("sizeof(XLA_FFI_ArgType)", sizeof(xffi_kind)),
+      XFFI_ITEM("sizeof(XLA_FFI_AttrType)", sizeof(xffi_kind)),
+      XFFI_ITEM("XLA_FFI_ArgType_BUFFER", XFFI_BUFFER_KIND),
+      XFFI_ITEM("XLA_FFI_RetType_BUFFER", XFFI_BUFFER_KIND),
+      XFFI_ITEM("XLA_FFI_AttrType_STRING", XFFI_ATTR_STRING),
+      XFFI_ITEM("offsetof(XLA_FFI_ByteSpan, len)", offsetof(xffi_byte_span, len)),
+      XFFI_ITEM("offsetof(XLA_FFI_Buffer, dtype)", offsetof(xffi_buffer, dtype)),
+      XFFI_ITEM("offsetof(XLA_FFI_Buffer, data)", offsetof(xffi_buffer, data)),
+      XFFI_ITEM("offsetof(XLA_FFI_Buffer, rank)", offsetof(xffi_buffer, rank)),
+      XFFI_ITEM("offsetof(XLA_FFI_Buffer, dims)", offsetof(xffi_buffer, dims)),
+      XFFI_ITEM("XLA_FFI_Buffer_STRUCT_SIZE", XFFI_SIZE(xffi_buffer, dims)),
+      XFFI_ITEM("offsetof(XLA_FFI_Error_Create_Args, message)",
+                offsetof(xffi_error_create_args, message)),
+      XFFI_ITEM("offsetof(XLA_FFI_Error_Create_Args, errc)",
+                offsetof(xffi_error_create_args, errc)),
+      XFFI_ITEM("XLA_FFI_Error_Create_Args_STRUCT_SIZE",
+                XFFI_SIZE(xffi_error_create_args, errc)),
+      XFFI_ITEM("offsetof(XLA_FFI_Stream_Get_Args, ctx)",
+                offsetof(xffi_stream_get_args, ctx)),
+      XFFI_ITEM("offsetof(XLA_FFI_Stream_Get_Args, stream)",
+                offsetof(xffi_stream_get_args, stream)),
+      XFFI_ITEM("XLA_FFI_Stream_Get_Args_STRUCT_SIZE",
+                XFFI_SIZE(xffi_stream_get_args, stream)),
+      XFFI_ITEM("offsetof(XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal)",
+                offsetof(xffi_device_ordinal_get_args, device_ordinal)),
+      XFFI_ITEM("XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE",
+                XFFI_SIZE(xffi_device_ordinal_get_args, device_ordinal)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api, api_version)",
+                offsetof(xffi_api, api_version)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api, XLA_FFI_Error_Create)",
+                offsetof(xffi_api, error_create)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api, XLA_FFI_Stream_Get)",
+                offsetof(xffi_api, stream_get)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api, XLA_FFI_DeviceOrdinal_Get)",
+                offsetof(xffi_api, device_ordinal_get)),
+      XFFI_ITEM("XLA_FFI_Error_Code_INVALID_ARGUMENT", XFFI_INVALID_ARGUMENT),
+      XFFI_ITEM("XLA_FFI_Error_Code_NOT_FOUND", XFFI_NOT_FOUND),
+      XFFI_ITEM("XLA_FFI_Error_Code_PERMISSION_DENIED", XFFI_PERMISSION_DENIED),
+      XFFI_ITEM("XLA_FFI_Error_Code_RESOURCE_EXHAUSTED",
+                XFFI_RESOURCE_EXHAUSTED),
+      XFFI_ITEM("XLA_FFI_Error_Code_FAILED_PRECONDITION",
+                XFFI_FAILED_PRECONDITION),
+      XFFI_ITEM("XLA_FFI_Error_Code_OUT_OF_RANGE", XFFI_OUT_OF_RANGE),
+      XFFI_ITEM("XLA_FFI_Error_Code_UNIMPLEMENTED", XFFI_UNIMPLEMENTED),
+      XFFI_ITEM("XLA_FFI_Error_Code_INTERNAL", XFFI_INTERNAL),
+      XFFI_ITEM("XLA_FFI_Error_Code_UNKNOWN", XFFI_UNKNOWN),
+      XFFI_ITEM("XLA_FFI_DataType_PRED", XFFI_PRED),
+      XFFI_ITEM("XLA_FFI_DataType_S8", XFFI_S8),
+      XFFI_ITEM("XLA_FFI_DataType_S16", XFFI_S16),
+      XFFI_ITEM("XLA_FFI_DataType_S32", XFFI_S32),
+      XFFI_ITEM("XLA_FFI_DataType_S64", XFFI_S64),
+      XFFI_ITEM("XLA_FFI_DataType_U8", XFFI_U8),
+      XFFI_ITEM("XLA_FFI_DataType_U16", XFFI_U16),
+      XFFI_ITEM("XLA_FFI_DataType_U32", XFFI_U32),
+      XFFI_ITEM("XLA_FFI_DataType_U64", XFFI_U64),
+      XFFI_ITEM("XLA_FFI_DataType_F16", XFFI_F16),
+      XFFI_ITEM("XLA_FFI_DataType_F32", XFFI_F32),
+      XFFI_ITEM("XLA_FFI_DataType_F64", XFFI_F64),
+      XFFI_ITEM("XLA_FFI_DataType_C64", XFFI_C64),
+      XFFI_ITEM("XLA_FFI_DataType_BF16", XFFI_BF16),
+      XFFI_ITEM("XLA_FFI_DataType_C128", XFFI_C128),
+      XFFI_ITEM("XLA_FFI_DataType_F8E5M2", XFFI_F8E5M2),
+      XFFI_ITEM("XLA_FFI_DataType_F8E4M3FN", XFFI_F8E4M3FN),
+      XFFI_ITEM("XLA_FFI_DataType_F8E4M3B11FNUZ", XFFI_F8E4M3B11FNUZ),
+      XFFI_ITEM("XLA_FFI_DataType_F8E5M2FNUZ", XFFI_F8E5M2FNUZ),
+      XFFI_ITEM("XLA_FFI_DataType_F8E4M3FNUZ", XFFI_F8E4M3FNUZ),
+      XFFI_ITEM("XLA_FFI_DataType_F8E4M3", XFFI_F8E4M3),
+      XFFI_ITEM("XLA_FFI_DataType_F8E3M4", XFFI_F8E3M4),
+      XFFI_ITEM("XLA_FFI_DataType_F8E8M0FNU", XFFI_F8E8M0FNU),
+  };
+#undef XFFI_ITEM
+  PyObject *d = PyDict_New();
+  for (size_t i = 0; d != NULL && i < sizeof items / sizeof items[0]; i++) {
+    PyObject *v = PyLong_FromLongLong(items[i].value);
+    if (v == NULL || PyDict_SetItemString(d, items[i].expr, v) < 0)
+      Py_CLEAR(d);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
+static PyMethodDef xla_methods[] = {
+    {"_xla_handler", py_xla_handler, METH_O,
+     "_xla_handler(platform) -> capsule\n\nThe XLA FFI handler that runs "
+     "dlbridge Functions in XLA graphs on platform \"cpu\" or \"cuda\", as "
+     "an unnamed capsule for jax.ffi.register_ffi_target."},
+    {"_xla_ffi_layout", py_xla_ffi_layout, METH_NOARGS,
+     "_xla_ffi_layout() -> dict\n\nThe transcribed XLA FFI C ABI: each C "
+     "expression of jaxlib's c_api.h that the handler relies on, with the "
+     "value it has in dlbridge's transcription."},
+    {NULL, NULL, 0, NULL},
+};
+
+int dlb__ops_xla_init(PyObject *module) {
+  return PyModule_AddFunctions(module, xla_methods);
+}
