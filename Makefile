@@ -13,7 +13,7 @@ PYTEST  := $(PY) -m pytest
 TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
 .PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
-        test-install sanitize-python demo bench clean
+        test-install sanitize-python test-py312 demo bench clean
 
 all: build
 
@@ -25,7 +25,7 @@ build: bootstrap
 	    -Cbuild-dir=$(BUILD) . 2>&1 | grep -v '^$$' || true
 	@$(PY) -c 'import dlbridge' || { echo "build failed: see above"; exit 1; }
 
-test: build test-layering test-c test-valgrind sanitize fuzz-short test-install test-python sanitize-python
+test: build test-layering test-c test-valgrind sanitize fuzz-short test-install test-python test-py312 sanitize-python
 
 # libFuzzer targets (tests/fuzz) built with clang, ASan and UBSan: `make
 # fuzz` runs each for FUZZ_SECONDS (60), `make test` a 10-second pass.
@@ -101,6 +101,36 @@ test-install: bootstrap
 
 test-python: build
 	@PYTHONPATH=$(TESTPATH) $(PYTEST) -q tests/python
+
+# The compiled-call tests again on Python 3.12 with the newest JAX
+# (requirements/py312.txt; the .venv's JAX 0.10.2 is the last for 3.11): the
+# extension built for pyenv's newest 3.12 (else python3.12 on PATH) into
+# $(BUILD312), installed into $(VENV312).  Skipped, saying so, without one.
+VENV312  := .venv312
+BUILD312 := build-py312
+PY312_REQ := requirements/build.txt requirements/py312.txt
+test-py312: build
+	@py=$$(ls -d "$$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3 2>/dev/null \
+	       | sort -V | tail -n 1); \
+	 [ -n "$$py" ] || py=$$(command -v python3.12 || true); \
+	 if [ -z "$$py" ]; then \
+	   echo "test-py312: skipped: no Python 3.12 (pyenv install 3.12, or python3.12 on PATH)"; \
+	   exit 0; fi; \
+	 want=$$(cat $(PY312_REQ) | sha256sum | cut -d' ' -f1); \
+	 if [ ! -x $(VENV312)/bin/python ] || \
+	    [ "$$want" != "$$(cat $(VENV312)/.requirements.sha256 2>/dev/null)" ]; then \
+	   echo "test-py312: installing requirements/py312.txt into $(VENV312) ($$($$py --version))"; \
+	   { [ -x $(VENV312)/bin/python ] || $$py -m venv $(VENV312); } && \
+	   if $(VENV312)/bin/python -m pip install -q -r requirements/py312.txt \
+	        >$(VENV312)/.pip.log 2>&1; then echo "$$want" > $(VENV312)/.requirements.sha256; \
+	   else grep -v '^WARNING: Location' $(VENV312)/.pip.log; exit 1; fi; \
+	 fi; \
+	 $(VENV312)/bin/python -m pip install -q --no-build-isolation --no-deps \
+	     -Cbuild-dir=$(BUILD312) . >$(VENV312)/.build.log 2>&1 || \
+	   { grep -v '^WARNING: Location' $(VENV312)/.build.log; exit 1; }; \
+	 echo "test-py312: $$($(VENV312)/bin/python --version), jax $$($(VENV312)/bin/python -c 'import jax; print(jax.__version__)')"; \
+	 PYTHONPATH=$(CURDIR)/$(BUILD312)/src/python $(VENV312)/bin/python -m pytest -q \
+	     -p no:cacheprovider tests/python/test_compiled_jax.py tests/python/test_compiled.py
 
 demo: build
 	@echo "== dlbridge doctor: every installed framework against every other =="

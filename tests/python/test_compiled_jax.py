@@ -126,11 +126,14 @@ def test_mut_in_jit_equals_the_eager_jax_call(saxpy):
     xj, yj = jnp.asarray(x), jnp.asarray(y)
     new = jax.jit(lambda x, y: saxpy(2.0, x, y))(xj, yj)
     before = np.asarray(yj).copy()
-    eager = saxpy(2.0, xj, yj)
+    try:
+        eager = saxpy(2.0, xj, yj)
+    except BufferError:   # JAX 0.12 exports its arrays read-only
+        eager = None
     if eager is None:
-        pytest.xfail("the eager call still writes a JAX array in place: "
-                     "copy-then-kernel for immutable frameworks is the "
-                     "eager path's part of issue 16 item 5")
+        pytest.xfail("the eager call writes a JAX array in place (or refuses "
+                     "a read-only one): copy-then-kernel for immutable "
+                     "frameworks is the eager path's part of issue 16 item 5")
     np.testing.assert_array_equal(np.asarray(yj), before)
     np.testing.assert_array_equal(np.asarray(eager), np.asarray(new))
 
