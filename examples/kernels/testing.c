@@ -5,6 +5,8 @@
  *   dlb_kernel_fail        any signature; fails with DLB_EINVAL and a message
  *   dlb_kernel_unsupported any signature; fails with DLB_EUNSUPPORTED, no message
  *   dlb_kernel_bad_status  any signature; returns 7, which the ABI forbids
+ *   dlb_kernel_record      any signature; stores the stream and the first
+ *                          argument's device in dlb_example_recorded
  *   dlb_kernel_describe    describe(x: T[...]) -> int64[k]: the device, rank and
  *                          strides x arrived with (compiled handlers' tests)
  *   dlb_kernel_copy        copy(x: T[...]) -> T[...]: the result is a copy of
@@ -99,5 +101,22 @@ EXPORT int dlb_kernel_describe(DLTensor *const *args, int32_t nargs,
     facts[n++] = x->strides[a];
   int64_t *dst = (int64_t *)dlb_tensor_data(out);
   for (int64_t i = 0; i < n && i < out->shape[0]; i++) dst[i] = facts[i];
+  return DLB_OK;
+}
+
+/* record(...): any signature; touches no data.  Stores the stream it was
+ * given and the device of its first argument in dlb_example_recorded
+ * (stream, device type, device id, number of calls), which tests read with
+ * ctypes: the stream a compiler's handler passes on a real GPU, where the
+ * arguments are device memory the host cannot write. */
+EXPORT int64_t dlb_example_recorded[4];
+
+EXPORT int dlb_kernel_record(DLTensor *const *args, int32_t nargs,
+                             void *stream, dlb_error *err) {
+  (void)err;
+  dlb_example_recorded[0] = (int64_t)(uintptr_t)stream;
+  dlb_example_recorded[1] = nargs > 0 ? (int64_t)args[0]->device.device_type : -1;
+  dlb_example_recorded[2] = nargs > 0 ? (int64_t)args[0]->device.device_id : -1;
+  dlb_example_recorded[3]++;
   return DLB_OK;
 }
