@@ -219,6 +219,8 @@ def test_grad_vjp_and_jvp_raise_a_type_error_naming_the_function(saxpy_out):
         jax.grad(loss)(x)
     with pytest.raises(TypeError, match=message):
         jax.jit(jax.grad(loss))(x)
+    with pytest.raises(TypeError, match=message):   # the jaxpr made first
+        jax.grad(jax.jit(loss))(x)
     with pytest.raises(TypeError, match=message):
         jax.vjp(lambda x: saxpy_out(2.0, x, y), x)
     with pytest.raises(TypeError, match=message):
@@ -649,7 +651,7 @@ def registered(lib):
 
 def test_handler_answers_the_metadata_query():
     xla = FakeXla()
-    for platform in ("cpu", "cuda"):
+    for platform in ("cpu", "cuda", "noop"):
         meta = _Metadata(C.sizeof(_Metadata), _Version(24, None, 9, 9), 5, 0)
         ext = _MetadataExt(24, 1, None, C.pointer(meta))
         frame = _Frame()
@@ -657,6 +659,9 @@ def test_handler_answers_the_metadata_query():
         frame.ext = C.addressof(ext)
         assert xla.handler(platform)(C.byref(frame)) is None
         assert (meta.version.major, meta.version.minor, meta.traits) == (0, 1, 0)
+    assert xla.errors == []
+    # the benchmarks' floor does nothing at all, even with no identity
+    assert xla.call("noop", [f32(2)], [np.zeros(2, np.float32)]) is None
     assert xla.errors == []
     with pytest.raises(ValueError, match="platform"):
         _core._xla_handler("rocm")
@@ -740,6 +745,24 @@ def test_handler_with_many_tensors_and_extents(registered):
     xs = [np.zeros((1,) * 8, np.float32) for _ in range(9)]
     assert FakeXla().call("cpu", xs, [np.zeros(1, np.float32)],
                           f._identity) is None
+
+
+def test_handler_tells_many_functions_apart(registered):
+    # more Functions than the handler's per-thread memo has slots, called
+    # in turn: each result extent fits only its own Function's signature,
+    # so a call given another Function fails its check
+    fns = [registered("dlb_kernel_noop",
+                      "memo_case_%d(x: float32[n]) -> float32[%d]" % (i, i + 1))
+           for i in range(20)]
+    xla = FakeXla()
+    for i in list(range(20)) * 2 + list(range(19, -1, -1)):
+        assert xla.call("cpu", [f32(3)], [np.zeros(i + 1, np.float32)],
+                        fns[i]._identity) is None, xla.errors
+    assert xla.errors == []
+    # a name the registry does not know is not remembered either
+    assert xla.call("cpu", [f32(3)], [np.zeros(1, np.float32)],
+                    "memo_case_99_00000000") is not None
+    assert xla.errors[-1][0] == _NOT_FOUND
 
 
 @pytest.mark.parametrize("case, code, message", [
