@@ -226,6 +226,8 @@ def test_grad_vjp_and_jvp_raise_a_type_error_naming_the_function(saxpy_out):
     with pytest.raises(TypeError, match=message):
         jax.jvp(lambda x: saxpy_out(2.0, x, y), (x,), (x,))
     with pytest.raises(TypeError, match=message):
+        jax.linearize(lambda x: saxpy_out(2.0, x, y), x)
+    with pytest.raises(TypeError, match=message):
         jax.grad(lambda x: jax.vmap(lambda r: saxpy_out(2.0, r, r))(x).sum())(
             np.stack([x, y]))
     # differentiating something the Function's arguments do not depend on
