@@ -545,6 +545,8 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
   if (answer_metadata(cf)) return NULL;
   xffi_error *result = NULL;
   void *block = NULL;
+  /* the core's allocator, which tests make fail (_fail_allocations) */
+  const dlb_allocator *allocator = dlb_get_allocator();
   dlb_error err;
   err.code = DLB_OK;
   err.message[0] = '\0';
@@ -577,8 +579,9 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
       extents > XLA_INLINE_EXTENTS) {
     size_t count = (size_t)(nargs > 0 ? nargs : 0) + (size_t)(nrets > 0 ? nrets : 0);
     if (count == 0) count = 1;
-    block = PyMem_RawMalloc(count * (sizeof(DLTensor) + sizeof(DLTensor *)) +
-                            ((size_t)extents + 1) * sizeof(int64_t));
+    block = allocator->alloc(count * (sizeof(DLTensor) + sizeof(DLTensor *)) +
+                                 ((size_t)extents + 1) * sizeof(int64_t),
+                             allocator->ctx);
     if (block == NULL)
       return xla_errorf(cf, XFFI_RESOURCE_EXHAUSTED,
                         "dlbridge: out of memory for a call of %lld tensors",
@@ -675,7 +678,7 @@ named:
   err.message[DLB_ERROR_MESSAGE_SIZE - 1] = '\0';
   result = xla_errorf(cf, xla_code(rc), "%s: %s", fname, err.message);
 cleanup:
-  PyMem_RawFree(block);
+  if (block != NULL) allocator->release(block, allocator->ctx);
   return result;
 }
 

@@ -745,8 +745,18 @@ def test_handler_with_many_tensors_and_extents(registered):
                       for i in range(9))
     f = registered("dlb_kernel_noop", "many(%s) -> float32[a]" % names)
     xs = [np.zeros((1,) * 8, np.float32) for _ in range(9)]
-    assert FakeXla().call("cpu", xs, [np.zeros(1, np.float32)],
-                          f._identity) is None
+    xla = FakeXla()
+    assert xla.call("cpu", xs, [np.zeros(1, np.float32)], f._identity) is None
+    # that block refused by the core's allocator: a clear error, no leak
+    live = _core._allocation_stats()["live"]
+    _core._fail_allocations(0)
+    try:
+        token = xla.call("cpu", xs, [np.zeros(1, np.float32)], f._identity)
+    finally:
+        stats = _core._reset_allocations()
+    assert token is not None and stats["live"] == live
+    assert xla.errors == [(8, "dlbridge: out of memory for a call of 10 "
+                              "tensors")]
 
 
 def test_handler_tells_many_functions_apart(registered):
