@@ -543,6 +543,10 @@ _XLA_CODES = {np.dtype(np.bool_): 1, np.dtype(np.int8): 2,
               np.dtype(np.int64): 5, np.dtype(np.float32): 11,
               np.dtype(np.float64): 12}
 _HANDLER = C.CFUNCTYPE(C.c_void_p, C.POINTER(_Frame))
+# A prototype of our own: setting argtypes on ctypes.pythonapi's shared
+# function object would change it for every other test.
+_capsule_pointer = C.PYFUNCTYPE(C.c_void_p, C.py_object, C.c_char_p)(
+    ("PyCapsule_GetPointer", C.pythonapi))
 _ERROR_CREATE = C.CFUNCTYPE(C.c_void_p, C.POINTER(_ErrorArgs))
 _STREAM_GET = C.CFUNCTYPE(C.c_void_p, C.POINTER(_StreamArgs))
 _ORDINAL_GET = C.CFUNCTYPE(C.c_void_p, C.POINTER(_OrdinalArgs))
@@ -589,9 +593,7 @@ class FakeXla:
 
     def handler(self, platform):
         capsule = _core._xla_handler(platform)
-        get = C.pythonapi.PyCapsule_GetPointer
-        get.restype, get.argtypes = C.c_void_p, [C.py_object, C.c_char_p]
-        return _HANDLER(get(capsule, None))
+        return _HANDLER(_capsule_pointer(capsule, None))
 
     def _buffers(self, arrays, keep):
         n = len(arrays)
