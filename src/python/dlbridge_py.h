@@ -370,10 +370,12 @@ void dlb__numpy_descr_cache_clear(dlb_descr_entry *cache);
 /* ---- CUDA streams and copies (cuda.c) --------------------------------------- */
 
 /* This thread's current CUDA stream: what dlb.stream(...) set, else the
- * legacy default stream (DLB_CUDA_STREAM_LEGACY); and the same as the int a
- * DLPack producer is given (1 legacy, 2 per-thread, else the handle). */
+ * legacy default stream (DLB_CUDA_STREAM_LEGACY; also under dlb.stream(-1),
+ * which asks producers for no ordering but still needs a stream for
+ * dlbridge's own work); and, as a new Python int, what a DLPack producer is
+ * given (1 legacy, 2 per-thread, -1 no ordering, else the handle). */
 void *dlb__stream_current(void);
-int64_t dlb__stream_current_value(void);
+PyObject *dlb__stream_current_object(void);
 /* Make stream the current one (C callers that run dlbridge work on a
  * framework's stream); returns the previous one, to swap back. */
 void *dlb__stream_swap(void *stream);
@@ -387,6 +389,9 @@ int dlb__is_cuda_device(DLDevice device);
  * (dlb_cuda_stream_order; no host wait).  No-op for devices that are not
  * CUDA.  0, or -1 with an exception. */
 int dlb__stream_order(DLDevice device, void *producer, void *consumer);
+/* The same with dlbridge's current stream as the consumer, as an import
+ * does; nothing under dlb.stream(-1), which asks for no ordering. */
+int dlb__stream_order_before_current(DLDevice device, void *producer);
 
 /* A new contiguous tensor on target (CPU, cuda:N or cuda_host) holding a
  * copy of src's elements (any layout; host or CUDA memory), made on the

@@ -546,8 +546,13 @@ static PyObject *tensor_get_cuda_array_interface(PyObject *op, void *c) {
   PyObject *d = interface_dict(self);
   if (d == NULL) return NULL;
   /* v3: the stream the data's pending work is on -- dlbridge's current
-   * stream -- which a consumer orders its own work after. */
-  PyObject *s = PyLong_FromLongLong(dlb__stream_current_value());
+   * stream (the legacy one, 1, under dlb.stream(-1): dlbridge's own work
+   * runs there) -- which a consumer orders its own work after. */
+  void *cur = dlb__stream_current();
+  PyObject *s = dlb__cuda_stream_value(cur) == 1
+                    ? PyLong_FromLong(1)
+                    : PyLong_FromUnsignedLongLong(
+                          (unsigned long long)(uintptr_t)cur);
   if (s == NULL || PyDict_SetItemString(d, "stream", s) < 0) {
     Py_XDECREF(s);
     Py_DECREF(d);

@@ -259,7 +259,7 @@ def test_dlb_stream_values_nesting_and_restore():
     except KeyError:
         pass
     assert dlb._core._current_stream() == 1
-    for bad, exc in ((0, ValueError), (-1, ValueError), (object(), TypeError),
+    for bad, exc in ((0, ValueError), (-2, OverflowError), (object(), TypeError),
                      (True, TypeError)):
         try:
             dlb.stream(bad)
