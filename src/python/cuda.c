@@ -153,34 +153,6 @@ int dlb__stream_order(DLDevice device, void *producer, void *consumer) {
   return 0;
 }
 
-/* A failed core call as "<what>: <message>": MemoryError for DLB_ENOMEM
- * (a device out of memory too), device_exc for a driver failure
- * (DLB_EDEVICE: missing driver, no device, a failing call), ValueError for a
- * malformed request, BufferError for what cannot be done with this memory.
- * Copies report a driver failure as BufferError (DLPack's "this move cannot
- * be made", what a consumer catches); allocations as RuntimeError, as
- * torch and CuPy do. */
-static void raise_status(const char *what, const dlb_error *err,
-                         PyObject *device_exc) {
-  PyObject *exc;
-  switch (err->code) {
-    case DLB_ENOMEM:
-      exc = PyExc_MemoryError;
-      break;
-    case DLB_EDEVICE:
-      exc = device_exc;
-      break;
-    case DLB_EINVAL:
-    case DLB_EOVERFLOW:
-      exc = PyExc_ValueError;
-      break;
-    default:
-      exc = PyExc_BufferError;
-      break;
-  }
-  PyErr_Format(exc, "%s: %s", what, err->message);
-}
-
 /* ---- copies ------------------------------------------------------------------------- */
 
 /* dtype used to copy src's elements: padded sub-byte elements are whole
@@ -257,7 +229,8 @@ int dlb__copy_managed(const DLTensor *src, uint64_t flags, DLDevice target,
 
 fail:
   if (m != NULL) dlb_managed_delete(m); /* ours: touches no Python */
-  raise_status(what, &err, PyExc_BufferError);
+  /* a driver failure: this copy cannot be made */
+  dlb__raise_status(what, &err, PyExc_BufferError);
   return -1;
 }
 
@@ -284,7 +257,7 @@ int dlb__empty_managed(int32_t ndim, const int64_t *shape, DLDataType dtype,
     return -1;
   }
   if (rc != DLB_OK) {
-    raise_status(what, &err, PyExc_RuntimeError);
+    dlb__raise_status(what, &err, PyExc_RuntimeError);
     return -1;
   }
   return 0;

@@ -222,12 +222,26 @@ void dlb__clear_keep_error(PyObject **slot);
  * discarded.  NULL is a no-op.  GIL held. */
 void dlb__delete_keep_error(DLManagedTensorVersioned *m);
 
-/* Raise the Python exception matching a dlb_status: DLB_ENOMEM ->
- * MemoryError, DLB_EINVAL -> ValueError, everything describing a tensor that
- * cannot be exported or imported -> BufferError.  The message is read up to
- * its first NUL or its DLB_ERROR_MESSAGE_SIZE bytes, bytes that are not UTF-8
- * becoming \xNN escapes.  Returns NULL. */
+/* The one status -> exception policy: raise err as "<what>: <message>"
+ * (just the message when what is NULL) with the exception its status maps
+ * to: DLB_ENOMEM -> MemoryError; DLB_EINVAL, DLB_EOVERFLOW -> ValueError;
+ * DLB_EUNSUPPORTED, DLB_EVERSION, DLB_EREADONLY -> BufferError; DLB_EDEVICE
+ * (a device runtime call failed or is missing) -> device_exc, RuntimeError
+ * when NULL (allocations say RuntimeError, as torch and CuPy do; copies and
+ * exports BufferError, DLPack's "this move cannot be made"); anything else
+ * -> RuntimeError.  The message is read up to its first NUL or its
+ * DLB_ERROR_MESSAGE_SIZE bytes, bytes that are not UTF-8 becoming \xNN
+ * escapes.  No file but errors.c formats a dlb_error's message.  Returns
+ * NULL. */
+PyObject *dlb__raise_status(const char *what, const dlb_error *err,
+                            PyObject *device_exc);
+/* dlb__raise_status(NULL, err, NULL). */
 PyObject *dlb__raise(const dlb_error *err);
+/* "<what>: <message>" as exc whatever the status, except that DLB_ENOMEM
+ * stays MemoryError: for failures whose meaning the caller knows better
+ * than the status does (a hostile pickle is a ValueError, whichever check
+ * refused it).  Returns NULL. */
+PyObject *dlb__raise_as(PyObject *exc, const char *what, const dlb_error *err);
 
 /* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
  * MemoryError stays MemoryError.  Returns NULL. */

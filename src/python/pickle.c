@@ -221,7 +221,7 @@ int dlb__parse_dtype_tuple(PyObject *obj, DLDataType *out) {
   out->lanes = (uint16_t)v[2];
   dlb_error err;
   if (dlb_dtype_check(*out, &err) != DLB_OK) {
-    PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+    dlb__raise_as(PyExc_ValueError, "pickled tensor", &err);
     return -1;
   }
   return 0;
@@ -260,18 +260,18 @@ int dlb__check_pickled_layout(DLTensor *view, uint64_t flags, int64_t *need) {
   dlb_error err;
   int64_t lo = 0, hi = 0;
   if (dlb_tensor_validate(view, 0, &err) != DLB_OK) {
-    PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+    dlb__raise_as(PyExc_ValueError, "pickled tensor", &err);
     return -1;
   }
   if (view->strides == NULL || dlb_tensor_is_contiguous(view)) {
     if (dlb_tensor_nbytes(view, (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0,
                           &hi, &err) != DLB_OK) {
-      PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+      dlb__raise_as(PyExc_ValueError, "pickled tensor", &err);
       return -1;
     }
   } else {
     if (dlb_tensor_byte_span(view, &lo, &hi, &err) != DLB_OK) {
-      PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+      dlb__raise_as(PyExc_ValueError, "pickled tensor", &err);
       return -1;
     }
     if (lo < 0) {

@@ -363,8 +363,7 @@ static PyObject *share_cuda(dlb_module_state *st, PyObject *obj) {
     rc = dlb_cuda_copy(&layout, t, dlb__stream_current(), &err);
   }
   if (rc != DLB_OK) {
-    PyErr_Format(rc == DLB_ENOMEM ? PyExc_MemoryError : PyExc_BufferError,
-                 "share(): %s", err.message);
+    dlb__raise_as(PyExc_BufferError, "share()", &err);
     goto cleanup;
   }
   layout.data = base;
@@ -489,8 +488,7 @@ static PyObject *cuda_shared_reduce(dlb_module_state *st, dlb_TensorObject *self
     h = c->handle;
   } else if (dlb_cuda_ipc_export(c->device_id, c->base, c->size, c->event,
                                  dlb__stream_current(), &h, &err) != DLB_OK) {
-    PyErr_Format(PyExc_BufferError, "pickling a shared CUDA tensor: %s",
-                 err.message);
+    dlb__raise_as(PyExc_BufferError, "pickling a shared CUDA tensor", &err);
     goto cleanup;
   }
   module = PyType_GetModule(st->TensorType);
@@ -701,8 +699,7 @@ static PyObject *py_rebuild_cuda_shared(PyObject *module, PyObject *const *args,
     int dev = -1;
     void *base = NULL;
     if (dlb_cuda_ipc_open(&h, dlb__stream_current(), &dev, &base, &err) != DLB_OK) {
-      PyErr_Format(PyExc_BufferError, "unpickling a shared CUDA tensor: %s",
-                   err.message);
+      dlb__raise_as(PyExc_BufferError, "unpickling a shared CUDA tensor", &err);
       return NULL;
     }
     c = cuda_shared_new(dev, base, (size_t)h.size, NULL, &h);
