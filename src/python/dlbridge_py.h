@@ -36,8 +36,11 @@
  *   testing.c  every private test hook (_fail_allocations, _exchange_*)
  *   pickle.c   Tensor pickling: protocol 5 out of band, in band below 5,
  *              the validated rebuild
- *   share.c    dlb.share: tensors in POSIX shared memory, their handles;
- *              adds __reduce_ex__, __deepcopy__ and is_shared to Tensor
+ *   share_shm.c shared tensors in POSIX shared memory: which tensors lie
+ *              in a segment, the copy into one, the handle, its rebuild
+ *   share_ipc.c shared CUDA tensors through CUDA IPC: the same four verbs
+ *   share.c    dlb.share's policy over the two transports, is_shared, and
+ *              the __reduce_ex__, __deepcopy__ and is_shared Tensor gets
  *   module.c   module def, exec (initialises the others), the method table
  *
  * Layering: the files form a DAG in exactly the order above.  A file calls
@@ -436,7 +439,12 @@ typedef struct {
   PyObject *weakreflist;
 } dlb_TensorObject;
 
-int dlb__tensor_init(PyObject *module, dlb_module_state *st);
+/* Makes the Tensor type with its own methods and attributes followed by
+ * more_methods and more_getset (NULL-terminated, may be NULL): those of
+ * files above tensor.c, which module.c hands over. */
+int dlb__tensor_init(PyObject *module, dlb_module_state *st,
+                     const PyMethodDef *more_methods,
+                     const PyGetSetDef *more_getset);
 
 static inline int dlb__is_tensor(dlb_module_state *st, PyObject *obj) {
   return PyObject_TypeCheck(obj, st->TensorType);
@@ -918,29 +926,99 @@ PyObject *dlb__ops_find(const char *identity, size_t len);
 /* Adds _ops_register and _ops_find to the module. */
 int dlb__ops_registry_init(PyObject *module);
 
-/* ---- Pickling and shared memory (pickle.c, share.c) ------------------------ */
+/* ---- Pickling (pickle.c) --------------------------------------------------- */
 
-/* Tensor.__reduce_ex__ for an unshared tensor (share.c dispatches) and
- * Tensor.__deepcopy__(memo). */
+/* The DLPack flags a pickle or a shared tensor's handle carries; any other
+ * bit is dropped. */
+#define DLB_PICKLED_FLAGS \
+  (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
+
+/* Tensor.__reduce_ex__ for a tensor that is not shared (share.c
+ * dispatches) and Tensor.__deepcopy__(memo). */
 PyObject *dlb__tensor_reduce_ex(PyObject *self, PyObject *protocol);
 PyObject *dlb__tensor_deepcopy(PyObject *self, PyObject *memo);
 /* Adds _rebuild_tensor to the module. */
 int dlb__pickle_init(PyObject *module, dlb_module_state *st);
-/* Pieces of a pickle, validated: a (code, bits, lanes) tuple; a tuple of at
- * most DLB_MAX_NDIM ints (what names it in messages); a layout whose data is
- * set, with the bytes [0, *need) it reads from element 0.  0, or -1 with
- * ValueError. */
-int dlb__parse_dtype_tuple(PyObject *obj, DLDataType *out);
-int dlb__parse_dims(PyObject *obj, const char *what, int32_t *n, int64_t *v);
-int dlb__check_pickled_layout(DLTensor *view, uint64_t flags, int64_t *need);
 
-/* True when self's elements lie in a shared-memory mapping of this
- * process; Tensor.is_shared. */
+/* The layout a pickle describes, read once for every rebuild (a buffer's,
+ * a shared-memory handle's, a CUDA IPC handle's). */
+typedef struct {
+  DLTensor t;                   /* data NULL until placed; device CPU */
+  int64_t shape[DLB_MAX_NDIM];
+  int64_t strides[DLB_MAX_NDIM];
+  uint64_t flags;               /* DLB_PICKLED_FLAGS bits */
+  int64_t lo, hi;               /* bytes [lo, hi) it reads, from element 0 */
+} dlb_pickled_layout;
+
+/* Read args[0..3] -- dtype as (code, bits, lanes), shape, strides (a tuple,
+ * or None for row-major), flags -- into *out, validated as any imported
+ * tensor is, with the byte span it reads.  A pickle may be hostile: 0, or
+ * -1 with ValueError (TypeError for a flags value that is no int). */
+int dlb__parse_pickled_layout(PyObject *const *args, dlb_pickled_layout *out);
+/* Put l's element 0 at base + offset in an area of size bytes (what names
+ * it in messages: "buffer", "segment", "allocation"); every byte l reads
+ * must lie in the area.  0, or -1 with ValueError. */
+int dlb__place_pickled_layout(dlb_pickled_layout *l, char *base,
+                              long long offset, int64_t size,
+                              const char *what);
+
+/* ---- Shared tensors (share_shm.c, share_ipc.c, share.c) ---------------------
+ *
+ * Two transports, one file each, with the same four verbs: holds (is a
+ * tensor's memory in one of our shared areas?), share (copy a tensor into
+ * a new one), reduce (the handle a shared tensor pickles as), and the
+ * rebuild of that handle.  share.c is the policy above them: share(),
+ * is_shared, and which __reduce_ex__ a Tensor gets. */
+
+/* The bytes [*lo, *hi) t's elements occupy, in the address space of its
+ * device; false when t has no byte span (no exception). */
+static inline bool dlb__element_range(const DLTensor *t, const char **lo,
+                                      const char **hi) {
+  int64_t a = 0, z = 0;
+  if (t->data == NULL || dlb_tensor_byte_span(t, &a, &z, NULL) != DLB_OK)
+    return false;
+  const char *base = (const char *)dlb_tensor_data(t);
+  *lo = base + a;
+  *hi = base + z;
+  return true;
+}
+
+/* share_shm.c: host tensors in POSIX shared memory (src/core/shm.c). */
+/* Whether t's elements lie in a segment this process maps. */
+bool dlb__shm_holds(const DLTensor *t);
+/* A new Tensor over a copy, in a new segment, of view's tensor (row-major,
+ * view's read-only flag kept).  NULL with an exception. */
+PyObject *dlb__shm_share(dlb_module_state *st, const dlb_view *view);
+/* (_rebuild_shared, (name, offset, dtype, shape, strides, flags)), one
+ * handle counted in flight; BufferError when self is not in a segment. */
+PyObject *dlb__shm_reduce(dlb_module_state *st, dlb_TensorObject *self);
+/* Adds _rebuild_shared, _shm_cleanup and _shm_info to the module. */
+int dlb__share_shm_init(PyObject *module);
+
+/* share_ipc.c: CUDA tensors through CUDA IPC (src/core/cuda_ipc.c). */
+/* Whether t's elements lie in IPC memory this process allocated or
+ * opened. */
+bool dlb__ipc_holds(const DLTensor *t);
+/* share() of the CUDA tensor obj: obj itself as a Tensor when it already
+ * lies in IPC memory, else a Tensor over a copy in a new IPC allocation
+ * (made on the current stream).  NULL with an exception. */
+PyObject *dlb__ipc_share(dlb_module_state *st, PyObject *obj);
+/* (_rebuild_cuda_shared, (handle, offset, dtype, shape, strides, flags));
+ * BufferError when self is not in IPC memory. */
+PyObject *dlb__ipc_reduce(dlb_module_state *st, dlb_TensorObject *self);
+/* Adds _rebuild_cuda_shared to the module. */
+int dlb__share_ipc_init(PyObject *module);
+
+/* share.c: the policy. */
+/* True when self's elements lie in memory another process can map: a
+ * segment or IPC memory of this process (Tensor.is_shared). */
 int dlb__tensor_is_shared(const dlb_TensorObject *self);
-PyObject *dlb__tensor_get_is_shared(PyObject *self, void *closure);
-/* __reduce_ex__ of a shared tensor: the handle (counted in flight). */
-PyObject *dlb__shared_reduce(dlb_module_state *st, dlb_TensorObject *self);
-/* Adds share, _rebuild_shared, _shm_cleanup, _shm_info to the module. */
+/* What share.c adds to Tensor: __reduce_ex__, __deepcopy__, is_shared.
+ * module.c hands them to dlb__tensor_init, so the type is made with them
+ * (it is immutable: nothing is added to it afterwards). */
+extern PyMethodDef dlb__share_tensor_methods[];
+extern PyGetSetDef dlb__share_tensor_getset[];
+/* Adds share() to the module, and each transport's functions. */
 int dlb__share_init(PyObject *module, dlb_module_state *st);
 
 #endif /* DLB_PYTHON_DLBRIDGE_PY_H_ */
