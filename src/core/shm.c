@@ -151,18 +151,13 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
   size_t total = 0;
   dlb_shm *s = NULL;
   if (out == NULL) return dlb_error_set(err, DLB_EINVAL, "dlb_shm_create: out is NULL");
-  *out = NULL;
-  if (!map_size(data_bytes, &total)) {
-    rc = dlb_error_set(err, DLB_EOVERFLOW,
-                       "shared memory of %zu bytes is more than this system can map",
-                       data_bytes);
-    goto done;
-  }
+  if (!map_size(data_bytes, &total))
+    return dlb_error_set(err, DLB_EOVERFLOW,
+                         "shared memory of %zu bytes is more than this system can map",
+                         data_bytes);
   s = handle_new();
-  if (s == NULL) {
-    rc = dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
-    goto done;
-  }
+  if (s == NULL)
+    return dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
   /* pid + serial is unique among live processes; the salt keeps a name of a
    * dead process (same pid reused) from colliding with a leftover. */
   uintptr_t salt = (uintptr_t)s ^ (uintptr_t)time(NULL) ^ (uintptr_t)clock();
@@ -176,7 +171,7 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
   if (fd < 0) {
     rc = dlb_error_set(err, DLB_EDEVICE, "cannot create shared memory /dev/shm/%s: %s",
                        s->name, strerror(errno));
-    goto done;
+    goto cleanup;
   }
   created = true;
   /* posix_fallocate, not only ftruncate: a tmpfs that is too small (64 MiB
@@ -188,18 +183,18 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
                        "cannot reserve %zu bytes of shared memory in /dev/shm: %s "
                        "(a container may need a larger --shm-size)",
                        total, strerror(falloc));
-    goto done;
+    goto cleanup;
   }
   if (flock(fd, LOCK_SH) != 0) {
     rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
                        s->name, strerror(errno));
-    goto done;
+    goto cleanup;
   }
   map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) {
     rc = dlb_error_set(err, DLB_ENOMEM, "cannot map %zu bytes of shared memory: %s",
                        total, strerror(errno));
-    goto done;
+    goto cleanup;
   }
   shm_header *h = (shm_header *)map;
   h->data_bytes = data_bytes;
@@ -216,7 +211,7 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
   s = NULL;
   map = MAP_FAILED;
   fd = -1;
-done:
+cleanup:
   if (map != MAP_FAILED) munmap(map, total);
   if (fd >= 0) close(fd);
   if (s != NULL) {
@@ -234,13 +229,10 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   struct stat st;
   if (out == NULL || name == NULL)
     return dlb_error_set(err, DLB_EINVAL, "dlb_shm_open: name or out is NULL");
-  *out = NULL;
-  if (!name_is_ours(name)) {
-    rc = dlb_error_set(err, DLB_EINVAL,
-                       "'%.64s' is not the name of a dlbridge shared-memory segment",
-                       name);
-    goto done;
-  }
+  if (!name_is_ours(name))
+    return dlb_error_set(err, DLB_EINVAL,
+                         "'%.64s' is not the name of a dlbridge shared-memory segment",
+                         name);
   fd = open_name(name, O_RDWR, 0);
   if (fd < 0) {
     rc = dlb_error_set(err, DLB_EINVAL,
@@ -250,13 +242,13 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
                              "cleaned up) before this handle was opened"
                            : "cannot open shared memory /dev/shm/%s: %s",
                        name, strerror(errno));
-    goto done;
+    goto cleanup;
   }
   if (fstat(fd, &st) != 0 || st.st_size < (off_t)DLB_SHM_HEADER_BYTES) {
     rc = dlb_error_set(err, DLB_EINVAL,
                        "shared memory /dev/shm/%s is not a dlbridge segment (too small)",
                        name);
-    goto done;
+    goto cleanup;
   }
   total = (size_t)st.st_size;
   /* Held as long as the mapping: dlb_shm_cleanup only removes a segment it
@@ -264,13 +256,13 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   if (flock(fd, LOCK_SH) != 0) {
     rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
                        name, strerror(errno));
-    goto done;
+    goto cleanup;
   }
   map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) {
     rc = dlb_error_set(err, DLB_ENOMEM, "cannot map shared memory /dev/shm/%s: %s",
                        name, strerror(errno));
-    goto done;
+    goto cleanup;
   }
   shm_header *h = (shm_header *)map;
   size_t want = 0;
@@ -279,7 +271,7 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
     rc = dlb_error_set(err, DLB_EINVAL,
                        "shared memory /dev/shm/%s is not a dlbridge segment "
                        "(bad header or size)", name);
-    goto done;
+    goto cleanup;
   }
   atomic_thread_fence(memory_order_acquire);
   /* Adopt: one more mapping, one fewer handle in flight (when any). */
@@ -289,12 +281,12 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
       rc = dlb_error_set(err, DLB_EINVAL,
                          "shared memory /dev/shm/%s was already released by every "
                          "process that held it", name);
-      goto done;
+      goto cleanup;
     }
     if (MAPPINGS(word) == UINT32_MAX) {
       rc = dlb_error_set(err, DLB_EOVERFLOW,
                          "shared memory /dev/shm/%s has too many mappings", name);
-      goto done;
+      goto cleanup;
     }
     uint64_t next = word + 1u - (IN_FLIGHT(word) > 0 ? ONE_IN_FLIGHT : 0u);
     if (atomic_compare_exchange_weak(&h->counts, &word, next)) break;
@@ -306,7 +298,7 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   if (s == NULL) {
     if (atomic_fetch_sub(&h->counts, (uint64_t)1) == 1u) unlink_name(name);
     rc = dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
-    goto done;
+    goto cleanup;
   }
   memcpy(s->name, name, strlen(name) + 1);
   s->header = h;
@@ -317,7 +309,7 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   s = NULL;
   map = MAP_FAILED;
   fd = -1;
-done:
+cleanup:
   if (map != MAP_FAILED) munmap(map, total);
   if (fd >= 0) close(fd);
   if (s != NULL) handle_free(s);
@@ -418,12 +410,12 @@ int dlb_shm_cleanup(int *removed, dlb_error *err) {
 
 int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
   (void)data_bytes;
-  if (out != NULL) *out = NULL;
+  (void)out;
   return dlb_error_set(err, DLB_EUNSUPPORTED, "shared memory needs a POSIX system");
 }
 int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   (void)name;
-  if (out != NULL) *out = NULL;
+  (void)out;
   return dlb_error_set(err, DLB_EUNSUPPORTED, "shared memory needs a POSIX system");
 }
 int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err) {

@@ -13,6 +13,10 @@
 
 #include "check.h"
 
+/* What an out-parameter holds before a call that must fail: it is written
+ * only on success. */
+#define NOT_WRITTEN ((dlb_shm *)(uintptr_t)1)
+
 static bool exists(const char *name) {
   char path[128];
   snprintf(path, sizeof path, "/dev/shm/%s", name);
@@ -51,8 +55,9 @@ static void test_create_open_close(void) {
   CHECK(exists(name));  /* b still maps it */
   dlb_shm_close(b);
   CHECK(!exists(name)); /* last one out unlinks */
+  b = NOT_WRITTEN;
   CHECK_EQ(dlb_shm_open(name, &b, &err), DLB_EINVAL);
-  CHECK(b == NULL);
+  CHECK(b == NOT_WRITTEN); /* out-parameters are written only on success */
   CHECK_MSG(err, "gone");
   dlb_shm_close(NULL);
 }
@@ -94,15 +99,14 @@ static void test_in_flight(void) {
 
 static void test_hostile_names_and_headers(void) {
   dlb_error err;
-  dlb_shm *s = (dlb_shm *)(uintptr_t)1;
+  dlb_shm *s = NOT_WRITTEN;
   const char *bad[] = {"", "dlb-", "dlb-1-2", "dlb-1-2-", "dlb--1-2", "x-1-2-3",
                        "dlb-1-2-3/../x", "dlb-1-2-zz", "../dlb-1-2-3",
                        "dlb-1-2-3-4",
                        "dlb-11111111111111111111111111111111111111111111111111111111-1-1"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    s = (dlb_shm *)(uintptr_t)1;
     CHECK_EQ(dlb_shm_open(bad[i], &s, &err), DLB_EINVAL);
-    CHECK(s == NULL);
+    CHECK(s == NOT_WRITTEN);
     CHECK_MSG(err, "not the name");
   }
   CHECK_EQ(dlb_shm_open(NULL, &s, &err), DLB_EINVAL);
@@ -110,7 +114,7 @@ static void test_hostile_names_and_headers(void) {
   CHECK_EQ(dlb_shm_create(10, NULL, &err), DLB_EINVAL);
   CHECK_EQ(dlb_shm_hand_out(NULL, &err), DLB_EINVAL);
   CHECK_EQ(dlb_shm_create(SIZE_MAX - 8, &s, &err), DLB_EOVERFLOW);
-  CHECK(s == NULL);
+  CHECK(s == NOT_WRITTEN);
 
   /* Segments with names of our form but not made by us. */
   char name[64];
@@ -125,7 +129,7 @@ static void test_hostile_names_and_headers(void) {
   CHECK_EQ(ftruncate(fd, 4096), 0);
   CHECK_EQ(dlb_shm_open(name, &s, &err), DLB_EINVAL);  /* zeros: no magic */
   CHECK_MSG(err, "not a dlbridge segment");
-  CHECK(s == NULL);
+  CHECK(s == NOT_WRITTEN);
 
   /* A real header whose size field disagrees with the file. */
   dlb_shm *real = NULL;
