@@ -21,13 +21,10 @@
 #include "internal.h"
 
 /* The IPC entries are optional in the driver table: a driver without them
- * still serves everything else. */
+ * still serves everything else (the load decided which, once). */
 static int require_ipc(const dlb__cuda_api *api, const char *what,
                        dlb_error *err) {
-  if (api->cuMemAlloc == NULL || api->cuMemFree == NULL ||
-      api->cuIpcGetMemHandle == NULL || api->cuIpcOpenMemHandle == NULL ||
-      api->cuIpcCloseMemHandle == NULL || api->cuIpcGetEventHandle == NULL ||
-      api->cuIpcOpenEventHandle == NULL || api->cuDeviceGetUuid == NULL)
+  if (!api->ipc)
     return dlb_error_set(err, DLB_EUNSUPPORTED,
                          "%s: this CUDA driver has no IPC entry points "
                          "(cuIpcGetMemHandle and friends)",
