@@ -34,6 +34,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -76,10 +77,13 @@ _Static_assert(DLB_SHM_HEADER_BYTES % DLB_DATA_ALIGNMENT == 0,
 
 struct dlb_shm {
   shm_header *header;   /* start of the mapping */
-  int fd;               /* kept open: holds a shared flock while mapped */
+  /* Kept open: holds a shared flock while this handle holds the segment;
+   * -1 once the hold was given back (dlb_shm_close, or a normal exit). */
+  int fd;
   long pid;             /* the process whose mapping was counted */
   size_t map_bytes;     /* header + data */
   dlb_allocator allocator;  /* what allocated this struct */
+  struct dlb_shm *prev, *next; /* the handles of this process still open */
   char name[DLB_SHM_NAME_MAX];
 };
 
@@ -141,6 +145,59 @@ static dlb_shm *handle_new(void) {
 static void handle_free(dlb_shm *s) {
   dlb_allocator a = s->allocator;
   a.release(s, a.ctx);
+}
+
+/* ---- holds, given back on close or at a normal exit ------------------------ */
+
+/* The handles of this process that are still open, so that a normal exit
+ * can give back their holds. */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static dlb_shm *open_handles;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+
+/* Give back s's hold on its segment: its count (when this process counted
+ * the mapping) and its shared lock; unlink the name when that was the last
+ * hold.  The pages stay mapped.  open_lock held. */
+static void give_back_hold(dlb_shm *s) {
+  if (s->fd < 0) return; /* given back already */
+  /* A child made by fork() inherits the mapping but was never counted: only
+   * the process that counted a mapping may uncount it. */
+  if (s->pid == (long)getpid()) {
+    /* We hold a mapping, so the low half is at least 1. */
+    uint64_t left = atomic_fetch_sub(&s->header->counts, (uint64_t)1) - 1u;
+    if (left == 0) unlink_name(s->name);
+  }
+  close(s->fd); /* drops our shared lock */
+  s->fd = -1;
+}
+
+/* At a normal exit (exit() or the end of main -- not _exit, not a crash)
+ * every handle still open gives back its hold.  Releasing a segment needs
+ * nothing but this library, so it must not wait for whoever owns the
+ * handle: a Python program that ends with another framework's view of a
+ * shared tensor alive frees that view's deleter late or never (torch's
+ * runs at interpreter teardown, where the Tensor it holds can no longer be
+ * dropped), and its segment would stay in /dev/shm.  The pages stay mapped
+ * for code that still runs (later exit handlers, destructors); a later
+ * dlb_shm_close only unmaps.  Never blocks: when another thread holds the
+ * list (exit() called in the middle of an open or a close), it is left. */
+static void release_at_exit(void) {
+  if (pthread_mutex_trylock(&open_lock) != 0) return;
+  for (dlb_shm *s = open_handles; s != NULL; s = s->next) give_back_hold(s);
+  pthread_mutex_unlock(&open_lock);
+}
+
+static void register_exit(void) { (void)atexit(release_at_exit); }
+
+/* s is open: list it. */
+static void track(dlb_shm *s) {
+  (void)pthread_once(&exit_once, register_exit);
+  pthread_mutex_lock(&open_lock);
+  s->prev = NULL;
+  s->next = open_handles;
+  if (open_handles != NULL) open_handles->prev = s;
+  open_handles = s;
+  pthread_mutex_unlock(&open_lock);
 }
 
 int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
@@ -207,6 +264,7 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
   s->map_bytes = total;
   s->fd = fd;
   s->pid = (long)getpid();
+  track(s);
   *out = s;
   s = NULL;
   map = MAP_FAILED;
@@ -305,6 +363,7 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   s->map_bytes = total;
   s->fd = fd;
   s->pid = (long)getpid();
+  track(s);
   *out = s;
   s = NULL;
   map = MAP_FAILED;
@@ -331,15 +390,13 @@ int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err) {
 
 void dlb_shm_close(dlb_shm *shm) {
   if (shm == NULL) return;
-  /* A child made by fork() inherits the mapping but was never counted: only
-   * the process that counted a mapping may uncount it. */
-  if (shm->pid == (long)getpid()) {
-    /* We hold a mapping, so the low half is at least 1. */
-    uint64_t left = atomic_fetch_sub(&shm->header->counts, (uint64_t)1) - 1u;
-    if (left == 0) unlink_name(shm->name);
-  }
+  pthread_mutex_lock(&open_lock);
+  if (shm->prev != NULL) shm->prev->next = shm->next;
+  else open_handles = shm->next;
+  if (shm->next != NULL) shm->next->prev = shm->prev;
+  give_back_hold(shm);
+  pthread_mutex_unlock(&open_lock);
   munmap((void *)shm->header, shm->map_bytes);
-  close(shm->fd); /* drops our shared lock */
   handle_free(shm);
 }
 

@@ -197,16 +197,22 @@ static inline int dlb__gil_held(void) {
 #endif
 }
 
-/* True when a deleter must not touch Python and should leak instead: the
- * interpreter is gone, or it is finalizing and this thread does not hold the
- * GIL (asking for it then would hang or be terminated).  The finalizing
- * thread itself, which holds the GIL, may still release references. */
+/* True when a deleter must not touch Python and should leak instead: this
+ * thread does not hold the GIL and cannot take it, because the interpreter
+ * is gone or finalizing (asking for the GIL then would hang or end the
+ * thread).  A thread that holds the GIL may always touch Python: the
+ * finalizing thread does while CPython tears modules down and collects
+ * their objects -- Py_IsInitialized() already answers 0 then, and a deleter
+ * that leaked at that point would leave behind whatever it guards (a
+ * shared-memory segment in /dev/shm), not a few bytes.  What a deleter
+ * releases outside Python (a mapping, a segment, device memory) it releases
+ * whatever this says. */
 static inline int dlb__python_gone(void) {
-  if (!Py_IsInitialized()) return 1;
+  if (dlb__gil_held()) return 0;
 #if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() && !dlb__gil_held();
+  return !Py_IsInitialized() || Py_IsFinalizing();
 #else
-  return _Py_IsFinalizing() && !dlb__gil_held();
+  return !Py_IsInitialized() || _Py_IsFinalizing();
 #endif
 }
 

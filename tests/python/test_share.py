@@ -183,6 +183,37 @@ def _run(code, env=None, timeout=60):
                           env=env)
 
 
+# What a program's module globals hold when it ends normally (issue 15): a
+# shared Tensor, another framework's view of one (the docs' own example
+# keeps both), the view alone.  Each process's segments must be gone from
+# /dev/shm once it has exited.
+EXIT_GLOBALS = {
+    "tensor": "s = dlb.share(np.arange(1000.0))",
+    "numpy-view": "s = dlb.share(np.arange(1000.0)); v = dlb.convert(s, 'numpy')",
+    "numpy-view-only": "v = dlb.convert(dlb.share(np.arange(1000.0)), 'numpy')",
+    "torch-view": "import torch; s = dlb.share(np.arange(1000.0)); "
+                  "v = dlb.convert(s, 'torch')",
+    "torch-view-only": "import torch; "
+                       "v = dlb.convert(dlb.share(np.arange(1000.0)), 'torch')",
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXIT_GLOBALS))
+def test_normal_exit_releases_segments_of_live_globals(case):
+    if "torch" in case:
+        pytest.importorskip("torch")
+    res = _run("""
+        import os, numpy as np, dlbridge as dlb
+        %s
+        prefix = "dlb-%%d-" %% os.getpid()
+        print(" ".join(n for n in os.listdir("/dev/shm") if n.startswith(prefix)))
+    """ % EXIT_GLOBALS[case], env={**os.environ})
+    assert res.returncode == 0, res.stderr
+    names = res.stdout.split()
+    assert len(names) == 1, res.stdout  # the child made one, alive at exit
+    assert not segment_exists(names[0])
+
+
 def test_other_process_writes_are_visible():
     s = dlb.share(np.zeros(8, dtype=np.int64))
     h = pickle.dumps(s).hex()
