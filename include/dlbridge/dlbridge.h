@@ -696,7 +696,9 @@ DLB_API int dlb_cuda_ipc_close(int device_id, void *base, dlb_error *err);
  * /dev/shm) and holds DLB_SHM_HEADER_BYTES of header, then the data, aligned
  * to DLB_DATA_ALIGNMENT.  A cross-process count in the header tracks live
  * mappings and handles in flight (described to another process, not yet
- * opened there); the segment's name is unlinked when both reach zero.
+ * opened there), and each mapping holds a shared flock, which its process
+ * drops however it ends; the segment's name is unlinked once no process
+ * maps it and no handle is in flight.
  * Lifetime rules and crash cleanup: docs/scale-out.md. */
 
 #define DLB_SHM_HEADER_BYTES 256
@@ -721,8 +723,11 @@ DLB_API int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err);
  * unmapped). */
 DLB_API int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err);
 
-/* Unmap; unlink the name when this was the last mapping and no handle is in
- * flight.  NULL is fine. */
+/* Unmap; unlink the name when no process maps the segment any more and no
+ * handle is in flight -- counted mappings of processes that ended without
+ * closing (_exit, a crash) do not keep it.  NULL is fine.  A handle still
+ * open when the process exits normally gives its segment back then (the
+ * pages stay mapped until dlb_shm_close). */
 DLB_API void dlb_shm_close(dlb_shm *shm);
 
 /* DLB_DATA_ALIGNMENT-aligned */
@@ -733,8 +738,10 @@ DLB_API const char *dlb_shm_name(const dlb_shm *shm);  /* "dlb-..." */
 DLB_API void dlb_shm_counts(const dlb_shm *shm, uint32_t *mappings,
                             uint32_t *in_flight);
 
-/* Unlink the segments left by dead processes: those whose creator no longer
- * runs and that no process maps.  *removed (may be NULL) gets how many. */
+/* Unlink leftovers: segments no process maps whose creator no longer runs
+ * (their handles in flight are given up), and segments this process made
+ * that no process maps and no handle in flight holds.  Runs at a normal
+ * exit too.  *removed (may be NULL) gets how many. */
 DLB_API int dlb_shm_cleanup(int *removed, dlb_error *err);
 
 #ifdef __cplusplus

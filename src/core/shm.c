@@ -21,12 +21,19 @@
  * processes that map the same page at different addresses; the build stops
  * on a platform where 64-bit atomics are not lock-free.
  *
- * A crashed process cannot decrement anything.  So each mapping also keeps
- * its descriptor open with a shared flock(), which the kernel releases when
- * the process dies; dlb_shm_cleanup removes the segments whose creator is
- * dead and that it can lock exclusively (no live process maps them).
- * Handles still in flight from a dead creator are given up then; see
- * docs/scale-out.md.  Cost: one open descriptor per mapping.
+ * A process that ends without releasing (a crash, or the os._exit() with
+ * which multiprocessing's fork and forkserver workers end) cannot decrement
+ * anything, and the word never reaches zero.  So each mapping also keeps its
+ * descriptor open with a shared flock(), which the kernel drops when the
+ * process ends, however it ends: an exclusive lock that succeeds on a fresh
+ * descriptor proves that no live process maps the segment.  A release that
+ * leaves mappings counted but no handle in flight tries that lock and
+ * unlinks when it succeeds (unlink_if_unheld); when a holder that never
+ * releases is still alive then, its creator's dlb_shm_cleanup (dlbridge.share
+ * runs it, and so does a normal exit) removes the segment once it is gone.
+ * dlb_shm_cleanup also removes the segments of dead creators that nobody
+ * maps, giving up their handles in flight; see docs/scale-out.md.  Cost:
+ * one open descriptor per mapping.
  */
 #if defined(__linux__) || defined(__unix__) || defined(__APPLE__)
 #define _DEFAULT_SOURCE 1
@@ -82,6 +89,9 @@ struct dlb_shm {
   int fd;
   long pid;             /* the process whose mapping was counted */
   size_t map_bytes;     /* header + data */
+  /* The file mapped (device and inode), so that only it is ever unlinked
+   * through this handle's name. */
+  struct stat file;
   dlb_allocator allocator;  /* what allocated this struct */
   struct dlb_shm *prev, *next; /* the handles of this process still open */
   char name[DLB_SHM_NAME_MAX];
@@ -122,6 +132,49 @@ static void unlink_name(const char *name) {
   (void)shm_unlink(path);
 }
 
+/* Unlink name when nobody holds the segment any more: no process maps it
+ * and no handle is in flight.  Every mapping keeps a shared flock on its
+ * own descriptor, which the kernel drops when its process ends, however it
+ * ends (_exit, a crash); so an exclusive lock taken on a fresh descriptor
+ * proves that no live process maps the segment, whatever counts a process
+ * that never released left in the header.  A lock says nothing of handles
+ * in flight: the header says that, read only once the lock is held (no
+ * mapping, so no hand-out, can exist then).  Only a finished segment (its
+ * magic written) is removed, and when same is not NULL only the file it
+ * describes.  True when removed. */
+static bool unlink_if_unheld(const char *name, const struct stat *same) {
+  unsigned char head[sizeof(shm_header)];
+  struct stat st;
+  bool removed = false;
+  int fd = open_name(name, O_RDWR, 0);
+  if (fd < 0) return false;
+  if (fstat(fd, &st) == 0 &&
+      (same == NULL || (st.st_dev == same->st_dev && st.st_ino == same->st_ino)) &&
+      flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+      pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head &&
+      memcmp(head + offsetof(shm_header, magic), shm_magic, sizeof shm_magic) == 0) {
+    uint64_t word;
+    memcpy(&word, head + offsetof(shm_header, counts), sizeof word);
+    if (IN_FLIGHT(word) == 0) {
+      unlink_name(name);
+      removed = true;
+    }
+  }
+  close(fd); /* and with it the exclusive lock */
+  return removed;
+}
+
+/* True when name still names the file st describes: it was not unlinked
+ * (and perhaps made again) since st was read. */
+static bool still_named(const char *name, const struct stat *st) {
+  struct stat now;
+  int fd = open_name(name, O_RDONLY, 0);
+  if (fd < 0) return false;
+  bool same = fstat(fd, &now) == 0 && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
+  close(fd);
+  return same;
+}
+
 /* Bytes of a mapping holding data_bytes of data; false on overflow. */
 static bool map_size(uint64_t data_bytes, size_t *out) {
   /* Offsets into the mapping are int64 (off_t), so the whole mapping must
@@ -156,19 +209,33 @@ static dlb_shm *open_handles;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
 /* Give back s's hold on its segment: its count (when this process counted
- * the mapping) and its shared lock; unlink the name when that was the last
- * hold.  The pages stay mapped.  open_lock held. */
+ * the mapping) and its shared lock; unlink the name when nobody holds the
+ * segment any more.  The pages stay mapped.  open_lock held. */
 static void give_back_hold(dlb_shm *s) {
   if (s->fd < 0) return; /* given back already */
   /* A child made by fork() inherits the mapping but was never counted: only
    * the process that counted a mapping may uncount it. */
-  if (s->pid == (long)getpid()) {
-    /* We hold a mapping, so the low half is at least 1. */
-    uint64_t left = atomic_fetch_sub(&s->header->counts, (uint64_t)1) - 1u;
-    if (left == 0) unlink_name(s->name);
-  }
-  close(s->fd); /* drops our shared lock */
+  bool counted = s->pid == (long)getpid();
+  uint64_t left = counted ? atomic_fetch_sub(&s->header->counts, (uint64_t)1) - 1u
+                          : atomic_load(&s->header->counts);
+  /* Unlocked explicitly: a mapping keeps its descriptor's open file, and
+   * with it the lock, alive until it is unmapped, which at exit it is not.
+   * Only the process that counted the mapping unlocks.  A child made by
+   * fork() shares the lock of every descriptor it inherited; its inherited
+   * mappings do not hold the segment (they were never counted), so the
+   * parent's unlock is theirs too, while a child's unlock would take the
+   * parent's lock away. */
+  if (counted) (void)flock(s->fd, LOCK_UN);
+  close(s->fd);
   s->fd = -1;
+  if (counted && left == 0) {
+    unlink_name(s->name); /* the last hold by the counts: no lock needed */
+  } else if (left != 0 && IN_FLIGHT(left) == 0) {
+    /* Mappings are still counted, but a process that ended without
+     * releasing (a pool worker's os._exit, a crash) leaves its count
+     * behind: the locks tell whether anyone is really left. */
+    (void)unlink_if_unheld(s->name, &s->file);
+  }
 }
 
 /* At a normal exit (exit() or the end of main -- not _exit, not a crash)
@@ -182,9 +249,13 @@ static void give_back_hold(dlb_shm *s) {
  * dlb_shm_close only unmaps.  Never blocks: when another thread holds the
  * list (exit() called in the middle of an open or a close), it is left. */
 static void release_at_exit(void) {
-  if (pthread_mutex_trylock(&open_lock) != 0) return;
-  for (dlb_shm *s = open_handles; s != NULL; s = s->next) give_back_hold(s);
-  pthread_mutex_unlock(&open_lock);
+  if (pthread_mutex_trylock(&open_lock) == 0) {
+    for (dlb_shm *s = open_handles; s != NULL; s = s->next) give_back_hold(s);
+    pthread_mutex_unlock(&open_lock);
+  }
+  /* And what this process made and released while others still held it,
+   * if they have gone since (dlb_shm_cleanup). */
+  (void)dlb_shm_cleanup(NULL, NULL);
 }
 
 static void register_exit(void) { (void)atexit(release_at_exit); }
@@ -242,7 +313,7 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
                        total, strerror(falloc));
     goto cleanup;
   }
-  if (flock(fd, LOCK_SH) != 0) {
+  if (flock(fd, LOCK_SH) != 0 || fstat(fd, &s->file) != 0) {
     rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
                        s->name, strerror(errno));
     goto cleanup;
@@ -309,11 +380,22 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
     goto cleanup;
   }
   total = (size_t)st.st_size;
-  /* Held as long as the mapping: dlb_shm_cleanup only removes a segment it
-   * can lock exclusively, i.e. one no live process holds. */
+  /* Held as long as the mapping: nobody unlinks a segment while a live
+   * process holds this lock (unlink_if_unheld). */
   if (flock(fd, LOCK_SH) != 0) {
     rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
                        name, strerror(errno));
+    goto cleanup;
+  }
+  /* Between our open and our lock, the last holder may have found nobody
+   * left and unlinked the name (a counted mapping of a process that ended
+   * without releasing does not stop that): such a file is on its way out,
+   * as if the open had come a moment later. */
+  if (!still_named(name, &st)) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "shared memory /dev/shm/%s is gone: every process that "
+                       "held it released it before this handle was opened",
+                       name);
     goto cleanup;
   }
   map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -361,6 +443,7 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   memcpy(s->name, name, strlen(name) + 1);
   s->header = h;
   s->map_bytes = total;
+  s->file = st;
   s->fd = fd;
   s->pid = (long)getpid();
   track(s);
@@ -422,15 +505,22 @@ static long name_pid(const char *name) {
   return (end != NULL && *end == '-' && pid > 0) ? pid : -1;
 }
 
-/* Remove name if it is a leftover: its creator is dead and no live process
- * holds it.  Every mapping holds a shared flock on its descriptor, which
- * the kernel drops when a process dies, so an exclusive lock that succeeds
- * proves nobody maps the segment -- whatever the counts in a header that a
- * crash left behind say.  Handles still in flight from a dead creator are
- * given up.  True when it was removed. */
-static bool remove_if_abandoned(const char *name) {
+/* Remove name if it is a leftover, a segment nobody holds any more:
+ *  - one this process made, that no process maps and no handle in flight
+ *    holds (unlink_if_unheld).  Its last mapping went while a process
+ *    that later ended without releasing (os._exit, a crash, a fork child
+ *    sharing our descriptor's lock) still held it, so no release saw it
+ *    free.  A live creator looks after its own, so other live processes'
+ *    segments are left alone;
+ *  - one whose creator is dead and that no live process maps: an exclusive
+ *    lock on it succeeds, whatever the counts a crash left in its header
+ *    say.  Handles still in flight from a dead creator are given up, and a
+ *    half-made segment (no header) is removed too.
+ * True when it was removed. */
+static bool remove_if_left_over(const char *name) {
   long pid = name_pid(name);
-  if (pid < 0 || pid == (long)getpid()) return false;
+  if (pid < 0) return false;
+  if (pid == (long)getpid()) return unlink_if_unheld(name, NULL);
   if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) return false;
   int fd = open_name(name, O_RDWR, 0);
   if (fd < 0) return false;
@@ -456,7 +546,7 @@ int dlb_shm_cleanup(int *removed, dlb_error *err) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     if (strncmp(e->d_name, SHM_PREFIX, 4) != 0) continue;
-    if (remove_if_abandoned(e->d_name)) count++;
+    if (remove_if_left_over(e->d_name)) count++;
   }
   closedir(d);
   if (removed != NULL) *removed = count;

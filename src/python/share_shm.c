@@ -107,10 +107,12 @@ static PyObject *shm_tensor(dlb_module_state *st, dlb_shm *shm,
 
 /* ---- share ------------------------------------------------------------------------ */
 
-/* When leftovers of dead processes were last looked for.  A scan lists
- * /dev/shm and signals each creator (kill 0), so it runs at most once a
- * second: often enough that a program which keeps killing workers (Pool
- * terminate) does not pile up segments, rare enough to cost nothing. */
+/* When leftovers were last looked for (dlb_shm_cleanup: dead processes'
+ * segments, and ours that workers ending with os._exit held when we let
+ * go).  A scan lists /dev/shm and signals each creator (kill 0), so it runs
+ * at most once a second: often enough that a program which keeps killing
+ * workers (Pool terminate) does not pile up segments, rare enough to cost
+ * nothing. */
 static time_t last_cleanup;
 
 PyObject *dlb__shm_share(dlb_module_state *st, const dlb_view *view) {
@@ -220,7 +222,7 @@ static PyObject *py_rebuild_shared(PyObject *module, PyObject *const *args,
   return shm_tensor(st, shm, &l.t, l.flags);
 }
 
-/* _shm_cleanup() -> int: remove dead processes' leftover segments. */
+/* _shm_cleanup() -> int: remove leftover segments (dlb_shm_cleanup). */
 static PyObject *py_shm_cleanup(PyObject *module, PyObject *unused) {
   (void)module;
   (void)unused;
@@ -254,8 +256,9 @@ static PyMethodDef shm_methods[] = {
      "Map a pickled shared-memory handle (used by pickle; validates "
      "everything)."},
     {"_shm_cleanup", py_shm_cleanup, METH_NOARGS,
-     "_shm_cleanup() -> int\n--\n\nRemove the shared-memory segments of dead "
-     "processes that nobody maps; returns how many."},
+     "_shm_cleanup() -> int\n--\n\nRemove the shared-memory segments that "
+     "nobody maps: dead processes' and this process's own with no handle in "
+     "flight; returns how many."},
     {"_shm_info", py_shm_info, METH_O,
      "_shm_info(tensor) -> (name, mappings, handles_in_flight)"},
     {NULL, NULL, 0, NULL},

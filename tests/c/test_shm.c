@@ -18,7 +18,7 @@
 #define NOT_WRITTEN ((dlb_shm *)(uintptr_t)1)
 
 static bool exists(const char *name) {
-  char path[128];
+  char path[16 + 2 * DLB_SHM_NAME_MAX];
   snprintf(path, sizeof path, "/dev/shm/%s", name);
   struct stat st;
   return stat(path, &st) == 0;
@@ -224,11 +224,201 @@ static void test_cleanup_after_crash(void) {
   CHECK_MSG(err, "gone");
   uint32_t maps = 0;
   dlb_shm_counts(held, &maps, NULL);
-  CHECK_EQ(maps, 2);  /* the crashed creator's count never went down */
+  CHECK_EQ(maps, 2);  /* the crashed creator's count never went down ... */
   dlb_shm_close(held);
-  CHECK(exists(kept));  /* so closing ours does not unlink it ... */
+  CHECK(!exists(kept)); /* ... but its lock did: closing ours unlinks it */
+}
+
+/* Open `name` in a child that then leaves with _exit, never closing: what a
+ * multiprocessing pool worker does with a handle it loaded (issue 15).
+ * Returns when the child is gone. */
+static void open_in_child_and_vanish(const char *name) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    dlb_error err;
+    dlb_shm *s = NULL;
+    _exit(dlb_shm_open(name, &s, &err) == DLB_OK ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* A process that loaded a handle and ended with _exit left its mapping
+ * counted: the creator's release still unlinks the segment, since the
+ * locks show nobody is left. */
+static void test_release_after_loader_exits_without_closing(void) {
+  dlb_error err;
+  dlb_shm *a = NULL;
+  CHECK_EQ(dlb_shm_create(64, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  char name[DLB_SHM_NAME_MAX];
+  strcpy(name, dlb_shm_name(a));
+  for (int i = 0; i < 3; i++) {
+    CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
+    open_in_child_and_vanish(name);
+  }
+  uint32_t maps = 0, flight = 0;
+  dlb_shm_counts(a, &maps, &flight);
+  CHECK_EQ(maps, 4); /* three of them from processes that are gone */
+  CHECK_EQ(flight, 0);
+  dlb_shm_close(a);
+  CHECK(!exists(name));
+}
+
+/* A handle in flight keeps the segment even when the counts are stale and
+ * nobody maps it; loading it and dropping it then unlinks. */
+static void test_stale_counts_keep_handles_in_flight(void) {
+  dlb_error err;
+  dlb_shm *a = NULL, *b = NULL;
+  CHECK_EQ(dlb_shm_create(64, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  char name[DLB_SHM_NAME_MAX];
+  strcpy(name, dlb_shm_name(a));
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
+  open_in_child_and_vanish(name);   /* adopts that handle: a stale count */
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);  /* one still in flight */
+  dlb_shm_close(a);
+  CHECK(exists(name));
+  int removed = 0;
   CHECK_EQ(dlb_shm_cleanup(&removed, &err), DLB_OK);
-  CHECK(!exists(kept)); /* ... but cleanup does, now nobody holds it */
+  CHECK(exists(name)); /* ours, unmapped, but a handle is in flight */
+  CHECK_EQ(dlb_shm_open(name, &b, &err), DLB_OK);
+  dlb_shm_close(b);
+  CHECK(!exists(name));
+}
+
+/* A fork child shares its parent's descriptor, and so its lock.  Its
+ * inherited mapping is not counted and does not hold the segment: the
+ * parent's release unlocks for both, and still unlinks (the child's pages
+ * stay mapped).  A handle the child loaded itself does hold it; once that
+ * child has ended without closing, the creator's cleanup removes it. */
+static void test_fork_children_and_locks(void) {
+  dlb_error err;
+  dlb_shm *a = NULL;
+  int go[2], ready[2];
+  CHECK_EQ(dlb_shm_create(64, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  char name[DLB_SHM_NAME_MAX];
+  strcpy(name, dlb_shm_name(a));
+  ((unsigned char *)dlb_shm_data(a))[0] = 42;
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
+  open_in_child_and_vanish(name); /* a stale count, so the lock decides */
+  CHECK_EQ(pipe(go), 0);
+  pid_t child = fork();
+  if (child == 0) { /* holds its inherited mapping until told to check it */
+    close(go[1]);
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(2);
+    _exit(((unsigned char *)dlb_shm_data(a))[0] == 42 ? 0 : 1);
+  }
+  close(go[0]);
+  dlb_shm_close(a);
+  CHECK(!exists(name));
+  CHECK_EQ(write(go[1], "x", 1), 1);
+  close(go[1]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  /* A child that loaded its own handle holds the segment while it lives. */
+  CHECK_EQ(dlb_shm_create(64, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  strcpy(name, dlb_shm_name(a));
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
+  CHECK_EQ(pipe(go), 0);
+  CHECK_EQ(pipe(ready), 0);
+  child = fork();
+  if (child == 0) {
+    dlb_shm *mine = NULL;
+    char c;
+    close(go[1]);
+    close(ready[0]);
+    int ok = dlb_shm_open(name, &mine, &err) == DLB_OK;
+    if (write(ready[1], ok ? "y" : "n", 1) != 1) _exit(2);
+    if (read(go[0], &c, 1) != 1) _exit(2);
+    _exit(0); /* never closed */
+  }
+  close(go[0]);
+  close(ready[1]);
+  char c = 0;
+  CHECK_EQ(read(ready[0], &c, 1), 1);
+  CHECK_EQ(c, 'y');
+  close(ready[0]);
+  dlb_shm_close(a);
+  CHECK(exists(name)); /* the child maps it */
+  int removed = 0;
+  CHECK_EQ(dlb_shm_cleanup(&removed, &err), DLB_OK);
+  CHECK(exists(name)); /* still */
+  CHECK_EQ(write(go[1], "x", 1), 1);
+  close(go[1]);
+  waitpid(child, &status, 0);
+  CHECK_EQ(dlb_shm_cleanup(&removed, &err), DLB_OK);
+  CHECK(!exists(name)); /* ours, and nobody holds it any more */
+}
+
+/* A process that ends with exit() gives back the holds of the handles it
+ * never closed, and removes what it made that others held when it let go
+ * but nobody holds now.  A handle in flight still keeps its segment. */
+static void test_normal_exit_gives_back(void) {
+  int names_pipe[2];
+  CHECK_EQ(pipe(names_pipe), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dlb_error err;
+    dlb_shm *open_at_exit = NULL, *released = NULL, *in_flight = NULL;
+    char names[3 * DLB_SHM_NAME_MAX] = {0};
+    if (dlb_shm_create(64, &open_at_exit, &err) != DLB_OK ||
+        dlb_shm_create(64, &released, &err) != DLB_OK ||
+        dlb_shm_create(64, &in_flight, &err) != DLB_OK)
+      _exit(1);
+    strcpy(names, dlb_shm_name(open_at_exit));
+    strcpy(names + DLB_SHM_NAME_MAX, dlb_shm_name(released));
+    strcpy(names + 2 * DLB_SHM_NAME_MAX, dlb_shm_name(in_flight));
+    /* `released`: a grandchild loads it and lingers while we let go. */
+    int go[2], ready[2];
+    if (pipe(go) != 0 || pipe(ready) != 0 ||
+        dlb_shm_hand_out(released, &err) != DLB_OK)
+      _exit(1);
+    pid_t grandchild = fork();
+    if (grandchild == 0) {
+      dlb_shm *g = NULL;
+      char c;
+      close(go[1]);
+      close(ready[0]);
+      if (dlb_shm_open(names + DLB_SHM_NAME_MAX, &g, &err) != DLB_OK) _exit(1);
+      if (write(ready[1], "y", 1) != 1 || read(go[0], &c, 1) != 1) _exit(2);
+      _exit(0);
+    }
+    close(go[0]);
+    close(ready[1]);
+    char c;
+    if (read(ready[0], &c, 1) != 1) _exit(1);
+    if (dlb_shm_hand_out(in_flight, &err) != DLB_OK) _exit(1);
+    dlb_shm_close(in_flight);
+    dlb_shm_close(released);
+    if (!exists(names + DLB_SHM_NAME_MAX)) _exit(3); /* the grandchild holds it */
+    if (write(go[1], "x", 1) != 1) _exit(1);
+    close(go[1]);
+    waitpid(grandchild, NULL, 0);
+    if (write(names_pipe[1], names, sizeof names) != (ssize_t)sizeof names) _exit(1);
+    exit(0); /* open_at_exit never closed */
+  }
+  close(names_pipe[1]);
+  char names[3 * DLB_SHM_NAME_MAX] = {0};
+  CHECK_EQ(read(names_pipe[0], names, sizeof names), (ssize_t)sizeof names);
+  close(names_pipe[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(!exists(names));                        /* open at exit */
+  CHECK(!exists(names + DLB_SHM_NAME_MAX));     /* released, held by a gone process */
+  CHECK(exists(names + 2 * DLB_SHM_NAME_MAX));  /* a handle in flight */
+  dlb_error err;
+  dlb_shm *late = NULL;
+  CHECK_EQ(dlb_shm_open(names + 2 * DLB_SHM_NAME_MAX, &late, &err), DLB_OK);
+  dlb_shm_close(late);
+  CHECK(!exists(names + 2 * DLB_SHM_NAME_MAX));
 }
 
 /* A creator that died half-way (name made, header never written) leaves a
@@ -309,5 +499,9 @@ int main(void) {
   test_allocation_failure();
   test_cleanup_after_crash();
   test_cleanup_half_made();
+  test_release_after_loader_exits_without_closing();
+  test_stale_counts_keep_handles_in_flight();
+  test_fork_children_and_locks();
+  test_normal_exit_gives_back();
   return check_summary("shm");
 }

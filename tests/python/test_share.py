@@ -214,6 +214,84 @@ def test_normal_exit_releases_segments_of_live_globals(case):
     assert not segment_exists(names[0])
 
 
+# A long-lived creator and multiprocessing pools whose workers load shared
+# tensors, keep them, and end with os._exit() -- forkserver and fork pool
+# workers never release what they hold (issue 15).  Each step checks which
+# of the creator's segments are left while it runs; the test then checks
+# that none is left once it has exited.
+POOL_CREATOR = """
+import gc, multiprocessing as mp, os, sys
+import numpy as np, dlbridge as dlb
+from dlbridge import _core
+
+KEEP = []
+
+def keep(t):  # a worker keeps what it loaded until it ends, with os._exit
+    KEEP.append(t)
+    return float(np.from_dlpack(t).sum())
+
+def mine():
+    prefix = "dlb-%d-" % os.getpid()
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+
+def name(t):
+    return _core._shm_info(t)[0]
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    # 1. Workers load and keep the tensor (initializer and tasks); the pool
+    #    ends; the creator's release then finds nobody left: gone at once.
+    s = dlb.share(np.arange(1000.0))
+    pool = ctx.Pool(2, initializer=keep, initargs=(s,))
+    assert pool.map(keep, [s] * 4) == [499500.0] * 4
+    pool.close()
+    pool.join()
+    del pool, s  # the pool keeps its initargs
+    gc.collect()
+    assert mine() == [], ("released after the workers ended", mine())
+    # 2. Released while the workers still hold it: kept; once they are gone,
+    #    the creator's cleanup (share() runs it at most once a second)
+    #    removes it.
+    t = dlb.share(np.arange(10.0))
+    t_name = name(t)
+    pool = ctx.Pool(2)
+    assert pool.map(keep, [t] * 4) == [45.0] * 4
+    del t
+    gc.collect()
+    assert mine() == [t_name], ("held by live workers", mine())
+    pool.close()
+    pool.join()
+    _core._shm_cleanup()
+    assert mine() == [], ("cleanup after the workers ended", mine())
+    # 3. The same, with the workers gone only after the creator's last
+    #    share(): its exit removes it.  And a shared tensor alive at exit.
+    u = dlb.share(np.arange(20.0))
+    pool = ctx.Pool(1)
+    assert pool.map(keep, [u]) == [190.0]
+    names = [name(u)]
+    del u
+    gc.collect()
+    pool.close()
+    pool.join()
+    alive = dlb.share(np.arange(5.0))
+    names.append(name(alive))
+    print(" ".join(names))
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "fork"])
+def test_pool_workers_ending_with_os_exit_leave_no_segment(method, tmp_path):
+    script = tmp_path / "creator.py"
+    script.write_text(POOL_CREATOR)
+    res = subprocess.run([sys.executable, str(script), method],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ})
+    assert res.returncode == 0, res.stdout + res.stderr
+    names = res.stdout.split()
+    assert len(names) == 2, res.stdout
+    assert not any(segment_exists(n) for n in names), names
+
+
 def test_other_process_writes_are_visible():
     s = dlb.share(np.zeros(8, dtype=np.int64))
     h = pickle.dumps(s).hex()
