@@ -684,7 +684,10 @@ DLB_API int dlb_cuda_ipc_find_device(const dlb_cuda_ipc_handle *h,
  * *device_id is its device, *base its address in this process; stream (of
  * that device) waits for the exporter's event.  A handle made by this very
  * process is DLB_EINVAL (CUDA cannot open those; the memory is at h->base
- * already).  Close with dlb_cuda_ipc_close. */
+ * already), and so is one whose size is larger than the allocation it names
+ * (the driver's cuMemGetAddressRange says; h may come from a hostile
+ * pickle): h->size bytes from *base are mapped when this succeeds.  Close
+ * with dlb_cuda_ipc_close. */
 DLB_API int dlb_cuda_ipc_open(const dlb_cuda_ipc_handle *h, void *stream,
                               int *device_id, void **base, dlb_error *err);
 DLB_API int dlb_cuda_ipc_close(int device_id, void *base, dlb_error *err);

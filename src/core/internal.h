@@ -346,7 +346,11 @@ typedef struct dlb__CUDA_MEMCPY2D {
     (dlb__CUipcEventHandle *handle, dlb__CUevent event))                     \
   X(IPC, cuIpcOpenEventHandle, 4010,                                         \
     (dlb__CUevent *event, dlb__CUipcEventHandle handle))                     \
-  X(IPC, cuDeviceGetUuid, 9020, (dlb__CUuuid *uuid, dlb__CUdevice device))
+  X(IPC, cuDeviceGetUuid, 9020, (dlb__CUuuid *uuid, dlb__CUdevice device)) \
+  /* the real extent of an opened allocation: a handle's own size field     \
+   * comes from a pickle, which may be hostile */                           \
+  X(IPC, cuMemGetAddressRange, 3020,                                         \
+    (dlb__CUdeviceptr *base, size_t *size, dlb__CUdeviceptr ptr))
 
 /* The entry table: one member per DLB__CUDA_ENTRIES line, named after the
  * driver's base name; NULL for a missing OPTIONAL or IPC entry. */

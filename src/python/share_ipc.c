@@ -268,7 +268,7 @@ static PyObject *py_rebuild_cuda_shared(PyObject *module, PyObject *const *args,
     int dev = -1;
     if (dlb_cuda_ipc_find_device(&h, &dev, &err) != DLB_OK) return dlb__raise(&err);
     char *b = (char *)(uintptr_t)h.base;
-    c = registry_find(dev, b, b + h.size);
+    c = registry_find(dev, b, b);
     if (c == NULL || c->base != b) {
       if (c != NULL) ipc_allocation_drop(c);
       PyErr_SetString(PyExc_ValueError,
@@ -277,11 +277,23 @@ static PyObject *py_rebuild_cuda_shared(PyObject *module, PyObject *const *args,
                       "is gone)");
       return NULL;
     }
+    if (h.size > c->size) {
+      PyErr_Format(PyExc_ValueError,
+                   "shared CUDA tensor handle: it claims %llu bytes, but the "
+                   "allocation it names has %zu",
+                   (unsigned long long)h.size, c->size);
+      ipc_allocation_drop(c);
+      return NULL;
+    }
   } else {
     int dev = -1;
     void *base = NULL;
+    /* A handle that does not fit this process's devices or the allocation
+     * it names is a bad value (ValueError, as every hostile handle); a
+     * driver that refuses the memory, a move that cannot be made. */
     if (dlb_cuda_ipc_open(&h, dlb__stream_current(), &dev, &base, &err) != DLB_OK)
-      return dlb__raise_as(PyExc_BufferError, "unpickling a shared CUDA tensor", &err);
+      return dlb__raise_status("unpickling a shared CUDA tensor", &err,
+                               PyExc_BufferError);
     c = ipc_allocation_new(dev, base, (size_t)h.size, NULL, &h);
     if (c == NULL) {
       (void)dlb_cuda_ipc_close(dev, base, NULL);

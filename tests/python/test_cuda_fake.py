@@ -620,6 +620,51 @@ print("CHILD-DONE")
     ''')
 
 
+# dlb_cuda_ipc_handle: memory[64], event[64], uuid[16], base, size, pid
+HANDLE_SIZE_AT = 64 + 64 + 16 + 8
+
+
+def test_cuda_handle_claiming_more_than_its_allocation_is_refused():
+    """A pickled CUDA IPC handle whose size field says 16 MiB over a 64-byte
+    allocation: the driver's extent is asked (cuMemGetAddressRange) and the
+    handle refused, in another process and in the exporter's own (issue 15).
+    Before, the importer mapped a 16 MiB tensor over 64 bytes."""
+    run('''
+    import pickle, struct, subprocess
+    s = dlb.share(dlb.from_dlpack(np.arange(16, dtype=np.float32), device="cuda:0"))
+    fn, args = s.__reduce_ex__(5)
+    h = bytearray(args[0])
+    struct.pack_into("<Q", h, %d, 16 << 20)
+    hostile = (bytes(h), 0, args[2], ((16 << 20) // 4,), (1,), args[5])
+    child = "\\n".join([
+        "import os, pickle, sys",
+        "import numpy as np, dlbridge as dlb",
+        "fn, args = pickle.loads(sys.stdin.buffer.read())",
+        "try:",
+        "    t = fn(*args)",
+        "    print('ACCEPTED', float(np.asarray(t.copy(device='cpu'))[-1]))",
+        "except ValueError as e:",
+        "    print('REFUSED', e)",
+        "good = pickle.loads(bytes.fromhex(os.environ['GOOD']))",  # still loads
+        "print('GOOD', good.tolist()[:3])"])
+    data = pickle.dumps((fn, hostile))
+    env = dict(os.environ, GOOD=pickle.dumps(s).hex())
+    p = subprocess.run([sys.executable, "-c", child], input=data,
+                       capture_output=True, env=env)
+    out = p.stdout.decode()
+    assert p.returncode == 0, (p.returncode, out, p.stderr.decode())
+    assert "REFUSED" in out and "claims 16777216 bytes" in out, out
+    assert "allocation it names has 64" in out, out
+    assert "GOOD [0.0, 1.0, 2.0]" in out, out
+    try:
+        fn(*hostile)            # the exporter's own handle
+    except ValueError as e:
+        assert "claims 16777216 bytes" in str(e), e
+    else:
+        raise AssertionError("own hostile handle accepted")
+    ''' % HANDLE_SIZE_AT)
+
+
 def test_share_cuda_without_ipc_entry_points():
     run('''
     fake.dlb_fake_cuda_hide.argtypes = [ctypes.c_char_p]
