@@ -373,13 +373,6 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
                        name, strerror(errno));
     goto cleanup;
   }
-  if (fstat(fd, &st) != 0 || st.st_size < (off_t)DLB_SHM_HEADER_BYTES) {
-    rc = dlb_error_set(err, DLB_EINVAL,
-                       "shared memory /dev/shm/%s is not a dlbridge segment (too small)",
-                       name);
-    goto cleanup;
-  }
-  total = (size_t)st.st_size;
   /* Held as long as the mapping: nobody unlinks a segment while a live
    * process holds this lock (unlink_if_unheld). */
   if (flock(fd, LOCK_SH) != 0) {
@@ -391,11 +384,47 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
    * left and unlinked the name (a counted mapping of a process that ended
    * without releasing does not stop that): such a file is on its way out,
    * as if the open had come a moment later. */
-  if (!still_named(name, &st)) {
+  if (fstat(fd, &st) != 0 || !still_named(name, &st)) {
     rc = dlb_error_set(err, DLB_EINVAL,
                        "shared memory /dev/shm/%s is gone: every process that "
                        "held it released it before this handle was opened",
                        name);
+    goto cleanup;
+  }
+  /* The header is read, and the file's size checked against it, before
+   * anything is mapped: any process of the same user can shrink the file,
+   * and touching a mapped page past its end is a SIGBUS, not an error.  A
+   * shrink after this check still kills readers; docs/decisions.md says
+   * why segments stay named files all the same. */
+  unsigned char head[sizeof(shm_header)];
+  if (st.st_size < (off_t)DLB_SHM_HEADER_BYTES ||
+      pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "shared memory /dev/shm/%s is not a dlbridge segment (too small)",
+                       name);
+    goto cleanup;
+  }
+  uint64_t data_bytes = 0;
+  memcpy(&data_bytes, head + offsetof(shm_header, data_bytes), sizeof data_bytes);
+  if (memcmp(head + offsetof(shm_header, magic), shm_magic, sizeof shm_magic) != 0 ||
+      !map_size(data_bytes, &total)) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "shared memory /dev/shm/%s is not a dlbridge segment "
+                       "(bad header or size)", name);
+    goto cleanup;
+  }
+  if ((uint64_t)st.st_size < (uint64_t)total) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "shared memory /dev/shm/%s was truncated: it holds %lld "
+                       "bytes, its header says %zu (some process of the same "
+                       "user shrank it); refusing to map it",
+                       name, (long long)st.st_size, total);
+    goto cleanup;
+  }
+  if ((uint64_t)st.st_size != (uint64_t)total) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "shared memory /dev/shm/%s is not a dlbridge segment "
+                       "(bad header or size)", name);
     goto cleanup;
   }
   map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -405,14 +434,6 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
     goto cleanup;
   }
   shm_header *h = (shm_header *)map;
-  size_t want = 0;
-  if (memcmp(h->magic, shm_magic, sizeof shm_magic) != 0 ||
-      !map_size(h->data_bytes, &want) || want != total) {
-    rc = dlb_error_set(err, DLB_EINVAL,
-                       "shared memory /dev/shm/%s is not a dlbridge segment "
-                       "(bad header or size)", name);
-    goto cleanup;
-  }
   atomic_thread_fence(memory_order_acquire);
   /* Adopt: one more mapping, one fewer handle in flight (when any). */
   uint64_t word = atomic_load(&h->counts);

@@ -149,6 +149,36 @@ static void test_hostile_names_and_headers(void) {
   shm_unlink(path);
 }
 
+/* A segment some process shrank: an open refuses it before mapping
+ * anything (a mapped page past the file's end is a SIGBUS), and the handle
+ * in flight stays counted. */
+static void test_truncated_segment_refused(void) {
+  dlb_error err;
+  dlb_shm *a = NULL, *s = NOT_WRITTEN;
+  CHECK_EQ(dlb_shm_create(1 << 16, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
+  char path[16 + DLB_SHM_NAME_MAX];
+  snprintf(path, sizeof path, "/%s", dlb_shm_name(a));
+  int fd = shm_open(path, O_RDWR, 0);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  CHECK_EQ(ftruncate(fd, DLB_SHM_HEADER_BYTES + 100), 0); /* header kept */
+  CHECK_EQ(dlb_shm_open(dlb_shm_name(a), &s, &err), DLB_EINVAL);
+  CHECK_MSG(err, "was truncated");
+  CHECK(s == NOT_WRITTEN);
+  CHECK_EQ(ftruncate(fd, 100), 0); /* not even the header */
+  CHECK_EQ(dlb_shm_open(dlb_shm_name(a), &s, &err), DLB_EINVAL);
+  CHECK_MSG(err, "too small");
+  close(fd);
+  uint32_t maps = 0, flight = 0;
+  dlb_shm_counts(a, &maps, &flight);
+  CHECK_EQ(maps, 1);
+  CHECK_EQ(flight, 1);
+  dlb_shm_close(a); /* our mapping was shrunk too: we never touch it again */
+  shm_unlink(path);
+}
+
 static void test_allocation_failure(void) {
   dlb_error err;
   dlb_shm *s = NULL;
@@ -496,6 +526,7 @@ int main(void) {
   test_create_open_close();
   test_in_flight();
   test_hostile_names_and_headers();
+  test_truncated_segment_refused();
   test_allocation_failure();
   test_cleanup_after_crash();
   test_cleanup_half_made();

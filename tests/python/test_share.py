@@ -152,6 +152,26 @@ def test_hostile_handle_layouts():
         _core._rebuild_shared(name, 0)
 
 
+def test_truncated_segment_is_refused_before_mapping():
+    """A segment shrunk by some process of the same user: loading a handle
+    is a ValueError naming the truncation, read from the file before any
+    page is mapped, and the handle stays in flight (docs/decisions.md,
+    section 13: a reader that mapped it before the shrink is not saved)."""
+    s = dlb.share(np.zeros(1 << 16, dtype=np.uint8))
+    name = _core._shm_info(s)[0]
+    h = pickle.dumps(s)
+    size = os.stat(os.path.join(SHM, name)).st_size
+    with open(os.path.join(SHM, name), "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(ValueError, match="was truncated"):
+        pickle.loads(h)
+    assert _core._shm_info(s)[1:] == (1, 1)
+    with open(os.path.join(SHM, name), "r+b") as f:
+        f.truncate(size)  # grown back (zeros past the cut): loads again
+    r = pickle.loads(h)
+    assert r.is_shared and r.nbytes == s.nbytes
+
+
 def test_deepcopy_does_not_alias():
     import copy
     s = dlb.share(np.arange(4.0))
