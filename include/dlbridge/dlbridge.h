@@ -718,7 +718,8 @@ DLB_API int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err);
 /* Map the segment named name (as dlb_shm_name gives it), adopting one
  * handle in flight if there is one.  DLB_EINVAL for a name that is not of
  * dlbridge's form, a segment that is gone or already released, or one whose
- * header or size is wrong. */
+ * header or size is wrong (a segment shrunk since it was made is refused
+ * before anything is mapped).  A failed open changes no count. */
 DLB_API int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err);
 
 /* Count one handle in flight: the segment outlives every mapping until
@@ -732,6 +733,11 @@ DLB_API int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err);
  * open when the process exits normally gives its segment back then (the
  * pages stay mapped until dlb_shm_close). */
 DLB_API void dlb_shm_close(dlb_shm *shm);
+
+/* Close a handle dlb_shm_open just made, unused (the load it served
+ * failed): the handle in flight the open adopted is in flight again, so it
+ * can still be loaded; otherwise as dlb_shm_close.  NULL is fine. */
+DLB_API void dlb_shm_close_unused(dlb_shm *shm);
 
 /* DLB_DATA_ALIGNMENT-aligned */
 DLB_API void *dlb_shm_data(const dlb_shm *shm);

@@ -92,6 +92,7 @@ struct dlb_shm {
   /* The file mapped (device and inode), so that only it is ever unlinked
    * through this handle's name. */
   struct stat file;
+  bool adopted;         /* the open took over a handle in flight */
   dlb_allocator allocator;  /* what allocated this struct */
   struct dlb_shm *prev, *next; /* the handles of this process still open */
   char name[DLB_SHM_NAME_MAX];
@@ -362,6 +363,11 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
     return dlb_error_set(err, DLB_EINVAL,
                          "'%.64s' is not the name of a dlbridge shared-memory segment",
                          name);
+  /* Allocated first: an open that fails for want of memory has changed
+   * nothing, and its handle can be loaded again. */
+  s = handle_new();
+  if (s == NULL)
+    return dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
   fd = open_name(name, O_RDWR, 0);
   if (fd < 0) {
     rc = dlb_error_set(err, DLB_EINVAL,
@@ -452,15 +458,7 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
     uint64_t next = word + 1u - (IN_FLIGHT(word) > 0 ? ONE_IN_FLIGHT : 0u);
     if (atomic_compare_exchange_weak(&h->counts, &word, next)) break;
   }
-  /* Allocated only now, so that a load which reached the segment consumes
-   * its handle even when this fails: the mapping just counted is released
-   * as if the tensor had been loaded and dropped. */
-  s = handle_new();
-  if (s == NULL) {
-    if (atomic_fetch_sub(&h->counts, (uint64_t)1) == 1u) unlink_name(name);
-    rc = dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
-    goto cleanup;
-  }
+  s->adopted = IN_FLIGHT(word) > 0;
   memcpy(s->name, name, strlen(name) + 1);
   s->header = h;
   s->map_bytes = total;
@@ -502,6 +500,15 @@ void dlb_shm_close(dlb_shm *shm) {
   pthread_mutex_unlock(&open_lock);
   munmap((void *)shm->header, shm->map_bytes);
   handle_free(shm);
+}
+
+void dlb_shm_close_unused(dlb_shm *shm) {
+  if (shm == NULL) return;
+  /* The handle first, then the mapping: the segment stays held throughout
+   * (by our mapping, then by the handle), so nothing can unlink it. */
+  if (shm->adopted && shm->pid == (long)getpid())
+    (void)atomic_fetch_add(&shm->header->counts, ONE_IN_FLIGHT);
+  dlb_shm_close(shm);
 }
 
 void *dlb_shm_data(const dlb_shm *shm) {
@@ -591,6 +598,7 @@ int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err) {
   return dlb_error_set(err, DLB_EUNSUPPORTED, "shared memory needs a POSIX system");
 }
 void dlb_shm_close(dlb_shm *shm) { (void)shm; }
+void dlb_shm_close_unused(dlb_shm *shm) { (void)shm; }
 void *dlb_shm_data(const dlb_shm *shm) { (void)shm; return NULL; }
 size_t dlb_shm_size(const dlb_shm *shm) { (void)shm; return 0; }
 const char *dlb_shm_name(const dlb_shm *shm) { (void)shm; return ""; }

@@ -962,8 +962,10 @@ typedef struct {
  * -1 with ValueError (TypeError for a flags value that is no int). */
 int dlb__parse_pickled_layout(PyObject *const *args, dlb_pickled_layout *out);
 /* Put l's element 0 at base + offset in an area of size bytes (what names
- * it in messages: "buffer", "segment", "allocation"); every byte l reads
- * must lie in the area.  0, or -1 with ValueError. */
+ * it in messages: "buffer", "segment", "allocation"); every byte l reads,
+ * before element 0 (negative strides) and after it, must lie in the area.
+ * base NULL: only check that l fits an area of that size.  0, or -1 with
+ * ValueError. */
 int dlb__place_pickled_layout(dlb_pickled_layout *l, char *base,
                               long long offset, int64_t size,
                               const char *what);

@@ -286,15 +286,19 @@ int dlb__parse_pickled_layout(PyObject *const *args, dlb_pickled_layout *out) {
 int dlb__place_pickled_layout(dlb_pickled_layout *l, char *base,
                               long long offset, int64_t size,
                               const char *what) {
-  if (l->lo < 0) {
-    PyErr_SetString(PyExc_ValueError,
-                    "pickled tensor: negative strides reach before the data");
-    return -1;
-  }
   if (offset < 0 || offset > size) {
     PyErr_Format(PyExc_ValueError,
                  "pickled tensor: offset %lld outside the %lld-byte %s",
                  offset, (long long)size, what);
+    return -1;
+  }
+  /* Element 0 sits offset bytes in; negative strides reach back from it
+   * (a reversed view of a shared tensor), never before the area. */
+  if (l->lo < -(int64_t)offset) {
+    PyErr_Format(PyExc_ValueError,
+                 "pickled tensor: negative strides reach %lld bytes before "
+                 "element 0, which is %lld bytes into the %s",
+                 (long long)-l->lo, offset, what);
     return -1;
   }
   if (l->hi > size - offset) {
@@ -304,7 +308,7 @@ int dlb__place_pickled_layout(dlb_pickled_layout *l, char *base,
                  (long long)l->hi, offset, what, (long long)size);
     return -1;
   }
-  l->t.data = base + offset;
+  if (base != NULL) l->t.data = base + offset;
   return 0;
 }
 

@@ -254,13 +254,17 @@ static PyObject *py_rebuild_cuda_shared(PyObject *module, PyObject *const *args,
   long long offset = PyLong_AsLongLong(args[1]);
   if (offset == -1 && PyErr_Occurred()) return NULL;
   if (dlb__parse_pickled_layout(args + 2, &l) < 0) return NULL;
-  if (h.size == 0 || offset < 0 || (unsigned long long)offset > h.size) {
+  if (h.size == 0 || h.size > (uint64_t)INT64_MAX) {
     PyErr_Format(PyExc_ValueError,
-                 "shared CUDA tensor handle: offset %lld outside the %llu-byte "
-                 "allocation",
-                 offset, (unsigned long long)h.size);
+                 "shared CUDA tensor handle: an allocation of %llu bytes",
+                 (unsigned long long)h.size);
     return NULL;
   }
+  /* The layout against the size the handle claims, before anything is
+   * opened (a bad handle maps nothing, waits for nothing); the claim itself
+   * is checked against the driver's when the memory is opened. */
+  if (dlb__place_pickled_layout(&l, NULL, offset, (int64_t)h.size, "allocation") < 0)
+    return NULL;
 
   if (h.pid == (int64_t)getpid()) {
     /* Our own export: the memory is at h.base, alive while its

@@ -25,6 +25,9 @@
  * the Tensor over it (dlb_managed_wrap). */
 typedef struct shm_block {
   dlb_shm *shm;                  /* owned */
+  /* Set while the load that opened shm can still fail: the release then
+   * gives the handle back (dlb_shm_close_unused) instead of consuming it. */
+  bool unused;
   dlb_allocator allocator;       /* what allocated this block */
   struct shm_block *prev, *next; /* the registry */
 } shm_block;
@@ -72,37 +75,50 @@ static dlb_shm *shm_find(const DLTensor *t) {
 
 bool dlb__shm_holds(const DLTensor *t) { return shm_find(t) != NULL; }
 
+/* Close shm: a mapping a failed load opened gives its handle back. */
+static void shm_drop(dlb_shm *shm, bool unused) {
+  if (unused)
+    dlb_shm_close_unused(shm);
+  else
+    dlb_shm_close(shm);
+}
+
 /* dlb_release_fn of a shared tensor: unmap (no Python). */
 static void shm_block_release(void *ctx) {
   shm_block *b = (shm_block *)ctx;
   registry_remove(b);
-  dlb_shm_close(b->shm);
+  shm_drop(b->shm, b->unused);
   dlb_allocator a = b->allocator;
   a.release(b, a.ctx);
 }
 
 /* A new Tensor over layout (whose data points into shm's mapping) that owns
- * shm.  Takes shm on success and failure. */
+ * shm.  Takes shm on success and failure; loaded: shm was opened from a
+ * handle, which a failure here gives back. */
 static PyObject *shm_tensor(dlb_module_state *st, dlb_shm *shm,
-                            const DLTensor *layout, uint64_t flags) {
+                            const DLTensor *layout, uint64_t flags,
+                            bool loaded) {
   const dlb_allocator *a = dlb_get_allocator();
   DLManagedTensorVersioned *m = NULL;
   dlb_error err;
   shm_block *b = (shm_block *)a->alloc(sizeof *b, a->ctx);
   if (b == NULL) {
-    dlb_shm_close(shm);
+    shm_drop(shm, loaded);
     return PyErr_NoMemory();
   }
   b->shm = shm;
+  b->unused = loaded;
   b->allocator = *a;
   if (dlb_managed_wrap(layout, flags, shm_block_release, b, &m, &err) != DLB_OK) {
     b->allocator.release(b, b->allocator.ctx);
-    dlb_shm_close(shm);
+    shm_drop(shm, loaded);
     return dlb__raise(&err);
   }
   registry_add(b);
   /* runs the release on failure */
-  return dlb__tensor_from_managed(st, m);
+  PyObject *t = dlb__tensor_from_managed(st, m);
+  if (t != NULL) b->unused = false; /* loaded: the handle is the Tensor's now */
+  return t;
 }
 
 /* ---- share ------------------------------------------------------------------------ */
@@ -140,7 +156,7 @@ PyObject *dlb__shm_share(dlb_module_state *st, const dlb_view *view) {
     dlb_shm_close(shm);
     return dlb__raise(&err);
   }
-  return shm_tensor(st, shm, &layout, view->flags & DLB_PICKLED_FLAGS);
+  return shm_tensor(st, shm, &layout, view->flags & DLB_PICKLED_FLAGS, false);
 }
 
 /* ---- the handle ------------------------------------------------------------------- */
@@ -213,13 +229,14 @@ static PyObject *py_rebuild_shared(PyObject *module, PyObject *const *args,
   if (dlb__parse_pickled_layout(args + 2, &l) < 0) return NULL;
 
   if (dlb_shm_open(name, &shm, &err) != DLB_OK) return dlb__raise(&err);
-  /* From here the mapping is ours: close it on every failure. */
+  /* From here the mapping is ours.  A load that fails gives the handle
+   * back: the pickle stays loadable, the segment held by it. */
   if (dlb__place_pickled_layout(&l, (char *)dlb_shm_data(shm), offset,
                                 (int64_t)dlb_shm_size(shm), "segment") < 0) {
-    dlb_shm_close(shm);
+    dlb_shm_close_unused(shm);
     return NULL;
   }
-  return shm_tensor(st, shm, &l.t, l.flags);
+  return shm_tensor(st, shm, &l.t, l.flags, true);
 }
 
 /* _shm_cleanup() -> int: remove leftover segments (dlb_shm_cleanup). */

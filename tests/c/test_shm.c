@@ -199,7 +199,7 @@ static void test_allocation_failure(void) {
   uint32_t maps = 0, flight = 0;
   dlb_shm_counts(a, &maps, &flight);
   CHECK_EQ(maps, 1);    /* the failed open left no mapping counted ... */
-  CHECK_EQ(flight, 0);  /* ... and consumed the handle it was given */
+  CHECK_EQ(flight, 1);  /* ... and the handle in flight, to load again */
 
   /* Freed through the allocator that made it, even after a change. */
   failing_allocator_install(-1);
@@ -207,9 +207,47 @@ static void test_allocation_failure(void) {
   CHECK_EQ(dlb_shm_open(dlb_shm_name(a), &b, &err), DLB_OK);
   CHECK_EQ(failing_allocator_live(), 1);
   failing_allocator_remove();
+  dlb_shm_counts(a, &maps, &flight);
+  CHECK_EQ(maps, 2);
+  CHECK_EQ(flight, 0);
   dlb_shm_close(b);
   CHECK_EQ(failing_allocator_live(), 0);
   dlb_shm_close(a);
+}
+
+/* A load that opened the segment and then failed (its layout does not fit,
+ * say) gives the handle back: in flight again, loadable again, and the
+ * segment held by it even when nobody else maps it. */
+static void test_close_unused_gives_the_handle_back(void) {
+  dlb_error err;
+  dlb_shm *a = NULL, *b = NULL, *c = NULL;
+  CHECK_EQ(dlb_shm_create(64, &a, &err), DLB_OK);
+  if (a == NULL) return;
+  char name[DLB_SHM_NAME_MAX];
+  strcpy(name, dlb_shm_name(a));
+  CHECK_EQ(dlb_shm_hand_out(a, &err), DLB_OK);
+  dlb_shm_close(a);
+  CHECK_EQ(dlb_shm_open(name, &b, &err), DLB_OK);
+  if (b == NULL) return;
+  dlb_shm_close_unused(b);
+  CHECK(exists(name));
+  CHECK_EQ(dlb_shm_open(name, &c, &err), DLB_OK); /* loadable again */
+  if (c == NULL) return;
+  uint32_t maps = 0, flight = 0;
+  dlb_shm_counts(c, &maps, &flight);
+  CHECK_EQ(maps, 1);
+  CHECK_EQ(flight, 0);
+  /* A second load of a pickle already loaded adopted nothing: undoing it
+   * gives nothing back. */
+  dlb_shm *again = NULL;
+  CHECK_EQ(dlb_shm_open(name, &again, &err), DLB_OK);
+  dlb_shm_close_unused(again);
+  dlb_shm_counts(c, &maps, &flight);
+  CHECK_EQ(maps, 1);
+  CHECK_EQ(flight, 0);
+  dlb_shm_close(c);
+  CHECK(!exists(name));
+  dlb_shm_close_unused(NULL);
 }
 
 /* A child creates segments and dies without closing them: cleanup in the
@@ -528,6 +566,7 @@ int main(void) {
   test_hostile_names_and_headers();
   test_truncated_segment_refused();
   test_allocation_failure();
+  test_close_unused_gives_the_handle_back();
   test_cleanup_after_crash();
   test_cleanup_half_made();
   test_release_after_loader_exits_without_closing();

@@ -665,6 +665,50 @@ def test_cuda_handle_claiming_more_than_its_allocation_is_refused():
     ''' % HANDLE_SIZE_AT)
 
 
+def test_negative_stride_view_of_shared_cuda_tensor_round_trips():
+    """A reversed view of a shared CUDA tensor pickles as a handle whose
+    element 0 is the allocation's last element, and loads in the exporter
+    and in another process; a load that fails on its layout opens nothing
+    and leaves the handle loadable (issue 15)."""
+    run('''
+    import gc, pickle, subprocess
+    s = dlb.share(dlb.from_dlpack(np.arange(8, dtype=np.float32), device="cuda:0"))
+    class Reversed:          # another framework's reversed view, through CAI
+        __cuda_array_interface__ = {
+            "shape": (8,), "typestr": "<f4", "version": 3, "stream": None,
+            "data": (s.data_ptr + 7 * 4, False), "strides": (-4,)}
+    v = dlb.from_dlpack(Reversed())
+    assert v.is_shared and v.strides == (-1,), v.strides
+    data = pickle.dumps(v)
+    u = pickle.loads(data)                         # the exporter itself
+    assert u.data_ptr == v.data_ptr and u.strides == (-1,)
+    assert u.tolist() == list(range(7, -1, -1)), u.tolist()
+    fn, args = v.__reduce_ex__(5)
+    too_long = args[:3] + ((9,), (-1,)) + args[5:]
+    clear()
+    child = "\\n".join([
+        "import ctypes, os, pickle, sys",
+        "import dlbridge as dlb",
+        "fake = ctypes.CDLL(os.environ['DLB_FAKE_LIB'])",
+        "fake.dlb_fake_cuda_log_text.restype = ctypes.c_char_p",
+        "fn, bad, data = pickle.loads(sys.stdin.buffer.read())",
+        "try:",
+        "    fn(*bad)",
+        "except ValueError as e:",
+        "    print('REFUSED', e)",
+        "log = fake.dlb_fake_cuda_log_text().decode()",
+        "print('OPENED-FOR-BAD', 'cuIpcOpenMemHandle' in log)",
+        "t = pickle.loads(data)",
+        "print('LOADED', t.strides, t.tolist())"])
+    p = subprocess.run([sys.executable, "-c", child],
+                       input=pickle.dumps((fn, too_long, data)), capture_output=True)
+    out = p.stdout.decode()
+    assert p.returncode == 0, out + p.stderr.decode()
+    assert "REFUSED" in out and "OPENED-FOR-BAD False" in out, out
+    assert "LOADED (-1,) [7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0]" in out, out
+    ''')
+
+
 def test_share_cuda_without_ipc_entry_points():
     run('''
     fake.dlb_fake_cuda_hide.argtypes = [ctypes.c_char_p]

@@ -172,6 +172,47 @@ def test_truncated_segment_is_refused_before_mapping():
     assert r.is_shared and r.nbytes == s.nbytes
 
 
+@pytest.mark.parametrize("index", [
+    np.s_[::-1], np.s_[::-3], np.s_[5:1:-2],
+])
+def test_negative_stride_view_of_shared_tensor_round_trips(index):
+    """A reversed view of a shared tensor is shared, pickles as a handle
+    whose element 0 is not the lowest address, and loads (issue 15)."""
+    s = dlb.share(np.arange(12.0))
+    want = np.from_dlpack(s)[index]
+    v = dlb.from_dlpack(want)
+    assert v.is_shared and v.strides[0] < 0
+    r = pickle.loads(pickle.dumps(v))
+    assert r.is_shared and r.strides == v.strides and r.tolist() == want.tolist()
+    # 2-D, both axes reversed
+    s2 = dlb.share(np.arange(12.0).reshape(3, 4))
+    w = np.from_dlpack(s2)[::-1, ::-2]
+    r2 = pickle.loads(pickle.dumps(dlb.from_dlpack(w)))
+    assert r2.tolist() == w.tolist()
+
+
+def test_failed_load_leaves_the_handle_loadable():
+    """A load that reached the segment and failed gives its handle back: the
+    segment, held only by that handle, stays, and the handle loads
+    afterwards (issue 15; the failed load used to consume it and unlink the
+    segment)."""
+    s = dlb.share(np.arange(8.0))
+    name = _core._shm_info(s)[0]
+    fn, args = s.__reduce_ex__(2)  # one handle in flight
+    del s
+    gc.collect()
+    assert segment_exists(name)
+    too_long = args[:3] + ((9,), (1,)) + args[5:]
+    with pytest.raises(ValueError, match="needs 72 bytes"):
+        fn(*too_long)
+    assert segment_exists(name)
+    t = fn(*args)
+    assert t.tolist() == list(range(8)) and _core._shm_info(t)[1:] == (1, 0)
+    del t
+    gc.collect()
+    assert not segment_exists(name)
+
+
 def test_deepcopy_does_not_alias():
     import copy
     s = dlb.share(np.arange(4.0))
@@ -385,8 +426,13 @@ def test_allocation_failures_share_and_pickle():
     def share():
         return dlb.share(a)
 
+    pending = []  # pickles whose load failed: still in flight, loadable
+
     def handle_round_trip():
-        r = pickle.loads(pickle.dumps(s))
+        data = pickle.dumps(s)
+        pending.append(data)
+        r = pickle.loads(data)
+        pending.remove(data)
         assert r.tolist() == s.tolist()
         return r
 
@@ -400,9 +446,13 @@ def test_allocation_failures_share_and_pickle():
 
     for op in (share, handle_round_trip, pickle5_round_trip, in_band_round_trip):
         _alloc_sweep(op)
-    # The first pickle's handle is still in flight: load it, and all is freed.
+    # The first pickle's handle is still in flight, and so is each whose
+    # load failed for want of memory: load them, and all is freed.
+    assert pending
     name = _core._shm_info(s)[0]
-    r = pickle.loads(h)
-    del r, s
+    assert _core._shm_info(s)[2] == 1 + len(pending)
+    loaded = [pickle.loads(d) for d in [h] + pending]
+    assert all(r.tolist() == s.tolist() for r in loaded)
+    del loaded, s
     gc.collect()
     assert not segment_exists(name)
