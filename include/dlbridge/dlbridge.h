@@ -66,7 +66,9 @@ typedef enum {
                            dtype, device, layout */
   DLB_EVERSION = -5,    /* a DLPack major version we do not speak */
   DLB_EDEVICE = -6,     /* a device runtime call failed or is missing */
-  DLB_EREADONLY = -7    /* a write was asked of read-only memory */
+  DLB_EREADONLY = -7,   /* a write was asked of read-only memory */
+  DLB_ESYSTEM = -8      /* an operating-system call failed: the message
+                           names it, and errno is left set to its reason */
 } dlb_status;
 
 typedef struct dlb_error {
@@ -712,7 +714,9 @@ typedef struct dlb_shm dlb_shm;  /* one mapping of a segment in this process */
 
 /* A new segment with data_bytes of data (0 is fine), mapped read-write, the
  * caller's mapping counted.  Its pages are reserved now, so a full /dev/shm
- * fails here (DLB_ENOMEM) and never with a SIGBUS later. */
+ * fails here (DLB_ENOMEM) and never with a SIGBUS later.  The shm functions
+ * report a failing system call (out of file descriptors: each open dlb_shm
+ * keeps one; /dev/shm not writable) as DLB_ESYSTEM, errno left set. */
 DLB_API int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err);
 
 /* Map the segment named name (as dlb_shm_name gives it), adopting one

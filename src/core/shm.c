@@ -176,6 +176,22 @@ static bool still_named(const char *name, const struct stat *st) {
   return same;
 }
 
+/* A system call about segment `name` failed with errno e while `doing`:
+ * DLB_ESYSTEM, or DLB_ENOMEM when the system is out of memory.  Out of
+ * descriptors, the message says what holds them.  The caller returns with
+ * errno == e (dlbridge.h: DLB_ESYSTEM leaves errno set), restoring it after
+ * its own cleanup. */
+static int os_error(dlb_error *err, int e, const char *doing, const char *name) {
+  const char *why = e == EMFILE || e == ENFILE
+                        ? " (every open mapping of a segment keeps a file "
+                          "descriptor: each live shared tensor holds one; "
+                          "raise the limit, ulimit -n, or keep fewer)"
+                        : "";
+  return dlb_error_set(err, e == ENOMEM ? DLB_ENOMEM : DLB_ESYSTEM,
+                       "cannot %s shared memory /dev/shm/%s: %s%s", doing,
+                       name, strerror(e), why);
+}
+
 /* Bytes of a mapping holding data_bytes of data; false on overflow. */
 static bool map_size(uint64_t data_bytes, size_t *out) {
   /* Offsets into the mapping are int64 (off_t), so the whole mapping must
@@ -274,7 +290,7 @@ static void track(dlb_shm *s) {
 
 int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
   static _Atomic uint32_t serial;
-  int rc = DLB_OK, fd = -1;
+  int rc = DLB_OK, fd = -1, sys_errno = 0;
   bool created = false;
   void *map = MAP_FAILED;
   size_t total = 0;
@@ -298,8 +314,8 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0) {
-    rc = dlb_error_set(err, DLB_EDEVICE, "cannot create shared memory /dev/shm/%s: %s",
-                       s->name, strerror(errno));
+    sys_errno = errno;
+    rc = os_error(err, sys_errno, "create", s->name);
     goto cleanup;
   }
   created = true;
@@ -308,21 +324,22 @@ int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err) {
    * SIGBUS on the first write to a page it cannot back. */
   int falloc = posix_fallocate(fd, 0, (off_t)total);
   if (falloc != 0) {
-    rc = dlb_error_set(err, falloc == ENOSPC ? DLB_ENOMEM : DLB_EDEVICE,
+    sys_errno = falloc;
+    rc = dlb_error_set(err, falloc == ENOSPC || falloc == ENOMEM ? DLB_ENOMEM : DLB_ESYSTEM,
                        "cannot reserve %zu bytes of shared memory in /dev/shm: %s "
                        "(a container may need a larger --shm-size)",
                        total, strerror(falloc));
     goto cleanup;
   }
   if (flock(fd, LOCK_SH) != 0 || fstat(fd, &s->file) != 0) {
-    rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
-                       s->name, strerror(errno));
+    sys_errno = errno;
+    rc = os_error(err, sys_errno, "lock", s->name);
     goto cleanup;
   }
   map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) {
-    rc = dlb_error_set(err, DLB_ENOMEM, "cannot map %zu bytes of shared memory: %s",
-                       total, strerror(errno));
+    sys_errno = errno;
+    rc = os_error(err, sys_errno, "map", s->name);
     goto cleanup;
   }
   shm_header *h = (shm_header *)map;
@@ -348,11 +365,12 @@ cleanup:
     if (created) unlink_name(s->name);
     handle_free(s);
   }
+  if (rc == DLB_ESYSTEM) errno = sys_errno;
   return rc;
 }
 
 int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
-  int rc = DLB_OK, fd = -1;
+  int rc = DLB_OK, fd = -1, sys_errno = 0;
   void *map = MAP_FAILED;
   size_t total = 0;
   dlb_shm *s = NULL;
@@ -369,21 +387,24 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   if (s == NULL)
     return dlb_error_set(err, DLB_ENOMEM, "out of memory for a shared-memory handle");
   fd = open_name(name, O_RDWR, 0);
-  if (fd < 0) {
+  if (fd < 0 && errno == ENOENT) {
     rc = dlb_error_set(err, DLB_EINVAL,
-                       errno == ENOENT
-                           ? "shared memory /dev/shm/%s is gone: every process that "
-                             "held it released it (or its creator died and it was "
-                             "cleaned up) before this handle was opened"
-                           : "cannot open shared memory /dev/shm/%s: %s",
-                       name, strerror(errno));
+                       "shared memory /dev/shm/%s is gone: every process that "
+                       "held it released it (or its creator died and it was "
+                       "cleaned up) before this handle was opened",
+                       name);
+    goto cleanup;
+  }
+  if (fd < 0) {
+    sys_errno = errno;
+    rc = os_error(err, sys_errno, "open", name);
     goto cleanup;
   }
   /* Held as long as the mapping: nobody unlinks a segment while a live
    * process holds this lock (unlink_if_unheld). */
   if (flock(fd, LOCK_SH) != 0) {
-    rc = dlb_error_set(err, DLB_EDEVICE, "cannot lock shared memory /dev/shm/%s: %s",
-                       name, strerror(errno));
+    sys_errno = errno;
+    rc = os_error(err, sys_errno, "lock", name);
     goto cleanup;
   }
   /* Between our open and our lock, the last holder may have found nobody
@@ -435,8 +456,8 @@ int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err) {
   }
   map = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) {
-    rc = dlb_error_set(err, DLB_ENOMEM, "cannot map shared memory /dev/shm/%s: %s",
-                       name, strerror(errno));
+    sys_errno = errno;
+    rc = os_error(err, sys_errno, "map", name);
     goto cleanup;
   }
   shm_header *h = (shm_header *)map;
@@ -474,6 +495,7 @@ cleanup:
   if (map != MAP_FAILED) munmap(map, total);
   if (fd >= 0) close(fd);
   if (s != NULL) handle_free(s);
+  if (rc == DLB_ESYSTEM) errno = sys_errno;
   return rc;
 }
 
@@ -568,8 +590,11 @@ int dlb_shm_cleanup(int *removed, dlb_error *err) {
   if (d == NULL) {
     if (removed != NULL) *removed = 0;
     /* No /dev/shm: nothing of ours can be there. */
-    if (errno == ENOENT) return DLB_OK;
-    return dlb_error_set(err, DLB_EDEVICE, "cannot list %s: %s", dir, strerror(errno));
+    int e = errno;
+    if (e == ENOENT) return DLB_OK;
+    dlb_error_set(err, DLB_ESYSTEM, "cannot list %s: %s", dir, strerror(e));
+    errno = e;
+    return DLB_ESYSTEM;
   }
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {

@@ -237,8 +237,8 @@ void dlb__delete_keep_error(DLManagedTensorVersioned *m);
  * DLB_EUNSUPPORTED, DLB_EVERSION, DLB_EREADONLY -> BufferError; DLB_EDEVICE
  * (a device runtime call failed or is missing) -> device_exc, RuntimeError
  * when NULL (allocations say RuntimeError, as torch and CuPy do; copies and
- * exports BufferError, DLPack's "this move cannot be made"); anything else
- * -> RuntimeError.  The message is read up to its first NUL or its
+ * exports BufferError, DLPack's "this move cannot be made"); DLB_ESYSTEM
+ * (a failed system call) -> OSError; anything else -> RuntimeError.  The message is read up to its first NUL or its
  * DLB_ERROR_MESSAGE_SIZE bytes, bytes that are not UTF-8 becoming \xNN
  * escapes.  No file but errors.c formats a dlb_error's message.  Returns
  * NULL. */
@@ -246,6 +246,12 @@ PyObject *dlb__raise_status(const char *what, const dlb_error *err,
                             PyObject *device_exc);
 /* dlb__raise_status(NULL, err, NULL). */
 PyObject *dlb__raise(const dlb_error *err);
+/* dlb__raise_status(what, err, NULL), except that DLB_ESYSTEM is
+ * OSError(os_errno, message) -- the subclass errno names -- when os_errno
+ * is not 0.  The core leaves errno set with DLB_ESYSTEM: pass errno
+ * straight from the failed call, before anything else can change it. */
+PyObject *dlb__raise_errno(const char *what, const dlb_error *err,
+                           int os_errno);
 /* "<what>: <message>" as exc whatever the status, except that DLB_ENOMEM
  * stays MemoryError: for failures whose meaning the caller knows better
  * than the status does (a hostile pickle is a ValueError, whichever check

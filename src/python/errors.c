@@ -284,6 +284,8 @@ static PyObject *status_exception(int code, PyObject *device_exc) {
       return PyExc_BufferError;
     case DLB_EDEVICE:
       return device_exc != NULL ? device_exc : PyExc_RuntimeError;
+    case DLB_ESYSTEM:
+      return PyExc_OSError;
     default:
       return PyExc_RuntimeError;
   }
@@ -319,6 +321,21 @@ static PyObject *raise_with(PyObject *exc, const char *what, const dlb_error *er
 PyObject *dlb__raise_status(const char *what, const dlb_error *err,
                             PyObject *device_exc) {
   return raise_with(status_exception(err->code, device_exc), what, err);
+}
+
+PyObject *dlb__raise_errno(const char *what, const dlb_error *err,
+                           int os_errno) {
+  if (err->code != DLB_ESYSTEM || os_errno == 0)
+    return dlb__raise_status(what, err, NULL);
+  /* OSError(errno, message): Python picks the subclass errno names. */
+  PyObject *msg = message_text(what, err);
+  if (msg == NULL) return NULL;
+  PyObject *args = Py_BuildValue("(iN)", os_errno, msg);
+  if (args != NULL) {
+    PyErr_SetObject(PyExc_OSError, args);
+    Py_DECREF(args);
+  }
+  return NULL;
 }
 
 PyObject *dlb__raise(const dlb_error *err) {

@@ -161,7 +161,8 @@ PyObject *dlb__ipc_share(dlb_module_state *st, PyObject *obj) {
     rc = dlb_cuda_copy(&layout, t, dlb__stream_current(), &err);
   }
   if (rc != DLB_OK) {
-    dlb__raise_as(PyExc_BufferError, "share()", &err);
+    /* A driver failure is BufferError, as on every path of share(). */
+    dlb__raise_status("share()", &err, PyExc_BufferError);
     goto cleanup;
   }
   layout.data = base;

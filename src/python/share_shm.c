@@ -17,6 +17,7 @@
  */
 #include "dlbridge_py.h" /* Python.h first: it sets the feature macros */
 
+#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
@@ -141,9 +142,10 @@ PyObject *dlb__shm_share(dlb_module_state *st, const dlb_view *view) {
     (void)dlb_shm_cleanup(NULL, NULL);
   }
   bool padded = (view->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
-  if (dlb_tensor_nbytes(&view->t, padded, &nbytes, &err) != DLB_OK ||
-      dlb_shm_create((size_t)nbytes, &shm, &err) != DLB_OK)
-    return dlb__raise(&err);
+  if (dlb_tensor_nbytes(&view->t, padded, &nbytes, &err) != DLB_OK)
+    return dlb__raise_status("share()", &err, NULL);
+  if (dlb_shm_create((size_t)nbytes, &shm, &err) != DLB_OK)
+    return dlb__raise_errno("share()", &err, errno);
   DLTensor layout = view->t;
   int64_t strides[DLB_MAX_NDIM];
   layout.data = dlb_shm_data(shm);
@@ -154,7 +156,7 @@ PyObject *dlb__shm_share(dlb_module_state *st, const dlb_view *view) {
   }
   if (dlb_copy(&layout, &view->t, &err) != DLB_OK) {
     dlb_shm_close(shm);
-    return dlb__raise(&err);
+    return dlb__raise_status("share()", &err, NULL);
   }
   return shm_tensor(st, shm, &layout, view->flags & DLB_PICKLED_FLAGS, false);
 }
@@ -228,7 +230,8 @@ static PyObject *py_rebuild_shared(PyObject *module, PyObject *const *args,
   if (offset == -1 && PyErr_Occurred()) return NULL;
   if (dlb__parse_pickled_layout(args + 2, &l) < 0) return NULL;
 
-  if (dlb_shm_open(name, &shm, &err) != DLB_OK) return dlb__raise(&err);
+  if (dlb_shm_open(name, &shm, &err) != DLB_OK)
+    return dlb__raise_errno(NULL, &err, errno);
   /* From here the mapping is ours.  A load that fails gives the handle
    * back: the pickle stays loadable, the segment held by it. */
   if (dlb__place_pickled_layout(&l, (char *)dlb_shm_data(shm), offset,
@@ -245,7 +248,8 @@ static PyObject *py_shm_cleanup(PyObject *module, PyObject *unused) {
   (void)unused;
   int removed = 0;
   dlb_error err;
-  if (dlb_shm_cleanup(&removed, &err) != DLB_OK) return dlb__raise(&err);
+  if (dlb_shm_cleanup(&removed, &err) != DLB_OK)
+    return dlb__raise_errno(NULL, &err, errno);
   return PyLong_FromLong(removed);
 }
 

@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -248,6 +250,35 @@ static void test_close_unused_gives_the_handle_back(void) {
   dlb_shm_close(c);
   CHECK(!exists(name));
   dlb_shm_close_unused(NULL);
+}
+
+/* Out of file descriptors: DLB_ESYSTEM with errno EMFILE, saying what holds
+ * them.  In a child, whose descriptor limit can be lowered freely. */
+static void test_out_of_descriptors(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    dlb_error err;
+    dlb_shm *s = NULL, *first = NULL;
+    struct rlimit lim;
+    if (dlb_shm_create(16, &first, &err) != DLB_OK) _exit(1);
+    if (dlb_shm_hand_out(first, &err) != DLB_OK) _exit(1);
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0) _exit(1);
+    lim.rlim_cur = 16;
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) _exit(1);
+    int rc = DLB_OK;
+    for (int i = 0; i < 64 && rc == DLB_OK; i++) rc = dlb_shm_create(16, &s, &err);
+    if (rc != DLB_ESYSTEM || errno != EMFILE) _exit(2);
+    if (strstr(err.message, "each live shared tensor holds one") == NULL) _exit(3);
+    errno = 0;
+    if (dlb_shm_open(dlb_shm_name(first), &s, &err) != DLB_ESYSTEM || errno != EMFILE)
+      _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK_EQ(WEXITSTATUS(status), 0);
+  CHECK_EQ(strcmp(dlb_status_name(DLB_ESYSTEM), "DLB_ESYSTEM"), 0);
 }
 
 /* A child creates segments and dies without closing them: cleanup in the
@@ -567,6 +598,7 @@ int main(void) {
   test_truncated_segment_refused();
   test_allocation_failure();
   test_close_unused_gives_the_handle_back();
+  test_out_of_descriptors();
   test_cleanup_after_crash();
   test_cleanup_half_made();
   test_release_after_loader_exits_without_closing();

@@ -213,6 +213,40 @@ def test_failed_load_leaves_the_handle_loadable():
     assert not segment_exists(name)
 
 
+def test_out_of_file_descriptors_is_an_oserror_that_says_why():
+    """Each live shared tensor keeps one file descriptor open: running out of
+    them in share() or while loading a handle is OSError(EMFILE) saying so,
+    not a RuntimeError (issue 15)."""
+    res = _run("""
+        import errno, os, pickle, resource
+        import numpy as np, dlbridge as dlb
+        h = pickle.dumps(dlb.share(np.arange(4.0)))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (len(os.listdir("/proc/self/fd")) + 8, hard))
+        keep = []
+        try:
+            for _ in range(64):
+                keep.append(dlb.share(np.arange(4.0)))
+        except OSError as e:
+            assert type(e) is OSError and e.errno == errno.EMFILE, repr(e)
+            assert "each live shared tensor holds one" in str(e), e
+            assert str(e).startswith("[Errno 24] share(): "), e
+        else:
+            raise AssertionError("no error")
+        try:
+            pickle.loads(h)
+        except OSError as e:
+            assert e.errno == errno.EMFILE, repr(e)
+        else:
+            raise AssertionError("no error")
+        del keep
+        assert pickle.loads(h).tolist() == [0.0, 1.0, 2.0, 3.0]
+        print("OK")
+    """, env={**os.environ})
+    assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr
+
+
 def test_deepcopy_does_not_alias():
     import copy
     s = dlb.share(np.arange(4.0))
