@@ -226,22 +226,27 @@ static dlb_shm *open_handles;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
 /* Give back s's hold on its segment: its count (when this process counted
- * the mapping) and its shared lock; unlink the name when nobody holds the
- * segment any more.  The pages stay mapped.  open_lock held. */
-static void give_back_hold(dlb_shm *s) {
+ * the mapping) and its shared lock, unmapping its pages first when unmap
+ * is set; unlink the name when nobody holds the segment any more.
+ * open_lock held. */
+static void give_back_hold(dlb_shm *s, bool unmap) {
   if (s->fd < 0) return; /* given back already */
   /* A child made by fork() inherits the mapping but was never counted: only
    * the process that counted a mapping may uncount it. */
   bool counted = s->pid == (long)getpid();
   uint64_t left = counted ? atomic_fetch_sub(&s->header->counts, (uint64_t)1) - 1u
                           : atomic_load(&s->header->counts);
-  /* Unlocked explicitly: a mapping keeps its descriptor's open file, and
-   * with it the lock, alive until it is unmapped, which at exit it is not.
-   * Only the process that counted the mapping unlocks.  A child made by
-   * fork() shares the lock of every descriptor it inherited; its inherited
-   * mappings do not hold the segment (they were never counted), so the
-   * parent's unlock is theirs too, while a child's unlock would take the
-   * parent's lock away. */
+  /* A mapping keeps its descriptor's open file, and with it the lock,
+   * alive: unmapped first, and unlocked explicitly for when it is not (at
+   * exit).  Only the process that counted the mapping unlocks.  A child
+   * made by fork() shares the lock of every descriptor it inherited; its
+   * inherited mappings do not hold the segment (they were never counted),
+   * so the parent's unlock is theirs too, while a child's unlock would take
+   * the parent's lock away. */
+  if (unmap) {
+    munmap((void *)s->header, s->map_bytes);
+    s->header = NULL;
+  }
   if (counted) (void)flock(s->fd, LOCK_UN);
   close(s->fd);
   s->fd = -1;
@@ -267,7 +272,7 @@ static void give_back_hold(dlb_shm *s) {
  * list (exit() called in the middle of an open or a close), it is left. */
 static void release_at_exit(void) {
   if (pthread_mutex_trylock(&open_lock) == 0) {
-    for (dlb_shm *s = open_handles; s != NULL; s = s->next) give_back_hold(s);
+    for (dlb_shm *s = open_handles; s != NULL; s = s->next) give_back_hold(s, false);
     pthread_mutex_unlock(&open_lock);
   }
   /* And what this process made and released while others still held it,
@@ -275,7 +280,15 @@ static void release_at_exit(void) {
   (void)dlb_shm_cleanup(NULL, NULL);
 }
 
-static void register_exit(void) { (void)atexit(release_at_exit); }
+/* fork() while another thread holds open_lock would leave the child's copy
+ * locked for good: fork waits for the list instead. */
+static void lock_for_fork(void) { pthread_mutex_lock(&open_lock); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&open_lock); }
+
+static void register_exit(void) {
+  (void)pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+  (void)atexit(release_at_exit);
+}
 
 /* s is open: list it. */
 static void track(dlb_shm *s) {
@@ -518,9 +531,11 @@ void dlb_shm_close(dlb_shm *shm) {
   if (shm->prev != NULL) shm->prev->next = shm->next;
   else open_handles = shm->next;
   if (shm->next != NULL) shm->next->prev = shm->prev;
-  give_back_hold(shm);
+  if (shm->fd >= 0)
+    give_back_hold(shm, true);
+  else /* its hold was given back at exit */
+    munmap((void *)shm->header, shm->map_bytes);
   pthread_mutex_unlock(&open_lock);
-  munmap((void *)shm->header, shm->map_bytes);
   handle_free(shm);
 }
 

@@ -456,6 +456,53 @@ static void test_fork_children_and_locks(void) {
   CHECK(!exists(name)); /* ours, and nobody holds it any more */
 }
 
+/* The creator ends with _exit while a fork child still has its inherited
+ * mapping (and so the creator's lock): when that child lets go, nobody is
+ * left, and the child's close unlinks the segment. */
+static void test_inherited_close_after_creator_vanished(void) {
+  int names_pipe[2], go[2], done[2];
+  CHECK_EQ(pipe(names_pipe), 0);
+  CHECK_EQ(pipe(go), 0);
+  CHECK_EQ(pipe(done), 0); /* its write end closes when the heir is gone */
+  pid_t creator = fork();
+  if (creator == 0) {
+    dlb_error err;
+    dlb_shm *a = NULL;
+    close(names_pipe[0]);
+    close(done[0]);
+    if (dlb_shm_create(64, &a, &err) != DLB_OK) _exit(1);
+    if (fork() == 0) { /* the heir: waits for its creator to be gone */
+      char c;
+      close(go[1]);
+      close(names_pipe[1]);
+      if (read(go[0], &c, 1) != 1) _exit(2);
+      dlb_shm_close(a);
+      _exit(0);
+    }
+    close(done[1]);
+    char name[DLB_SHM_NAME_MAX] = {0};
+    strcpy(name, dlb_shm_name(a));
+    if (write(names_pipe[1], name, sizeof name) != (ssize_t)sizeof name) _exit(1);
+    _exit(0); /* never closed */
+  }
+  close(names_pipe[1]);
+  close(go[0]);
+  close(done[1]);
+  char name[DLB_SHM_NAME_MAX] = {0};
+  CHECK_EQ(read(names_pipe[0], name, sizeof name), (ssize_t)sizeof name);
+  close(names_pipe[0]);
+  int status = 0;
+  waitpid(creator, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(exists(name)); /* the heir maps it */
+  CHECK_EQ(write(go[1], "x", 1), 1);
+  close(go[1]);
+  char c;
+  CHECK_EQ(read(done[0], &c, 1), 0); /* end of file: the heir is gone */
+  close(done[0]);
+  CHECK(!exists(name));
+}
+
 /* A process that ends with exit() gives back the holds of the handles it
  * never closed, and removes what it made that others held when it let go
  * but nobody holds now.  A handle in flight still keeps its segment. */
@@ -604,6 +651,7 @@ int main(void) {
   test_release_after_loader_exits_without_closing();
   test_stale_counts_keep_handles_in_flight();
   test_fork_children_and_locks();
+  test_inherited_close_after_creator_vanished();
   test_normal_exit_gives_back();
   return check_summary("shm");
 }
