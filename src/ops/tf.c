@@ -475,13 +475,14 @@ static void *kernel_create(tf_kernel_construction *ctx) {
       goto fail;
     }
   }
-  /* Each result's elements must be countable in int64 (TensorFlow checks
-   * a shape by aborting). */
+  /* Each result's bytes must be countable in int64, at 16 bytes an element
+   * (complex128, the widest dtype TF holds): TensorFlow checks a shape by
+   * aborting. */
   for (int32_t o = 0, at = 0; o < nout; o++) {
     int64_t count = 1;
     for (int32_t a = 0; a < params[nin + o].ndim; a++, at++) {
       int64_t d = shapes[at];
-      if (d < 0 || (d > 0 && count > INT64_MAX / 8 / d)) {
+      if (d < 0 || (d > 0 && count > INT64_MAX / 16 / d)) {
         node_fail(ctx, status, TF_CODE_INVALID_ARGUMENT, identity,
                   "result %d: extent %lld is out of range", (int)o,
                   (long long)d);
