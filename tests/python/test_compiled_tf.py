@@ -184,13 +184,15 @@ _NUMBER_SPEC = pytest.mark.xfail(strict=True, reason="_result_specs gets "
     pytest.param("number_into_mut", marks=_NUMBER_SPEC)])
 def test_trace_errors_are_the_eager_errors(lib, k, case):
     f32 = lambda *s: tf.ones(s, tf.float32)  # noqa: E731
-    noop8 = dlb.load(lib, "dlb_kernel_noop", "noop8(a: int8, x: float32[n])")
+    # (the number after the tensor: the eager call reads arguments in order
+    # and hands the call over at the first graph tensor)
+    noop8 = dlb.load(lib, "dlb_kernel_noop", "noop8(x: float32[n], a: int8)")
     fn, args = {
         "dtype": (k.matmul, (tf.ones([2, 3], tf.float64), f32(3, 1))),
         "extent": (k.matmul, (f32(2, 3), f32(4, 1))),
         "rank": (k.matmul, (f32(2, 3, 1), f32(3, 1))),
-        "number_overflow": (noop8, (1000, f32(3))),
-        "number_float_into_int": (noop8, (2.5, f32(3))),
+        "number_overflow": (noop8, (f32(3), 1000)),
+        "number_float_into_int": (noop8, (f32(3), 2.5)),
         "number_into_tensor": (k.add3, (f32(3), 2.0, f32(3))),
         "number_into_mut": (k.add3, (f32(3), f32(3), 2.0)),
     }[case]
