@@ -32,6 +32,8 @@
  *   function.c Function and load()
  *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
  *              Functions compiled graphs name, by identity
+ *   ops/tf.c   the DlbridgeCall op and its kernels, registered through
+ *              TensorFlow's C API (found at run time)
  *   capi.c     the dlbridge._C_API capsule (include/dlbridge/python.h)
  *   testing.c  every private test hook (_fail_allocations, _exchange_*)
  *   pickle.c   Tensor pickling: protocol 5 out of band, in band below 5,
@@ -937,6 +939,8 @@ int dlb__ops_register(PyObject *fn, PyObject **registered);
 PyObject *dlb__ops_find(const char *identity, size_t len);
 /* Adds _ops_register and _ops_find to the module. */
 int dlb__ops_registry_init(PyObject *module);
+/* Adds _tf_register, _tf_dtype and _TF_OP to the module (ops/tf.c). */
+int dlb__ops_tf_init(PyObject *module);
 
 /* ---- Pickling (pickle.c) --------------------------------------------------- */
 

@@ -64,6 +64,7 @@ static int module_exec(PyObject *module) {
   if (dlb__handlers_init(st) < 0) return -1;
   if (dlb__function_init(module, st) < 0) return -1;
   if (dlb__ops_registry_init(module) < 0) return -1;
+  if (dlb__ops_tf_init(module) < 0) return -1;
   if (dlb__capi_init(module, st) < 0) return -1;
   if (dlb__testing_init(module, st) < 0) return -1;
   if (dlb__pickle_init(module, st) < 0 || dlb__share_init(module, st) < 0) return -1;
