@@ -371,17 +371,39 @@ _tm = None             # the torch module
 _NUMBERS = ()          # what a 0-d input takes for a number, Sym* included
 
 
-def _names_of(fn):
-    return tuple(item[0] for item in fn._inputs)
-
-
-def _scalar_inputs(fn):
-    return tuple(ndim == 0 and not mut for (_n, _d, ndim, mut) in fn._inputs)
-
-
-def _overload_of(fn, mask):
+def _plan(fn, npositional, keywords, types):
+    """How to call ``fn``'s operator, decided on the real Function while
+    Dynamo traces a call (the result is a constant of the graph): the
+    arguments, positional then keyword (``keywords`` their names), are of
+    ``types``.  Returns (identity, overload, order) -- ``order`` the
+    arguments' indices in parameter order -- or, for a call the operator
+    cannot take, the reason (a graph break)."""
+    names = [item[0] for item in fn._inputs]
+    if npositional > len(names):
+        return _BAD_ARGUMENTS
+    order = list(range(npositional))
+    for name in names[npositional:]:
+        if name not in keywords:
+            return _BAD_ARGUMENTS
+        order.append(npositional + keywords.index(name))
+    if len(order) != len(types):
+        return _BAD_ARGUMENTS
+    mask = 0
+    tensors = 0
+    for i, j in enumerate(order):
+        _name, _dtype, ndim, mut = fn._inputs[i]
+        if issubclass(types[j], _tm.Tensor):
+            tensors += 1
+        elif issubclass(types[j], _NUMBERS) and ndim == 0 and not mut:
+            # checked by the fake kernel (a constant) or by the Function
+            # itself when the graph runs (a symbolic number)
+            mask |= 1 << i
+        else:
+            return _NOT_A_TORCH_TENSOR
+    if tensors == 0:
+        return _NO_TORCH_TENSOR
     op(fn, mask)
-    return fn._identity, _overload_name(mask)
+    return fn._identity, _overload_name(mask), tuple(order)
 
 
 def _function_call(self, /, *args, **kwargs):
@@ -390,35 +412,16 @@ def _function_call(self, /, *args, **kwargs):
     framework's array, a number where the signature has no 0-d input, no
     torch tensor at all (the eager call then returns dlbridge Tensors) --
     is a graph break naming the reason: without fullgraph the eager call
-    then decides, exactly as without compiling."""
-    names = _names_of(self)
+    then decides, exactly as without compiling.  Kept to a few steps:
+    Dynamo traces them at every call site."""
+    values = args + tuple(kwargs.values()) if kwargs else args
+    plan = _plan(self, len(args), tuple(kwargs), tuple(map(type, values)))
+    if isinstance(plan, str):
+        _tm._dynamo.graph_break(msg=plan)
+    identity, overload, order = plan
     if kwargs:
-        placed = list(args)
-        for name in names[len(args):]:
-            if name not in kwargs:
-                _tm._dynamo.graph_break(msg=_BAD_ARGUMENTS)
-            placed.append(kwargs[name])
-        if len(placed) != len(args) + len(kwargs):
-            _tm._dynamo.graph_break(msg=_BAD_ARGUMENTS)
-        args = tuple(placed)
-    if len(args) != len(names):
-        _tm._dynamo.graph_break(msg=_BAD_ARGUMENTS)
-    scalar = _scalar_inputs(self)
-    mask = 0
-    tensors = 0
-    for i, a in enumerate(args):
-        if isinstance(a, _tm.Tensor):
-            tensors += 1
-        elif scalar[i] and isinstance(a, _NUMBERS):
-            # checked by the fake kernel (a constant) or by the Function
-            # itself when the graph runs (a symbolic number)
-            mask |= 1 << i
-        else:
-            _tm._dynamo.graph_break(msg=_NOT_A_TORCH_TENSOR)
-    if tensors == 0:
-        _tm._dynamo.graph_break(msg=_NO_TORCH_TENSOR)
-    identity, overload = _overload_of(self, mask)
-    return getattr(getattr(_tm.ops.dlbridge, identity), overload)(*args)
+        values = [values[i] for i in order]
+    return getattr(getattr(_tm.ops.dlbridge, identity), overload)(*values)
 
 
 _BAD_ARGUMENTS = ("a dlbridge Function called with arguments its signature "
@@ -444,11 +447,10 @@ def _teach_dynamo():
         _NUMBERS = (bool, int, float, complex, torch.SymInt, torch.SymFloat,
                     torch.SymBool)
         # Evaluated by Dynamo on the real Function when it traces a call,
-        # their results constants of the graph, with a guard on the
+        # its result a constant of the graph, with a guard on the
         # Function's id (a registered Function lives until exit: the id is
         # never reused).
-        for helper in (_names_of, _scalar_inputs, _overload_of):
-            torch.compiler.assume_constant_result(helper)
+        torch.compiler.assume_constant_result(_plan)
         torch.compiler.substitute_in_graph(_core.Function.__call__)(
             _function_call)
         _dynamo_taught = True
