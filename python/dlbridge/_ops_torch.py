@@ -43,7 +43,6 @@ NAMESPACE = "dlbridge"
 
 _lock = _thread.RLock()  # _thread: threading costs ms to import
 _library = None        # torch.library.Library(NAMESPACE, "FRAGMENT")
-_defined = set()       # identities with a defined schema
 _overloads = {}        # (identity, mask) -> OpOverload
 _dynamo_taught = False
 
@@ -187,6 +186,9 @@ def _fake_kernel(fn):
                     _check_number(fn, i, a)
                 specs.append(None)
         results = result_specs(fn, specs)
+        if not tensors:
+            raise TypeError(f"{fn.name}(): its torch operator needs a torch "
+                            f"tensor among the arguments")
         first = tensors[0]
         device = args[first].device
         for i in tensors[1:]:

@@ -382,6 +382,10 @@ def test_another_kernel_under_a_registered_identity(k):
         exc = _raised(lambda: other(x))
     assert type(exc) is ValueError and "another kernel" in str(exc)
     assert _ops_torch.op(first) is _ops_torch.op(same)
+    # inside Dynamo, torch reports it as its own error, naming it
+    exc = _raised(lambda: torch.compile(lambda x: other(x), backend="eager",
+                                        fullgraph=True)(torch.ones(4)))
+    assert "ValueError" in str(exc) and "another kernel" in str(exc)
 
 
 def test_make_fx_and_export_record_the_operator(k):
