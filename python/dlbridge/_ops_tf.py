@@ -118,13 +118,13 @@ def call(fn, args):
     specs = []
     for (name, dtype, ndim, mut), arg in zip(params, args):
         if isinstance(arg, (int, float, complex)):
-            specs.append(None)  # _result_specs says where numbers may go
+            specs.append(arg)  # checked by the eager call's own steps
         elif isinstance(arg, (tf.Tensor, tf.Variable)):
             shape = arg.shape
             if shape.rank is None:
                 raise TypeError(f"{fn.name}() argument '{name}': its rank is "
-                                f"unknown; a dlbridge Function needs every "
-                                f"extent known when it is traced")
+                                f"unknown; a dlbridge Function needs the "
+                                f"rank of every tensor when it is traced")
             specs.append((tuple(shape), _spec_dtype(fn, name, arg.dtype)))
         else:
             raise _mixing_error(fn, name, arg)
@@ -142,12 +142,14 @@ def call(fn, args):
 
     inputs = []
     for (name, dtype, ndim, mut), arg, spec in zip(params, args, specs):
-        if spec is None:
+        if not isinstance(spec, tuple):  # a Python number
             inputs.append(_constant(tf, fn, name, dtype, arg))
         else:
             inputs.append(tf.convert_to_tensor(arg))
     out_dtypes += [inputs[i].dtype for i in aliases]
-    result_shapes = [int(e) for shape, _ in results for e in shape]
+    # -1: an extent not known when traced, the inputs' answer at run time
+    result_shapes = [-1 if e is None else int(e)
+                     for shape, _ in results for e in shape]
     attrs = dict(Tout=out_dtypes, function=fn._identity,
                  result_shapes=result_shapes)
     _, _, op, outs = op_def_library._apply_op_helper(

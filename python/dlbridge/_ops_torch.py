@@ -154,17 +154,6 @@ def _no_backward(fn):
     return RuntimeError(f"{fn.name}: dlbridge Function has no backward")
 
 
-def _check_number(fn, i, value):
-    """A Python number for 0-d input i, checked by the eager call's rule
-    (scalars.c: OverflowError out of range, TypeError for a float into an
-    integer dtype), with the eager call's prefix."""
-    name, dtype = fn._inputs[i][0], fn._inputs[i][1]
-    try:
-        _core.tensor(value, dtype=dtype)
-    except (TypeError, OverflowError, ValueError) as exc:
-        raise type(exc)(f"{fn.name}() argument '{name}': {exc}") from exc
-
-
 def _fake_kernel(fn):
     """The fake kernel of ``fn``'s operator: the eager call's checks (dtype
     and extents by the Function itself, numbers by the eager rule, one
@@ -181,9 +170,9 @@ def _fake_kernel(fn):
             if isinstance(a, torch.Tensor):
                 specs.append((tuple(a.shape), _dtype_name(a.dtype)))
                 tensors.append(i)
+            elif isinstance(a, (bool, int, float, complex)):
+                specs.append(a)  # checked by the eager call's own steps
             else:
-                if isinstance(a, (bool, int, float, complex)):
-                    _check_number(fn, i, a)
                 specs.append(None)
         results = result_specs(fn, specs)
         if not tensors:
@@ -239,7 +228,7 @@ def result_specs(fn, specs):
     symbols = {}
     if torch is not None:
         for spec in specs:
-            if spec is not None:
+            if isinstance(spec, tuple):
                 for d in spec[0]:
                     if isinstance(d, torch.SymInt) and not _concrete(d):
                         symbols.setdefault(d.node.expr, d)
@@ -263,7 +252,7 @@ def result_specs(fn, specs):
     def attempt(state):
         try:
             return fn._result_specs(
-                [None if s is None else
+                [s if not isinstance(s, tuple) else
                  (tuple(value(d.node.expr, state)
                         if isinstance(d, torch.SymInt) and not _concrete(d)
                         else int(d) for d in s[0]), s[1])
@@ -281,7 +270,7 @@ def result_specs(fn, specs):
                     f"cannot be checked against the signature when the call "
                     f"is traced")
             fn._result_specs([  # every extent at its value: the eager error
-                None if s is None else
+                s if not isinstance(s, tuple) else
                 (tuple(hint[d.node.expr] if isinstance(d, torch.SymInt)
                        and not _concrete(d) else int(d) for d in s[0]), s[1])
                 for s in specs])
@@ -324,8 +313,8 @@ def _concrete(d):
 
 
 def _concrete_spec(spec):
-    if spec is None:
-        return None
+    if not isinstance(spec, tuple):
+        return spec  # a number, or None
     return (tuple(int(d) for d in spec[0]), spec[1])
 
 

@@ -6,7 +6,8 @@
  *   DlbridgeCall(args: Tin) -> outs: Tout
  *     Tin, Tout       list(type)
  *     function        string     the Function's identity (ops/registry.c)
- *     result_shapes   list(int)  the declared results' extents, flattened
+ *     result_shapes   list(int)  the declared results' extents, flattened;
+ *                                -1 for one not known when traced
  *
  * python/dlbridge/_ops_tf.py builds the node while tf.function traces;
  * everything it writes into the node comes from Function._result_specs,
@@ -42,10 +43,13 @@
  *    static shapes come from the signature on the Python side
  *    (Tensor.set_shape, which TensorFlow's own shape refiner keeps).
  *  - Output extents come from the node (result_shapes), fixed at trace
- *    time, where every extent is known (Function._result_specs needs them);
- *    dlb__function_run still checks every tensor against the signature
- *    before the kernel runs, so a node that disagrees with its inputs is an
- *    error, never a write out of bounds.
+ *    time where they are known; an extent traced as unknown (-1: a
+ *    tf.function traced with None extents, input_signature or
+ *    reduce_retracing) is the signature's answer for the inputs of each
+ *    run (dlb__function_result_shape).  dlb__function_run still checks
+ *    every tensor against the signature before the kernel runs, so a node
+ *    that disagrees with its inputs is an error, never a write out of
+ *    bounds.
  *  - CPU only.  On TF's GPU device the kernel refuses at construction: TF's
  *    C API gives a CUDA stream only to PluggableDevices (TF_GetStream), not
  *    to its built-in GPU device, and a kernel that cannot be ordered on
@@ -337,6 +341,20 @@ static void compact_strides(DLTensor *t) {
   }
 }
 
+/* Whether a result's extents (-1: given by the inputs at run time) could
+ * make more bytes than int64 counts, at 16 bytes an element (complex128,
+ * the widest dtype TF holds): TensorFlow checks a shape by aborting. */
+static int extents_out_of_range(const int64_t *shape, int32_t ndim) {
+  int64_t count = 1;
+  for (int32_t a = 0; a < ndim; a++) {
+    int64_t d = shape[a];
+    if (d < -1) return 1;
+    if (d > 0 && count > INT64_MAX / 16 / d) return 1;
+    if (d > 0) count *= d;
+  }
+  return 0;
+}
+
 static void node_fail(tf_kernel_construction *ctx, tf_status *status,
                       int code, const char *identity, const char *fmt, ...) {
   char message[DLB_ERROR_MESSAGE_SIZE + 128];
@@ -475,21 +493,15 @@ static void *kernel_create(tf_kernel_construction *ctx) {
       goto fail;
     }
   }
-  /* Each result's bytes must be countable in int64, at 16 bytes an element
-   * (complex128, the widest dtype TF holds): TensorFlow checks a shape by
-   * aborting. */
+  /* Each result's bytes must be countable in int64 (checked again at run
+   * time for extents the inputs give, -1 here). */
   for (int32_t o = 0, at = 0; o < nout; o++) {
-    int64_t count = 1;
-    for (int32_t a = 0; a < params[nin + o].ndim; a++, at++) {
-      int64_t d = shapes[at];
-      if (d < 0 || (d > 0 && count > INT64_MAX / 16 / d)) {
-        node_fail(ctx, status, TF_CODE_INVALID_ARGUMENT, identity,
-                  "result %d: extent %lld is out of range", (int)o,
-                  (long long)d);
-        goto fail;
-      }
-      count *= d;
+    if (extents_out_of_range(shapes + at, params[nin + o].ndim)) {
+      node_fail(ctx, status, TF_CODE_INVALID_ARGUMENT, identity,
+                "result %d: an extent is out of range", (int)o);
+      goto fail;
     }
+    at += params[nin + o].ndim;
   }
   memcpy(node_types, out_types, (size_t)nout * sizeof *node_types);
   for (int32_t i = 0, k = 0; i < nin; i++)
@@ -637,6 +649,20 @@ static void kernel_compute(void *kernel, tf_kernel_context *ctx) {
     t->device.device_type = kDLCPU;
     t->device.device_id = 0;
     memcpy(dims, node->shapes + at, (size_t)p->ndim * sizeof *dims);
+    for (int32_t a = 0; a < p->ndim; a++)
+      if (dims[a] < 0) {
+        /* traced as unknown: the signature's answer for these inputs */
+        dlb__function_result_shape(node->fn, f.argv, o, dims);
+        if (extents_out_of_range(dims, p->ndim)) {
+          char message[200];
+          snprintf(message, sizeof message,
+                   "%s: result %d: an extent is out of range",
+                   dlb__function_name(node->fn), (int)o);
+          tf_fail_with(status, TF_CODE_INVALID_ARGUMENT, message);
+          goto fail;
+        }
+        break;
+      }
     compact_strides(t);
     at += p->ndim;
     dims += 2 * p->ndim;

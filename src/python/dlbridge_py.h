@@ -897,6 +897,11 @@ PyObject *dlb__function_identity(PyObject *fn);
  * negative status with err saying "<name>: ...". */
 int dlb__function_run(PyObject *fn, DLTensor *const *argv, int32_t nargs,
                       void *stream, dlb_error *err);
+/* Result o's extents into shape (its ndim of them), from the inputs in
+ * argv that bound their names (not checked: dlb__function_run checks).
+ * Needs no GIL. */
+void dlb__function_result_shape(PyObject *fn, DLTensor *const *argv,
+                                int32_t o, int64_t *shape);
 /* Adds the dlbridge._C_API capsule (include/dlbridge/python.h). */
 int dlb__capi_init(PyObject *module, dlb_module_state *st);
 
