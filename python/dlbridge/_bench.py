@@ -26,9 +26,11 @@ import sys
 import time
 
 from . import _measure
+from ._kits import kits, version_of
 
 SCHEMA_VERSION = 1
-FRAMEWORKS = ("numpy", "torch", "jax", "tensorflow", "pyarrow", "paddle")
+# The kits the bench measures, in the registry's order.
+FRAMEWORKS = tuple(n for n, k in kits().items() if k.bench)
 CALLS = ("from_dlpack", "convert", "__dlpack__", "Function")
 REFERENCES = ("own", "nanobind", "tvm-ffi", "no-op")
 MODES = {"quick": _measure.QUICK, "default": _measure.DEFAULT,
@@ -64,56 +66,6 @@ def _aligned_ones(np, n):
     a = raw[skip:skip + n * 4].view(np.float32)
     a[:] = 1
     return a
-
-
-def _framework(fw, np):
-    """What the child needs of framework fw: make(ndarray) -> its CPU
-    tensor; own_import: (label template, callable) or (label, why there is
-    none); convert_ref: the reference for convert when it is not own_import;
-    op: its own 3-tensor operation (label, statement, names)."""
-    if fw == "numpy":
-        return dict(make=lambda a: a,
-                    own_import=("np.from_dlpack({})", np.from_dlpack),
-                    op=("np.add(a, b, out=c)", "add(a, b, out=c)", dict(add=np.add)))
-    if fw == "torch":
-        import torch
-        return dict(make=torch.from_numpy,
-                    own_import=("torch.from_dlpack({})", torch.from_dlpack),
-                    op=("torch.add(a, b, out=c)", "add(a, b, out=c)",
-                        dict(add=torch.add)))
-    if fw == "jax":
-        import jax.dlpack
-        import jax.numpy as jnp
-        return dict(make=lambda a: jax.device_put(a, jax.devices("cpu")[0]),
-                    own_import=("jax.dlpack.from_dlpack({})", jax.dlpack.from_dlpack),
-                    op=("jnp.add(a, b)", "add(a, b)", dict(add=jnp.add)))
-    if fw == "tensorflow":
-        import tensorflow as tf
-        tf_from = tf.experimental.dlpack.from_dlpack
-
-        def make(a):
-            with tf.device("/CPU:0"):
-                return tf.constant(a)
-        # TF's importer takes a capsule, not an object with __dlpack__.
-        return dict(make=make,
-                    own_import=("tf_from_dlpack({}.__dlpack__())",
-                                lambda o: tf_from(o.__dlpack__())),
-                    op=("tf.add(a, b)", "add(a, b)", dict(add=tf.add)))
-    if fw == "pyarrow":
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        # No DLPack importer: the from_dlpack row has no reference, and the
-        # convert row is compared with PyArrow's own (zero-copy) NumPy import.
-        return dict(make=pa.array,
-                    own_import=("(no importer)", "PyArrow has no DLPack importer"),
-                    convert_ref=("pa.array(y)", pa.array),
-                    op=("pc.add(a, b)", "add(a, b)", dict(add=pc.add)))
-    if fw == "paddle":
-        import paddle
-        return dict(make=lambda a: paddle.to_tensor(a, place=paddle.CPUPlace()),
-                    own_import=("paddle.from_dlpack({})", paddle.from_dlpack),
-                    op=("paddle.add(a, b)", "add(a, b)", dict(add=paddle.add)))
-    raise ValueError(f"unknown framework {fw!r}; known: {', '.join(FRAMEWORKS)}")
 
 
 def _peer_functions(cfg):
@@ -155,12 +107,17 @@ def child(fw, cfg):
 
     import dlbridge as dlb
     settings = _measure.Settings(**cfg["settings"])
-    spec = _framework(fw, np)
-    make = spec["make"]
+    kit = kits()[fw]
+
+    def make(a):
+        return kit.make(np, a, "float32", "contiguous")[0]
     x, a, b, c = (make(_aligned_ones(np, N)) for _ in range(4))
     y = dlb.from_dlpack(_aligned_ones(np, N)) if fw == "numpy" else _aligned_ones(np, N)
     t = dlb.from_dlpack(x)
-    own_label, own = spec["own_import"]
+    if kit.own_label is None:
+        own_label, own = "(no importer)", kit.no_importer
+    else:
+        own_label, own = kit.own_label, kit.own_importer()
 
     cases = {}   # (call, who) -> Case or reason
     labels = {}  # (call, reference kind) -> expression of the reference
@@ -175,7 +132,7 @@ def child(fw, cfg):
         own if isinstance(own, str) else _measure.Case("f(x)", f=own, x=x))
     add("convert", "dlb", None,
         _measure.Case("f(y, fw)", f=dlb.convert, y=y, fw=fw))
-    ref_label, ref = spec.get("convert_ref") or (own_label.format("y"), own)
+    ref_label, ref = kit.convert_reference()
     add("convert", "own", ref_label,
         ref if isinstance(ref, str) else _measure.Case("f(y)", f=ref, y=y))
     # As a DLPack 1.x consumer asks (and the only way read-only data, such
@@ -195,7 +152,7 @@ def child(fw, cfg):
         fcase = ("no no-op kernel library: set DLB_EXAMPLE_KERNELS or pass "
                  f"--kernels (meson builds build/{KERNEL_LIB})")
     add("Function", "dlb", None, fcase)
-    op_label, op_stmt, op_names = spec["op"]
+    op_label, op_stmt, op_names = kit.op()
     add("Function", "own", op_label,
         _measure.Case(op_stmt, a=a, b=b, c=c, **op_names))
     for kind, f in _peer_functions(cfg).items():
@@ -237,7 +194,8 @@ def _child_main(argv):
 
 def installed_frameworks():
     """The frameworks present, none of them imported."""
-    return [f for f in FRAMEWORKS if importlib.util.find_spec(f) is not None]
+    table = kits()
+    return [f for f in FRAMEWORKS if table[f].installed()]
 
 
 def find_kernel(explicit=None):
@@ -340,7 +298,6 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
     framework is measured."""
     import dlbridge
 
-    from ._doctor import _versions
     t0 = time.perf_counter()
     fws = list(frameworks or installed_frameworks())
     d, peers = find_peers(peers_dir)
@@ -363,7 +320,7 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
             "settings": dict(settings._asdict(), unroll=_measure.Case.unroll),
             "seconds": round(time.perf_counter() - t0, 1),
             "machine": _machine(), "dlbridge": dlbridge.__version__,
-            "versions": _versions(fws), "frameworks": fws,
+            "versions": {f: version_of(f) for f in fws}, "frameworks": fws,
             "kernel": cfg["kernel"], "peers": peers, "rows": rows,
             "notes": notes}
 

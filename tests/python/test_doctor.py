@@ -1,4 +1,5 @@
-"""dlbridge doctor: real probes over a subset of pairs, JSON schema, HTML."""
+"""dlbridge doctor: real probes over a subset of pairs, the judge, the JSON
+schema, and the renderings of a stored report (which need no framework)."""
 
 import json
 import os
@@ -8,9 +9,7 @@ import sys
 
 import pytest
 
-from dlbridge import _doctor, _render
-
-pytest.importorskip("torch")
+from dlbridge import _doctor, _kits, _render
 
 # float8 cases, probed when ml_dtypes or torch is installed: NumPy has no
 # float8 dtypes and cannot export an ml_dtypes float8 array; torch and
@@ -42,13 +41,107 @@ EXPECT = {
 }
 
 
+# Stand-in frameworks, joined to the kits through $DLBRIDGE_DOCTOR_KITS (the
+# children inherit it): a producer whose __dlpack__ aborts the process.
+FAKE_KITS = """
+import os
+
+from dlbridge._kits_base import Kit, sliced
+
+
+class Aborts:
+    def __dlpack__(self, **kw):
+        os.abort()
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+class Crasher(Kit):
+    name = "crasher"
+    consumer = False
+
+    def make(self, np, a, dtype, layout):
+        return Aborts(), sliced(a, layout)
+
+
+KITS = [Crasher()]
+"""
+
+
 @pytest.fixture(scope="module")
-def report():
-    os.environ[_doctor.CRASH_ENV] = "1"
-    try:
-        return _doctor.run(["numpy", "torch", "dlbridge", "crasher"], workers=2)
-    finally:
-        del os.environ[_doctor.CRASH_ENV]
+def fake_kits(tmp_path_factory):
+    """$DLBRIDGE_DOCTOR_KITS and PYTHONPATH set to a module of stand-in
+    kits for as long as the module's tests run."""
+    where = tmp_path_factory.mktemp("kits")
+    (where / "doctor_fake_kits.py").write_text(FAKE_KITS)
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", _kits.EXTRA_KITS_ENV)}
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(where)] + [p for p in [saved["PYTHONPATH"]] if p])
+    os.environ[_kits.EXTRA_KITS_ENV] = "doctor_fake_kits"
+    sys.path.insert(0, str(where))
+    yield
+    sys.path.remove(str(where))
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def report(fake_kits):
+    pytest.importorskip("torch")
+    return _doctor.run(["numpy", "torch", "dlbridge", "crasher"], workers=2)
+
+
+def _raw(producer, consumer, dtype, layout, path, outcome, message=""):
+    return dict(producer=producer, consumer=consumer, dtype=dtype,
+                layout=layout, path=path, outcome=outcome, message=message)
+
+
+# A report as a run stores it with --json, before judging: numpy, torch and
+# dlbridge (outcomes as torch 2.13 and NumPy 2.4 gave them) and a producer
+# that aborts.  The rendering tests use it, so they need no framework.
+STORED_CASES = [("float32", "contiguous"), ("bfloat16", "contiguous"),
+                ("float32", "negative"), ("float32", "read-only")]
+STORED = {
+    "schema_version": _doctor.SCHEMA_VERSION, "seconds": 1.5,
+    "python": "3.11.7", "versions": {"numpy": "2.4.6", "torch": "2.13.0",
+                                     "dlbridge": "0.1.0", "crasher": "?"},
+    "producers": ["numpy", "torch", "dlbridge", "crasher"],
+    "consumers": ["numpy", "torch", "dlbridge"],
+    "cases": [{"dtype": d, "layout": lay} for d, lay in STORED_CASES],
+    "cells": [
+        *[_raw(p, c, "float32", "contiguous", path, "zero-copy")
+          for p in ("numpy", "torch", "dlbridge") for c in ("numpy", "torch", "dlbridge")
+          for path in ("own", "dlb")],
+        _raw("torch", "numpy", "bfloat16", "contiguous", "own", "refused",
+             "BufferError: Unsupported dtype in DLTensor"),
+        _raw("torch", "numpy", "bfloat16", "contiguous", "dlb", "refused",
+             "BufferError: convert: numpy cannot hold dtype bfloat16"),
+        _raw("torch", "torch", "bfloat16", "contiguous", "own", "zero-copy"),
+        _raw("torch", "torch", "bfloat16", "contiguous", "dlb", "zero-copy"),
+        _raw("numpy", "torch", "float32", "negative", "own", "crashed",
+             "process died (signal 6) c10::Error: Storage size calculation overflowed"),
+        _raw("numpy", "torch", "float32", "negative", "dlb", "refused",
+             "BufferError: convert: torch tensors cannot have negative strides"),
+        _raw("numpy", "numpy", "float32", "negative", "own", "zero-copy"),
+        _raw("numpy", "numpy", "float32", "negative", "dlb", "zero-copy"),
+        _raw("numpy", "torch", "float32", "read-only", "own", "zero-copy"),
+        _raw("numpy", "torch", "float32", "read-only", "dlb", "refused",
+             "BufferError: convert: the data is read-only"),
+        _raw("crasher", "numpy", "float32", "contiguous", "own", "crashed",
+             "process died (signal 6) Fatal Python error: Aborted"),
+        _raw("crasher", "numpy", "float32", "contiguous", "dlb", "crashed",
+             "process died (signal 6) Fatal Python error: Aborted"),
+    ],
+}
+
+
+@pytest.fixture
+def stored():
+    return _doctor.judge(json.loads(json.dumps(STORED)))
 
 
 def _cells(report, p, c, path):
@@ -102,7 +195,7 @@ def test_json_schema(report):
         _doctor.validate(bad)
 
 
-def test_plain_grid_fits_100_columns(report):
+def test_plain_grid_of_a_run(report):
     text = _render.plain(report)
     assert max(len(line) for line in text.splitlines()) <= 100
     n = 16 + len(FP8) * ("float8_e4m3fn" in _doctor.DTYPES)
@@ -110,10 +203,25 @@ def test_plain_grid_fits_100_columns(report):
     assert "☠" in text
 
 
-def test_rich_grid(report):
+def test_stored_report_is_judged_again(stored):
+    _doctor.validate(stored)
+    crash = next(c for c in stored["cells"] if c["outcome"] == "crashed"
+                 and c["producer"] == "numpy")
+    assert "negative strides" in crash["known_limitation"]
+    assert stored["defects"] == []
+
+
+def test_plain_grid_fits_100_columns(stored):
+    text = _render.plain(stored)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "✓ 2/2" in text      # torch -> torch: float32 and bfloat16
+    assert "☠" in text
+
+
+def test_rich_grid(stored):
     rich = pytest.importorskip("rich.console")
     console = rich.Console(width=100, record=True)
-    _render.rich_grid(report, console)
+    _render.rich_grid(stored, console)
     assert "producer" in console.export_text()
 
 
@@ -128,9 +236,9 @@ def test_cli_json_and_plain_text(tmp_path):
     _doctor.validate(json.loads(out.read_text()))
 
 
-def test_html_report_in_chromium(report, tmp_path):
+def test_html_report_in_chromium(stored, tmp_path):
     page = tmp_path / "doctor.html"
-    page.write_text(_render.html_page(report), encoding="utf-8")
+    page.write_text(_render.html_page(stored), encoding="utf-8")
     text = page.read_text()
     assert "http://" not in text and "https://" not in text  # no network
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -155,7 +263,7 @@ def test_html_report_in_chromium(report, tmp_path):
     assert shot.exists() and shot.stat().st_size > 1000
 
 
-def test_cuda_variants_pair_only_with_cuda():
+def test_cuda_variants_pair_only_with_cuda(fake_kits):
     """With a GPU, frameworks are probed again on cuda:0 as "<name>:cuda";
     a pair never mixes a CPU producer with a CUDA consumer (or the reverse).
     (The CUDA cells themselves are checked on a GPU machine.)"""
@@ -166,9 +274,10 @@ def test_cuda_variants_pair_only_with_cuda():
     assert ("torch:cuda", "dlbridge:cuda") in pairs and ("numpy", "dlbridge") in pairs
     assert ("crasher", "numpy") in pairs and ("numpy", "crasher") not in pairs
     assert all(p.endswith(":cuda") == c.endswith(":cuda") for p, c in pairs)
-    assert _doctor.known_reason("torch:cuda", "dlbridge:cuda", "float32",
-                                "negative") == _doctor.known_reason(
-                                    "torch", "dlbridge", "float32", "negative")
+    cell = dict(producer="dlbridge", consumer="torch", dtype="float32",
+                layout="negative", path="own", outcome="refused")
+    on_gpu = dict(cell, producer="dlbridge:cuda", consumer="torch:cuda")
+    assert _doctor.known_reason(on_gpu) == _doctor.known_reason(cell)
 
 
 def test_unaligned_copy_for_tensorflow_is_not_a_defect():
