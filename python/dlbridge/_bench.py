@@ -316,13 +316,34 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
     if cfg["kernel"] is None:
         notes.append(f"Function: not measured: no {KERNEL_LIB} (set "
                      f"{KERNELS_ENV} or pass --kernels; meson builds it in build/)")
-    return {"schema_version": SCHEMA_VERSION, "mode": mode,
-            "settings": dict(settings._asdict(), unroll=_measure.Case.unroll),
-            "seconds": round(time.perf_counter() - t0, 1),
-            "machine": _machine(), "dlbridge": dlbridge.__version__,
-            "versions": {f: version_of(f) for f in fws}, "frameworks": fws,
-            "kernel": cfg["kernel"], "peers": peers, "rows": rows,
-            "notes": notes}
+    report = {"schema_version": SCHEMA_VERSION, "mode": mode,
+              "settings": dict(settings._asdict(), unroll=_measure.Case.unroll),
+              "seconds": round(time.perf_counter() - t0, 1),
+              "machine": _machine(), "dlbridge": dlbridge.__version__,
+              "versions": {f: version_of(f) for f in fws}, "frameworks": fws,
+              "kernel": cfg["kernel"], "peers": peers, "rows": rows,
+              "notes": notes}
+    report["defects"] = defects(report)
+    return report
+
+
+def defects(report):
+    """dlbridge's side failing where the framework's own way works: each
+    {framework, call, error}.  Not a defect: convert into a framework with
+    no DLPack importer (PyArrow), Function without the kernel library."""
+    table = kits()
+    out = []
+    for r in report["rows"]:
+        fw, call = r["framework"], r["call"]
+        if (r["reference"]["kind"] != "own" or r["dlbridge"]["ns"] is not None
+                or r["reference"]["ns"] is None):
+            continue
+        if call == "convert" and table[fw].own_label is None:
+            continue
+        if call == "Function" and report["kernel"] is None:
+            continue
+        out.append({"framework": fw, "call": call, "error": r["dlbridge"]["error"]})
+    return out
 
 
 _SIDE = {"type": "object", "required": ["expr", "ns", "error"],
@@ -335,7 +356,8 @@ _SIDE = {"type": "object", "required": ["expr", "ns", "error"],
 SCHEMA = {
     "type": "object",
     "required": ["schema_version", "mode", "settings", "machine", "dlbridge",
-                 "versions", "frameworks", "kernel", "peers", "rows", "notes"],
+                 "versions", "frameworks", "kernel", "peers", "rows", "notes",
+                 "defects"],
     "properties": {
         "schema_version": {"enum": [SCHEMA_VERSION]},
         "mode": {"enum": list(MODES)},
@@ -374,6 +396,11 @@ SCHEMA = {
                                                   kind={"enum": list(REFERENCES)})),
                 "ratio": {"type": ["number", "null"]}}}},
         "notes": {"type": "array", "items": {"type": "string"}},
+        "defects": {"type": "array", "items": {
+            "type": "object", "required": ["framework", "call", "error"],
+            "properties": {"framework": {"enum": list(FRAMEWORKS)},
+                           "call": {"enum": list(CALLS)},
+                           "error": {"type": "string"}}}},
     },
 }
 
@@ -446,6 +473,9 @@ def _tail(report, errors):
     out = [LEGEND]
     out += [f"not measured: {e}" for e in errors]
     out += report["notes"]
+    if report.get("defects"):
+        out.append("dlbridge defects (exit status 1): " + ", ".join(
+            f"{d['framework']} {d['call']}" for d in report["defects"]))
     return out
 
 
@@ -532,12 +562,7 @@ def main(args):
         except PlotUnavailable as e:
             print(f"dlbridge bench: {e}", file=sys.stderr)
             return 2
-    fws = [f for f in args.frameworks.split(",") if f] if args.frameworks else None
-    unknown = [f for f in fws or () if f not in FRAMEWORKS]
-    if unknown:
-        print(f"dlbridge bench: unknown framework(s) {', '.join(unknown)}; "
-              f"known: {', '.join(FRAMEWORKS)}", file=sys.stderr)
-        return 2
+    fws = args.frameworks or None    # checked by the command line
     mode = "full" if args.full else "quick" if args.quick else "default"
     to_stdout = args.json == "-"
     console = None if to_stdout else _console(args.plain)
@@ -566,7 +591,10 @@ def main(args):
     if args.plot:
         plot(report, args.plot, plt)
         print(f"plot: {args.plot}", file=sys.stderr if to_stdout else sys.stdout)
-    return 0
+    for d in report["defects"]:
+        print(f"DLBRIDGE DEFECT: {d['framework']} {d['call']}: {d['error']}",
+              file=sys.stderr)
+    return 1 if report["defects"] else 0
 
 
 if __name__ == "__main__":

@@ -23,8 +23,11 @@ they dislike and some pairs cannot even be imported together.
 import importlib.util
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,9 +36,10 @@ from ._kits import kits, version_of
 from ._kits_base import FP8_DTYPES, LAYOUTS, Unavailable, source
 
 SCHEMA_VERSION = 1
-OUTCOMES = ("zero-copy", "copied", "refused", "wrong", "crashed")
+OUTCOMES = ("zero-copy", "copied", "refused", "wrong", "crashed", "hung")
 # Worst first: a cell is coloured by its worst outcome.
-_SEVERITY = {"zero-copy": 0, "copied": 1, "refused": 2, "wrong": 3, "crashed": 4}
+_SEVERITY = {"zero-copy": 0, "copied": 1, "refused": 2, "wrong": 3,
+             "crashed": 4, "hung": 4}
 # float8 (DLPack 1.1's codes) is probed where a framework that can hold it
 # is installed: ml_dtypes (NumPy's, JAX's and TensorFlow's float8 types),
 # torch, paddle.
@@ -135,8 +139,21 @@ def _inspect(x, kit):
     return t.data_ptr, view.tobytes()
 
 
-def _probe(path, consumer, dtype, obj, ref, src_ptr):
+PATHS = ("own", "dlb")
+# Where a child can die, announced before each step so the parent knows
+# whose code it was running: loading the pair's frameworks, the producer
+# making and exporting a tensor, the path's importer, dlbridge reading the
+# source and the result back.
+PHASES = ("load", "make", "import", "inspect")
+
+
+def _emit(rec):
+    print(json.dumps(rec), flush=True)
+
+
+def _probe(path, consumer, dtype, obj, ref, src_kit, announce):
     kit = kits()[_base(consumer)]
+    announce("import")
     try:
         if path == "own":
             res = kit.own_importer(dtype)(obj)
@@ -147,6 +164,11 @@ def _probe(path, consumer, dtype, obj, ref, src_ptr):
         return "refused", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     if res is obj:   # handed back as it is: the same memory
         return "zero-copy", ""
+    announce("inspect")
+    try:
+        src_ptr = _inspect(obj, src_kit)[0]
+    except Exception:
+        src_ptr = None
     try:
         ptr, data = _inspect(res, kit)
     except Exception as e:
@@ -162,43 +184,151 @@ def _probe(path, consumer, dtype, obj, ref, src_ptr):
 
 
 def child(producer, consumer, first=0):
-    """Run the probes of one pair from probe number ``first`` on."""
+    """Run the probes of one pair from probe number ``first`` on (probe
+    2i is case i's "own" path, 2i + 1 its "dlb" path).  Each step is
+    announced before it runs (see PHASES), so that the parent can pin a
+    crash or a hang on a probe and on whose code was running."""
     import numpy as np
-    kit = kits()[_base(producer)]
+    table = kits()
+    kit, consumer_kit = table[_base(producer)], table[_base(consumer)]
+    _emit({"outcome": "phase", "phase": "load"})
+    kit.load()
+    consumer_kit.load()
     make = kit.make_cuda if _on_cuda(producer) else kit.make
     for index, (dtype, layout) in enumerate(cases()):
-        if 2 * index + 1 < first:
-            continue
         rec = {"producer": producer, "consumer": consumer, "dtype": dtype,
                "layout": layout}
-        try:
-            obj, ref = make(np, source(np, dtype, layout), dtype, layout)
-        except Unavailable:
-            continue
-        except Exception as e:
-            print(json.dumps(dict(rec, path="own", outcome="n/a", message=str(e)[:200])), flush=True)
-            continue
-        src_ptr = ...
-        for k, path in enumerate(("own", "dlb")):
+        made = None
+        for k, path in enumerate(PATHS):
             if 2 * index + k < first:
                 continue
-            # announce first, so a crash can be pinned on this probe
-            print(json.dumps(dict(rec, path=path, outcome="start",
-                                 probe=2 * index + k)), flush=True)
-            if src_ptr is ...:   # reading the source runs its __dlpack__
+            _emit(dict(rec, path=path, outcome="start", probe=2 * index + k))
+            if made is None:
+                _emit({"outcome": "phase", "phase": "make"})
                 try:
-                    src_ptr = _inspect(obj, kit)[0]
-                except Exception:
-                    src_ptr = None
-            outcome, msg = _probe(path, consumer, dtype, obj, ref, src_ptr)
-            print(json.dumps(dict(rec, path=path, outcome=outcome, message=msg)), flush=True)
+                    made = make(np, source(np, dtype, layout), dtype, layout)
+                    kit.export(made[0])
+                except Exception as e:   # Unavailable, or the maker failed
+                    made = e
+            if isinstance(made, Unavailable):
+                _emit(dict(rec, path=path, outcome="skipped"))
+            elif isinstance(made, Exception):
+                if path == "own":
+                    _emit(dict(rec, path=path, outcome="n/a",
+                               message=str(made)[:200]))
+                else:
+                    _emit(dict(rec, path=path, outcome="skipped"))
+            else:
+                outcome, msg = _probe(
+                    path, consumer, dtype, made[0], made[1], kit,
+                    lambda phase: _emit({"outcome": "phase", "phase": phase}))
+                _emit(dict(rec, path=path, outcome=outcome, message=msg))
 
 
 # --------------------------------------------------------------- parent side
 
-def _run_pair(producer, consumer):
-    """All cells of one pair; a child that dies is restarted after the
-    probe that killed it, which becomes a "crashed" cell."""
+DEFAULT_TIMEOUT_S = 300
+
+
+class _Children:
+    """The children running now, so that an interrupted run can kill them
+    (each runs in a session of its own, out of reach of the terminal's
+    Ctrl-C) and no pair starts another."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.live = set()
+        self.stopped = False
+
+    def start(self, cmd, env):
+        with self.lock:
+            if self.stopped:
+                return None
+            # A session (and process group) of its own: a hung child is
+            # killed with whatever it started.
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, env=env, text=True,
+                                 start_new_session=True)
+            self.live.add(p)
+            return p
+
+    def done(self, p):
+        with self.lock:
+            self.live.discard(p)
+
+    def stop(self):
+        with self.lock:
+            self.stopped = True
+            for p in self.live:
+                _kill_group(p)
+
+
+def _kill_group(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run_child(children, cmd, env, timeout):
+    """Run one child: (records, return code, stderr, hung).  The child is
+    hung when it prints nothing for ``timeout`` seconds: its process group
+    is killed."""
+    p = children.start(cmd, env)
+    if p is None:
+        return [], 0, "", False
+    lines = queue.Queue()
+    err = []
+
+    def pump_out():
+        for line in p.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    def pump_err():
+        err.append(p.stderr.read())
+
+    pumps = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
+    for t in pumps:
+        t.start()
+    records, hung = [], False
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                hung = True
+                break
+            if line is None:
+                break
+            if line.startswith("{"):
+                records.append(json.loads(line))
+    finally:
+        if hung:
+            _kill_group(p)
+        p.wait()
+        for t in pumps:
+            t.join()
+        children.done(p)
+    return records, p.returncode, "".join(err), hung
+
+
+def _death(rc, err, hung, timeout):
+    """(outcome, message) for a child that died or hung."""
+    if hung:
+        return "hung", f"no answer in {timeout:g} s: the child was killed"
+    why = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+    lines = [ln for ln in err.splitlines() if ln.strip()
+             and not ln.startswith(("frame #", "Exception raised", "I0", "W0"))]
+    detail = next((ln.strip() for ln in lines if "what()" in ln
+                   or "Error" in ln), lines[-1] if lines else "")
+    return "crashed", f"process died ({why}) {detail}"[:300]
+
+
+def _run_pair(producer, consumer, timeout=DEFAULT_TIMEOUT_S, children=None):
+    """All cells of one pair.  A child that dies or hangs on a probe is
+    restarted after that probe, which becomes a "crashed" or "hung" cell."""
+    children = children or _Children()
     # x64 on: without it JAX silently narrows 64-bit data to 32 bits.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu",
                GLOG_minloglevel="3", JAX_ENABLE_X64="1",
@@ -207,73 +337,85 @@ def _run_pair(producer, consumer):
         # JAX on its GPU backend, without taking 75% of the GPU up front
         env.pop("JAX_PLATFORMS")
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    total = 2 * len(cases())
     cells, first, barren = [], 0, 0
-    while True:
+    while first < total:
         cmd = [sys.executable, "-m", "dlbridge._doctor", producer, consumer,
                str(first)]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=env, text=True)
-        out, err = p.communicate()
-        pending, before = None, len(cells)
-        for line in out.splitlines():
-            if not line.startswith("{"):
-                continue
-            rec = json.loads(line)
-            if rec["outcome"] == "start":
-                pending = rec
+        records, rc, err, hung = _run_child(children, cmd, env, timeout)
+        pending = last = None
+        phase = "load"
+        for rec in records:
+            if rec["outcome"] == "phase":
+                phase = rec["phase"]
+            elif rec["outcome"] == "start":
+                pending, last = rec, rec["probe"]
             else:
                 pending = None
-                cells.append(rec)
-        if p.returncode == 0:
+                if rec["outcome"] != "skipped":
+                    cells.append(rec)
+        if rc == 0 and not hung:
             return cells
-        rc = p.returncode
-        why = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
-        lines = [ln for ln in err.splitlines() if ln.strip()
-                 and not ln.startswith(("frame #", "Exception raised", "I0", "W0"))]
-        detail = next((ln.strip() for ln in lines if "what()" in ln
-                       or "Error" in ln), lines[-1] if lines else "")
-        if pending is None:
-            cells.append({"producer": producer, "consumer": consumer,
-                          "dtype": "-", "layout": "-", "path": "own",
-                          "outcome": "crashed",
-                          "message": f"process died ({why}) {detail}"[:300]})
+        if children.stopped:
             return cells
-        probe = pending.pop("probe")
-        pending.update(outcome="crashed",
-                       message=f"process died ({why}) {detail}"[:300])
-        cells.append(pending)
-        first = probe + 1
-        # Two children in a row that died on their first probe: the pair
-        # cannot live in one process; the rest is marked, not retried.
-        barren = barren + 1 if len(cells) == before + 1 else 0
+        outcome, message = _death(rc, err, hung, timeout)
+        if pending is not None:
+            probe = pending.pop("probe")
+            cells.append(dict(pending, outcome=outcome, message=message,
+                              phase=phase))
+            # Two children in a row that died on their first probe: the
+            # pair cannot live in one process; the rest is marked, not run.
+            barren = barren + 1 if probe == first else 0
+            first = probe + 1
+        elif last is not None:
+            # between two probes (at its exit, for one): the pair's cell
+            cells.append(dict(producer=producer, consumer=consumer, dtype="-",
+                              layout="-", path="own", outcome=outcome,
+                              message=f"after its last probe: {message}"[:300],
+                              phase="exit"))
+            barren, first = 0, last + 1
+        else:
+            barren = 2      # before its first probe: the pair cannot start
         if barren >= 2:
-            done = {(c["dtype"], c["layout"], c["path"]) for c in cells}
+            verb = "hangs" if outcome == "hung" else "kills the process"
+            if phase == "load":
+                message = f"loading {producer} and {consumer}: {message}"
             for index, (dtype, layout) in enumerate(cases()):
-                for k, path in enumerate(("own", "dlb")):
-                    if 2 * index + k >= first and (dtype, layout, path) not in done:
+                for k, path in enumerate(PATHS):
+                    if 2 * index + k >= first:
                         cells.append(dict(
                             producer=producer, consumer=consumer, dtype=dtype,
-                            layout=layout, path=path, outcome="crashed",
-                            message=f"not run: every probe of this pair kills the process ({why})"))
+                            layout=layout, path=path, outcome=outcome,
+                            message=f"not run: every probe of this pair {verb} "
+                                    f"({message})"[:300], phase=phase))
             return cells
+    return cells
 
 
-def run(frameworks=None, workers=2, progress=None):
-    """Probe every pair of ``frameworks`` (default: all installed) and
-    return the judged report (see SCHEMA)."""
+def run(frameworks=None, workers=2, progress=None, timeout=DEFAULT_TIMEOUT_S):
+    """Probe every pair of ``frameworks`` (default: all installed), at most
+    ``workers`` children at once, a probe that takes over ``timeout``
+    seconds being "hung"; return the judged report (see SCHEMA)."""
     fws = frameworks or installed_frameworks()
     cells = []
     step = progress or (lambda pair: None)
+    children = _Children()
 
     def one(pair):
-        out = _run_pair(pair[0], pair[1])
+        out = _run_pair(pair[0], pair[1], timeout, children)
         step(pair)
         return out
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=workers) as ex:
+    ex = ThreadPoolExecutor(max_workers=workers)
+    try:
         for out in ex.map(one, pairs_of(fws)):
             cells.extend(out)
+    except BaseException:    # Ctrl-C included: no child outlives the run
+        children.stop()
+        ex.shutdown(wait=True, cancel_futures=True)
+        raise
+    ex.shutdown()
     return judge({"schema_version": SCHEMA_VERSION,
                   "seconds": round(time.perf_counter() - t0, 1),
                   "python": sys.version.split()[0],
@@ -305,22 +447,40 @@ def known_reason(cell):
     return None
 
 
+def _dlbridge_ran(cell):
+    """Whether dlbridge's code was running when the cell's child crashed or
+    hung (its phase): reading results back, making or exporting a dlbridge
+    tensor, or importing on the dlb path or into dlbridge.  Loading a pair
+    and a child's exit are the frameworks'."""
+    phase = cell.get("phase")
+    if phase == "inspect":
+        return True
+    if phase == "make":
+        return _base(cell["producer"]) == "dlbridge"
+    if phase == "import":
+        return cell["path"] == "dlb" or _base(cell["consumer"]) == "dlbridge"
+    return False
+
+
 def dlbridge_defects(cells):
-    """Cells that are dlbridge's own fault: wrong data or a crash on the
-    dlbridge path (unless the consumer's own path did the same: then the
-    producer or the pair is at fault), or a copy there where the consumer's
-    own path shared memory."""
+    """Cells that are dlbridge's own fault: a crash or a hang while
+    dlbridge's code ran, wrong data on a dlbridge path (unless the
+    consumer's own path got the same: then the producer is at fault), or a
+    copy on the dlb path where the consumer's own path shared memory."""
     own = {(c["producer"], c["consumer"], c["dtype"], c["layout"]): c["outcome"]
            for c in cells if c["path"] == "own"}
     bad = []
     for c in cells:
-        if c["path"] != "dlb":
-            continue
         native = own.get((c["producer"], c["consumer"], c["dtype"], c["layout"]))
-        if c["outcome"] in ("wrong", "crashed") and native != c["outcome"]:
-            bad.append(c)
-        elif (c["outcome"] == "copied" and native == "zero-copy"
-              and c.get("message") != UNALIGNED_FOR_TF):
+        if c["outcome"] in ("crashed", "hung"):
+            if _dlbridge_ran(c):
+                bad.append(c)
+        elif c["outcome"] == "wrong":
+            if (c["path"] == "dlb" and native != "wrong"
+                    or c["path"] == "own" and _base(c["consumer"]) == "dlbridge"):
+                bad.append(c)
+        elif (c["path"] == "dlb" and c["outcome"] == "copied"
+              and native == "zero-copy" and c.get("message") != UNALIGNED_FOR_TF):
             bad.append(c)
     return bad
 
@@ -331,7 +491,7 @@ def judge(report):
     cells = report["cells"]
     for c in cells:
         c.pop("known_limitation", None)
-        if c["outcome"] in ("refused", "crashed", "copied"):
+        if c["outcome"] in ("refused", "crashed", "hung", "copied"):
             reason = known_reason(c)
             if c["outcome"] == "refused" or c["path"] == "own":
                 c["known_limitation"] = reason
@@ -356,6 +516,7 @@ SCHEMA = {
                 "path": {"enum": ["own", "dlb"]},
                 "outcome": {"enum": list(OUTCOMES) + ["n/a"]},
                 "message": {"type": "string"},
+                "phase": {"enum": ["load", "make", "import", "inspect", "exit"]},
                 "known_limitation": {"type": ["string", "null"]}}}},
         "defects": {"type": "array"},
     },

@@ -224,6 +224,12 @@ class TensorFlow(Kit):
         import tensorflow as tf
         return tf.experimental.dlpack.to_dlpack(obj)
 
+    def export(self, obj):
+        try:
+            self.exportable(obj)
+        except Exception:
+            pass
+
     def op(self):
         import tensorflow as tf
         return "tf.add(a, b)", "add(a, b)", {"add": tf.add}

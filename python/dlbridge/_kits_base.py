@@ -127,6 +127,23 @@ class Kit:
         return (self.module is None
                 or importlib.util.find_spec(self.module) is not None)
 
+    def load(self):
+        """Import the framework (the doctor's children do it first, so that
+        frameworks that cannot share a process are found out at once)."""
+        if self.module is not None:
+            importlib.import_module(self.module)
+
+    def export(self, obj):
+        """The producer's own DLPack export of ``obj``, run once after
+        making it and dropped: a producer that dies here is at fault,
+        whatever the importer."""
+        dlpack = getattr(obj, "__dlpack__", None)
+        if dlpack is not None:
+            try:
+                dlpack()
+            except Exception:   # a refusal is the importer's to see
+                pass
+
     def make(self, np, a, dtype, layout):
         """(its tensor, the NumPy reference of its logical content) for the
         case: ``a`` is ``source(np, dtype, layout)``.  Raises Unavailable

@@ -9,13 +9,15 @@ from ._doctor import DTYPES, OUTCOMES, _SEVERITY
 DTYPE_WORDS = sorted(DTYPES, key=len, reverse=True)
 
 SYMBOL = {"zero-copy": "✓", "copied": "~", "refused": "✗", "wrong": "!",
-          "crashed": "☠", None: "·"}
+          "crashed": "☠", "hung": "⧗", None: "·"}
 STYLE = {"zero-copy": "green", "copied": "yellow", "refused": "bright_black",
-         "wrong": "bold red", "crashed": "bold magenta", None: "dim"}
+         "wrong": "bold red", "crashed": "bold magenta", "hung": "bold magenta",
+         None: "dim"}
 COLOR = {"zero-copy": "#2e9e44", "copied": "#e0b000", "refused": "#9aa0a6",
-         "wrong": "#d93025", "crashed": "#8e24aa", None: "#f1f3f4"}
-LEGEND = ("✓ zero-copy   ~ copied   ✗ refused   ! wrong data   ☠ crashed;  "
-          "N/M = zero-copy probes / probes run")
+         "wrong": "#d93025", "crashed": "#8e24aa", "hung": "#6a1b9a",
+         None: "#f1f3f4"}
+LEGEND = ("✓ zero-copy  ~ copied  ✗ refused  ! wrong data  ☠ crashed  ⧗ hung;  "
+          "N/M: zero-copy / run")
 SHORT = {"tensorflow": "tf", "dlbridge": "dlbridge", "tvm_ffi": "tvm-ffi"}
 
 
@@ -129,7 +131,7 @@ table.grid{border-collapse:collapse;margin:12px 0 24px}
 
 _JS = """
 const R = JSON.parse(document.getElementById('data').textContent);
-const SEV = {"zero-copy":0,"copied":1,"refused":2,"wrong":3,"crashed":4};
+const SEV = {"zero-copy":0,"copied":1,"refused":2,"wrong":3,"crashed":4,"hung":4};
 const COL = %s, SYM = %s;
 function on(cls){return [...document.querySelectorAll('.f-'+cls+':checked')].map(e=>e.value);}
 function draw(){

@@ -45,6 +45,9 @@ EXPECT = {
 # children inherit it): a producer whose __dlpack__ aborts the process.
 FAKE_KITS = """
 import os
+import subprocess
+import sys
+import time
 
 from dlbridge._kits_base import Kit, sliced
 
@@ -65,22 +68,55 @@ class Crasher(Kit):
         return Aborts(), sliced(a, layout)
 
 
-KITS = [Crasher()]
+def hang():
+    # A grandchild in the same process group, its pid left for the test
+    # to check that the whole group was killed.
+    sleeper = subprocess.Popen([sys.executable, "-c",
+                                "import time; time.sleep(600)"])
+    with open(os.environ["DOCTOR_TEST_PIDS"], "a") as f:
+        f.write(f"{sleeper.pid}\\n")
+    time.sleep(600)
+
+
+class Hanger(Kit):
+    # an importer that never returns on int8
+    name = "hanger"
+
+    def own_importer(self, dtype="float32"):
+        import numpy
+        if dtype == "int8":
+            return lambda x: hang()
+        return numpy.from_dlpack
+
+
+class Stuck(Kit):
+    # a framework whose import never returns
+    name = "stuck"
+
+    def load(self):
+        hang()
+
+
+KITS = [Crasher(), Hanger(), Stuck()]
 """
 
 
 @pytest.fixture(scope="module")
 def fake_kits(tmp_path_factory):
     """$DLBRIDGE_DOCTOR_KITS and PYTHONPATH set to a module of stand-in
-    kits for as long as the module's tests run."""
+    kits for as long as the module's tests run; yields the file where the
+    hanging ones write the pids of the processes they start."""
     where = tmp_path_factory.mktemp("kits")
     (where / "doctor_fake_kits.py").write_text(FAKE_KITS)
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", _kits.EXTRA_KITS_ENV)}
+    pids = where / "pids"
+    saved = {k: os.environ.get(k) for k in
+             ("PYTHONPATH", _kits.EXTRA_KITS_ENV, "DOCTOR_TEST_PIDS")}
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(where)] + [p for p in [saved["PYTHONPATH"]] if p])
     os.environ[_kits.EXTRA_KITS_ENV] = "doctor_fake_kits"
+    os.environ["DOCTOR_TEST_PIDS"] = str(pids)
     sys.path.insert(0, str(where))
-    yield
+    yield pids
     sys.path.remove(str(where))
     for k, v in saved.items():
         if v is None:
@@ -234,6 +270,99 @@ def test_cli_json_and_plain_text(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "numpy" in proc.stdout and "✓" in proc.stdout
     _doctor.validate(json.loads(out.read_text()))
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (killed, not yet reaped by its parent) is gone too
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_hung_probe_is_a_cell_and_the_pair_goes_on(fake_kits):
+    """gh-15: a probe that never returns is killed after --timeout (its
+    child's whole process group), becomes a "hung" cell, and the pair goes
+    on in a new child; a hang in a framework's own importer is upstream."""
+    fake_kits.write_text("")
+    cells = _doctor._run_pair("numpy", "hanger", timeout=1)
+    got = {(c["dtype"], c["layout"], c["path"]): c for c in cells}
+    hung = got["int8", "contiguous", "own"]
+    assert hung["outcome"] == "hung" and hung["phase"] == "import"
+    assert "1 s" in hung["message"]
+    # the pair went on: the int8 dlb probe and every case after it ran
+    assert got["int8", "contiguous", "dlb"]["outcome"] != "hung"
+    assert got["float32", "contiguous", "own"]["outcome"] == "zero-copy"
+    assert got["float32", "read-only", "own"]["outcome"] == "zero-copy"
+    assert len(cells) == 2 * len(_doctor.cases())
+    assert not _doctor.dlbridge_defects(cells)
+    pids = [int(p) for p in fake_kits.read_text().split()]
+    assert pids and not any(_alive(p) for p in pids)
+
+
+def test_framework_whose_import_hangs(fake_kits):
+    """A framework that hangs while loading: one child, killed after the
+    timeout, and every probe of the pair reported hung, not retried."""
+    fake_kits.write_text("")
+    cells = _doctor._run_pair("numpy", "stuck", timeout=1)
+    assert len(cells) == 2 * len(_doctor.cases())
+    assert {c["outcome"] for c in cells} == {"hung"}
+    assert {c["phase"] for c in cells} == {"load"}
+    assert "loading numpy and stuck" in cells[0]["message"]
+    assert len(fake_kits.read_text().split()) == 1     # no second child
+    assert not _doctor.dlbridge_defects(cells)
+
+
+def test_crash_or_hang_while_dlbridge_runs_is_a_defect():
+    """A crash or hang is dlbridge's defect when its code was running
+    (the dlb path's import, dlbridge's own importer, making a dlbridge
+    tensor, reading results back); the frameworks' otherwise."""
+    def cell(path, phase, producer="numpy", consumer="torch", outcome="hung"):
+        return dict(producer=producer, consumer=consumer, dtype="int8",
+                    layout="contiguous", path=path, outcome=outcome,
+                    message="", phase=phase)
+    ours = [cell("dlb", "import"), cell("own", "import", consumer="dlbridge"),
+            cell("own", "make", producer="dlbridge", outcome="crashed"),
+            cell("own", "inspect")]
+    theirs = [cell("own", "import"), cell("dlb", "make"), cell("dlb", "load"),
+              cell("own", "exit", outcome="crashed")]
+    assert _doctor.dlbridge_defects(ours + theirs) == ours
+
+
+def _doctor_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "dlbridge", "doctor", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, why", [
+    (["-j", "0"], "must be above 0"),
+    (["-j", "two"], "not a number"),
+    (["--timeout", "0"], "must be above 0"),
+    (["--timeout", "inf"], "finite"),
+    (["--frameworks", "nosuchfw"], "unknown framework(s) nosuchfw"),
+    (["--frameworks", ","], "no framework named"),
+    (["--json", "/nonexistent-dir/r.json"], "cannot write"),
+    (["--html", "/"], "is a directory"),
+])
+def test_usage_errors_exit_2_before_probing(args, why):
+    """gh-15: every usage error is exit status 2 with a message, no
+    traceback, found before any probing (no progress line)."""
+    proc = _doctor_cli("--plain", "--frameworks", "numpy", *args, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert why in proc.stderr
+    assert "Traceback" not in proc.stderr and "→" not in proc.stderr
+
+
+def test_exit_status_1_for_a_defect(monkeypatch, stored, capsys):
+    from dlbridge import __main__ as cli
+    monkeypatch.setattr(_doctor, "run", lambda *a, **k: stored)
+    assert cli.main(["doctor", "--plain", "--frameworks", "numpy"]) == 0
+    bad = dict(stored, defects=[stored["cells"][0]])
+    monkeypatch.setattr(_doctor, "run", lambda *a, **k: bad)
+    assert cli.main(["doctor", "--plain", "--frameworks", "numpy"]) == 1
+    assert "DLBRIDGE DEFECT" in capsys.readouterr().err
 
 
 def test_html_report_in_chromium(stored, tmp_path):
