@@ -112,29 +112,10 @@ def _doctor(parser, args):
     fws = _framework_list(parser, args.frameworks, known,
                           _doctor.installed_frameworks())
     _outputs(parser, json=args.json, html=args.html)
-    if fws and "dlbridge" not in fws:
-        fws.append("dlbridge")
-    console = None if args.json == "-" else _console(args.plain)
-    fws = fws or _doctor.installed_frameworks()
-    npairs = len(_doctor.pairs_of(fws))
-    run = dict(workers=args.jobs, timeout=args.timeout)
-    if console is not None:
-        from rich.progress import Progress
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("probing pairs", total=npairs)
-            report = _doctor.run(fws, progress=lambda pair: bar.update(
-                task, advance=1, description=f"{pair[0]} → {pair[1]}"), **run)
+    if args.rejudge:
+        report = _saved_report(parser, args.rejudge, _doctor)
     else:
-        done = [0]
-
-        def step(pair):
-            done[0] += 1
-            if args.json != "-":
-                print(f"\r[{done[0]}/{npairs}] {pair[0]} → {pair[1]}".ljust(50),
-                      end="", file=sys.stderr, flush=True)
-        report = _doctor.run(fws, progress=step, **run)
-        if args.json != "-":
-            print(file=sys.stderr)
+        report = _probe(args, fws, _doctor)
     if args.json:
         text = json.dumps(report, indent=1)
         if args.json == "-":
@@ -146,6 +127,7 @@ def _doctor(parser, args):
         with open(args.html, "w", encoding="utf-8") as f:
             f.write(_render.html_page(report))
     if args.json != "-":
+        console = _console(args.plain)
         vers = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
         if console is not None:
             console.print(f"[bold]dlbridge doctor[/] [dim]{vers}[/]")
@@ -155,15 +137,57 @@ def _doctor(parser, args):
             print(_render.plain(report))
         print()
         print(_render.failure_text(report))
-        print(f"\n{len(report['cells'])} probes in {report['seconds']} s; "
-              f"dlbridge defects: {len(report['defects'])}")
+        print(f"\n{len(report['cells'])} probes in {report.get('seconds', '?')} s")
         if args.html:
             print(f"HTML report: {args.html}")
-    for d in report["defects"]:
-        print(f"DLBRIDGE DEFECT: {d['producer']} → {d['consumer']} "
-              f"{d['dtype']}/{d['layout']}: {d['outcome']} {d.get('message', '')}",
+    gaps = report["defects"]
+    for d in gaps[:20]:
+        print(f"DLBRIDGE GAP: {d['producer']} → {d['consumer']} [{d['path']}] "
+              f"{d['dtype']}/{d['layout']}: {d['outcome']}: {d['reason']}",
               file=sys.stderr)
-    return 1 if report["defects"] else 0
+    if len(gaps) > 20:
+        print(f"… {len(gaps) - 20} more dlbridge gaps (--json lists them all)",
+              file=sys.stderr)
+    return 1 if gaps else 0
+
+
+def _saved_report(parser, path, doctor):
+    """A saved --json report, judged again with this dlbridge's kits."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        if report.get("schema_version") != doctor.SCHEMA_VERSION:
+            raise ValueError(f"schema_version {report.get('schema_version')!r}, "
+                             f"not {doctor.SCHEMA_VERSION}")
+        return doctor.judge(report)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        parser.error(f"--rejudge: {path}: {e}")
+
+
+def _probe(args, fws, doctor):
+    if fws and "dlbridge" not in fws:
+        fws.append("dlbridge")
+    console = None if args.json == "-" else _console(args.plain)
+    fws = fws or doctor.installed_frameworks()
+    npairs = len(doctor.pairs_of(fws))
+    run = dict(workers=args.jobs, timeout=args.timeout)
+    if console is not None:
+        from rich.progress import Progress
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("probing pairs", total=npairs)
+            return doctor.run(fws, progress=lambda pair: bar.update(
+                task, advance=1, description=f"{pair[0]} → {pair[1]}"), **run)
+    done = [0]
+
+    def step(pair):
+        done[0] += 1
+        if args.json != "-":
+            print(f"\r[{done[0]}/{npairs}] {pair[0]} → {pair[1]}".ljust(50),
+                  end="", file=sys.stderr, flush=True)
+    report = doctor.run(fws, progress=step, **run)
+    if args.json != "-":
+        print(file=sys.stderr)
+    return report
 
 
 # ------------------------------------------------------------------- bench
@@ -193,6 +217,8 @@ def main(argv=None):
                    help="seconds one probe may take (the child's imports "
                         "included) before it is killed as hung (default 300)")
     d.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
+    d.add_argument("--rejudge", metavar="FILE",
+                   help="judge and show a saved --json report instead of probing")
     b = sub.add_parser("bench", help="per-call costs")
     b.add_argument("--json", metavar="FILE", nargs="?", const="-",
                    help="write the results as JSON (no FILE or '-': stdout only)")

@@ -26,7 +26,7 @@ import sys
 import time
 
 from . import _measure
-from ._kits import kits, version_of
+from ._kits import kits, short_name, version_of
 
 SCHEMA_VERSION = 1
 # The kits the bench measures, in the registry's order.
@@ -113,7 +113,9 @@ def child(fw, cfg):
         return kit.make(np, a, "float32", "contiguous")[0]
     x, a, b, c = (make(_aligned_ones(np, N)) for _ in range(4))
     y = dlb.from_dlpack(_aligned_ones(np, N)) if fw == "numpy" else _aligned_ones(np, N)
-    t = dlb.from_dlpack(x)
+    # dlbridge's own tensor for the __dlpack__ row (read through the kit's
+    # export: Open3D's tensors, for one, dlbridge cannot read directly yet)
+    t = dlb.from_dlpack(kit.exportable(x))
     if kit.own_label is None:
         own_label, own = "(no importer)", kit.no_importer
     else:
@@ -152,9 +154,14 @@ def child(fw, cfg):
         fcase = ("no no-op kernel library: set DLB_EXAMPLE_KERNELS or pass "
                  f"--kernels (meson builds build/{KERNEL_LIB})")
     add("Function", "dlb", None, fcase)
-    op_label, op_stmt, op_names = kit.op()
-    add("Function", "own", op_label,
-        _measure.Case(op_stmt, a=a, b=b, c=c, **op_names))
+    op = kit.op()
+    if op is None:
+        add("Function", "own", "(no operation)",
+            f"{fw} has no three-tensor operation in its kit")
+    else:
+        op_label, op_stmt, op_names = op
+        add("Function", "own", op_label,
+            _measure.Case(op_stmt, a=a, b=b, c=c, **op_names))
     for kind, f in _peer_functions(cfg).items():
         add("Function", kind, PEER_EXPR[kind],
             f if isinstance(f, str) else _measure.Case("f(a, b, c)", f=f, a=a, b=b, c=c))
@@ -428,7 +435,8 @@ def table_rows(report):
         fw, call = r["framework"], r["call"]
         key = (fw, call)
         first_fw = fw != last[0]
-        out.append((fw if first_fw else "",
+        shown = fw if len(fw) <= COLUMNS[0][1] else short_name(fw)
+        out.append((shown if first_fw else "",
                     call if key != last else "",
                     _ns(r["dlbridge"]["ns"]) if key != last else "",
                     r["reference"]["expr"], _ns(r["reference"]["ns"]),

@@ -5,15 +5,13 @@ Three steps, kept apart (docs/doctor.md):
 probe   for each ordered pair (producer -> consumer) a child process makes
         tensors in the producer (its kit, _kits.py) and hands them to the
         consumer twice: through the consumer's own DLPack importer ("own")
-        and through ``dlbridge.convert`` ("dlb").  Each probe is an outcome:
-        zero-copy  data pointers equal and bytes equal
-        copied     bytes equal, different memory
-        refused    the importer raised (message kept)
-        wrong      the bytes differ from what was produced
-        crashed    the child process died (signal kept)
-judge   ``judge(report)`` labels the outcomes (known upstream limitations,
-        from the kits) and lists dlbridge's defects; it reads only the
-        probes, so a saved ``--json`` can be judged again.
+        and through ``dlbridge.convert`` ("dlb").  Each probe is an outcome
+        (OUTCOMES, best first).
+judge   ``judge(report)`` labels every outcome -- a dlbridge gap, an
+        upstream limitation (the kits' limits) or a deliberate dlbridge
+        decision -- compares each convert probe with the consumer's own
+        importer and sums it all up; it reads only the probes, so a saved
+        ``--json`` can be judged again (``--rejudge``).
 render  _render.py formats a judged report.
 
 Children are used because some frameworks abort the interpreter on inputs
@@ -31,34 +29,39 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ._frameworks import FRAMEWORKS, REGISTRY
-from ._kits import kits, version_of
+from ._frameworks import REGISTRY
+from ._kits import kits, limits_of, version_of
 from ._kits_base import FP8_DTYPES, LAYOUTS, Unavailable, source
 
-SCHEMA_VERSION = 1
-OUTCOMES = ("zero-copy", "copied", "refused", "wrong", "crashed", "hung")
-# Worst first: a cell is coloured by its worst outcome.
-_SEVERITY = {"zero-copy": 0, "copied": 1, "refused": 2, "wrong": 3,
-             "crashed": 4, "hung": 4}
+SCHEMA_VERSION = 2
+# What a probe gives, best first (issue 17's order); RANK 4 is "bad".
+OUTCOMES = ("zero-copy",       # correct, the same memory
+            "copied",          # correct, other memory
+            "refused",         # the importer raised BufferError
+            "error",           # it raised anything else
+            "wrong",           # the values differ from the producer's
+            "writable-alias",  # shares read-only memory, writable
+            "crashed",         # the process died
+            "hung")            # no answer within --timeout
+RANK = {"zero-copy": 0, "copied": 1, "refused": 2, "error": 3, "wrong": 4,
+        "writable-alias": 4, "crashed": 4, "hung": 4}
+GOOD = ("zero-copy", "copied")
+BAD = ("wrong", "writable-alias", "crashed", "hung")
+NA = "n/a"                     # the producer cannot make that case
+# How the judge labels an outcome ("ok": zero-copy, nothing to say).
+LABELS = ("ok", "gap", "upstream", "decision", "n/a")
 # float8 (DLPack 1.1's codes) is probed where a framework that can hold it
-# is installed: ml_dtypes (NumPy's, JAX's and TensorFlow's float8 types),
-# torch, paddle.
+# is installed: ml_dtypes (JAX's float8 types), torch, paddle.
 FP8_HOLDERS = ("ml_dtypes", "torch", "paddle")
 DTYPES = ("bool", "int8", "int32", "int64", "uint8", "uint16", "float16",
           "float32", "float64", "complex64", "bfloat16") + (
               FP8_DTYPES if any(importlib.util.find_spec(m) is not None
                                 for m in FP8_HOLDERS) else ())
-# TensorFlow's kernels need 64-byte aligned data; its importer takes any
-# address and the process aborts on the first op over unaligned data, so
-# dlbridge.convert copies unaligned data for it (by design, not a defect).
-TF_ALIGNMENT = REGISTRY["tensorflow"].alignment
-UNALIGNED_FOR_TF = ("the data is not 64-byte aligned, which TensorFlow's "
-                    "kernels need: dlbridge copies it (TensorFlow's own "
-                    "importer shares it, then aborts on the first op)")
 
 # The registry's frameworks that have a kit and make CPU tensors, in the
 # registry's order (dlbridge last); GPU-only ones (cupy) appear as
-# "<name>:cuda" where a GPU is present.
+# "<name>:cuda" where a GPU is present.  installed_frameworks() adds the
+# peers that have a kit but no registry entry yet (_kits_peers.py).
 CANDIDATES = tuple(n for n, k in kits().items() if n in REGISTRY and k.cpu)
 
 # CUDA: where a GPU is present, the kits that make CUDA tensors are probed
@@ -116,29 +119,6 @@ def cases():
 
 # ---------------------------------------------------------------- child side
 
-def _inspect(x, kit):
-    """(data pointer, bytes in logical order) of any tensor of ``kit``'s
-    framework, read through dlbridge."""
-    import ctypes
-
-    import numpy as np
-
-    import dlbridge
-    t = dlbridge.from_dlpack(kit.exportable(x))
-    item = t.itemsize
-    if t.size == 0:
-        return t.data_ptr, b""
-    if t.__dlpack_device__()[0] != 1:
-        # device memory: its bytes through dlbridge's host copy
-        return t.data_ptr, _inspect(t.copy(device="cpu"), kits()["dlbridge"])[1]
-    lo = sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.strides))
-    hi = sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.strides)) + 1
-    buf = (ctypes.c_char * ((hi - lo) * item)).from_address(t.data_ptr + lo * item)
-    view = np.ndarray(t.shape, dtype=f"V{item}", buffer=buf, offset=-lo * item,
-                      strides=tuple(s * item for s in t.strides))
-    return t.data_ptr, view.tobytes()
-
-
 PATHS = ("own", "dlb")
 # Where a child can die, announced before each step so the parent knows
 # whose code it was running: loading the pair's frameworks, the producer
@@ -151,7 +131,43 @@ def _emit(rec):
     print(json.dumps(rec), flush=True)
 
 
+def _view(x, kit):
+    """A dlbridge.Tensor over any tensor of ``kit``'s framework."""
+    import dlbridge
+    return dlbridge.from_dlpack(kit.exportable(x))
+
+
+def _bytes(t):
+    """The bytes of dlbridge.Tensor ``t`` in logical order."""
+    import ctypes
+
+    import numpy as np
+    item = t.itemsize
+    if t.size == 0:
+        return b""
+    if t.__dlpack_device__()[0] != 1:
+        # device memory: its bytes through dlbridge's host copy
+        return _bytes(t.copy(device="cpu"))
+    lo = sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.strides))
+    hi = sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.strides)) + 1
+    buf = (ctypes.c_char * ((hi - lo) * item)).from_address(t.data_ptr + lo * item)
+    view = np.ndarray(t.shape, dtype=f"V{item}", buffer=buf, offset=-lo * item,
+                      strides=tuple(s * item for s in t.strides))
+    return view.tobytes()
+
+
+def _alignment(ptr):
+    """The largest power of two (up to 256) dividing a data address."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+def _first_line(e):
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
 def _probe(path, consumer, dtype, obj, ref, src_kit, announce):
+    """(outcome, message, facts) of handing ``obj`` to the consumer."""
     kit = kits()[_base(consumer)]
     announce("import")
     try:
@@ -160,27 +176,34 @@ def _probe(path, consumer, dtype, obj, ref, src_kit, announce):
         else:
             import dlbridge
             res = dlbridge.convert(obj, _base(consumer))
-    except Exception as e:   # any refusal is a cell, whatever its type
-        return "refused", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    if res is obj:   # handed back as it is: the same memory
-        return "zero-copy", ""
+    except BufferError as e:
+        return "refused", _first_line(e), {}
+    except Exception as e:   # any other refusal is a cell too, worse
+        return "error", _first_line(e), {}
     announce("inspect")
     try:
-        src_ptr = _inspect(obj, src_kit)[0]
-    except Exception:
-        src_ptr = None
-    try:
-        ptr, data = _inspect(res, kit)
+        src = _view(obj, src_kit)
     except Exception as e:
-        return "copied", f"result not inspectable ({type(e).__name__}); assumed copied"
-    if data != ref.tobytes():
-        return "wrong", "values differ from the producer's"
-    if ptr == src_ptr or ref.size == 0:
-        return "zero-copy", ""
-    if (path == "dlb" and _base(consumer) == "tensorflow" and src_ptr
-            and src_ptr % TF_ALIGNMENT):
-        return "copied", UNALIGNED_FOR_TF
-    return "copied", ""
+        src, why = None, _first_line(e)
+    facts = {} if src is None else {"source_alignment": _alignment(src.data_ptr)}
+    try:
+        t = _view(res, kit) if src is None or res is not obj else src
+    except Exception as e:
+        return "error", f"the result cannot be read back: {_first_line(e)}", facts
+    if _bytes(t) != ref.tobytes():
+        return "wrong", "values differ from the producer's", facts
+    if src is None:   # values right; whether memory is shared is unknown
+        return "copied", f"the source cannot be read back ({why})", facts
+    shared = t.data_ptr == src.data_ptr and ref.size
+    if shared and src.readonly:
+        try:
+            writable = kit.writable(res)
+        except Exception:
+            writable = True
+        if writable:
+            return ("writable-alias", "the result shares the producer's "
+                    "read-only memory and can be written", facts)
+    return ("zero-copy" if shared or ref.size == 0 else "copied"), "", facts
 
 
 def child(producer, consumer, first=0):
@@ -208,21 +231,20 @@ def child(producer, consumer, first=0):
                 try:
                     made = make(np, source(np, dtype, layout), dtype, layout)
                     kit.export(made[0])
-                except Exception as e:   # Unavailable, or the maker failed
+                except Unavailable as e:
                     made = e
+                except Exception as e:   # the maker failed: no probe either
+                    made = Unavailable(f"{producer} could not make it: "
+                                       f"{_first_line(e)}")
             if isinstance(made, Unavailable):
-                _emit(dict(rec, path=path, outcome="skipped"))
-            elif isinstance(made, Exception):
-                if path == "own":
-                    _emit(dict(rec, path=path, outcome="n/a",
-                               message=str(made)[:200]))
-                else:
-                    _emit(dict(rec, path=path, outcome="skipped"))
-            else:
-                outcome, msg = _probe(
-                    path, consumer, dtype, made[0], made[1], kit,
-                    lambda phase: _emit({"outcome": "phase", "phase": phase}))
-                _emit(dict(rec, path=path, outcome=outcome, message=msg))
+                _emit(dict(rec, path=path, outcome=NA, message=str(made)[:300]))
+                continue
+            outcome, msg, facts = _probe(
+                path, consumer, dtype, made[0], made[1], kit,
+                lambda phase: _emit({"outcome": "phase", "phase": phase}))
+            if kit.read_only(layout):
+                facts["read_only"] = True
+            _emit(dict(rec, path=path, outcome=outcome, message=msg, **facts))
 
 
 # --------------------------------------------------------------- parent side
@@ -418,6 +440,7 @@ def run(frameworks=None, workers=2, progress=None, timeout=DEFAULT_TIMEOUT_S):
     ex.shutdown()
     return judge({"schema_version": SCHEMA_VERSION,
                   "seconds": round(time.perf_counter() - t0, 1),
+                  "timeout_s": timeout,
                   "python": sys.version.split()[0],
                   "versions": {f: version_of(_base(f)) for f in fws},
                   "producers": fws, "consumers": _consumers(fws),
@@ -427,23 +450,47 @@ def run(frameworks=None, workers=2, progress=None, timeout=DEFAULT_TIMEOUT_S):
 
 # ------------------------------------------------------------------ judging
 
-def known_reason(cell):
-    """The known upstream limitation explaining a cell's outcome, or None:
-    the kits' limits, the consumer's before the producer's, a pair that
-    cannot share a process first."""
+def _limit(cell):
+    """The kits' upstream limitation that explains a cell, or None: the
+    consumer's before the producer's, a pair that cannot share a process
+    first."""
     consumer, producer = _base(cell["consumer"]), _base(cell["producer"])
-    table = kits()
-    sides = [(table.get(consumer), "consumer", producer),
-             (table.get(producer), "producer", consumer)]
+    sides = [(limits_of(consumer), "consumer", producer),
+             (limits_of(producer), "producer", consumer)]
+    mine = _dlbridge_imports(cell)
     for pair_level in (True, False):
-        for kit, role, partner in sides:
-            for lim in (kit.limits if kit else ()):
+        for limits, role, partner in sides:
+            for lim in limits:
                 if ((lim.partner is not None) == pair_level
+                        and (lim.dlbridge_too or not mine)
                         and lim.explains(cell, role, partner)):
-                    return lim.reason
-        if pair_level and cell["path"] == "dlb" and consumer not in FRAMEWORKS:
-            return ("dlbridge.convert has no target for this framework yet "
-                    "(only " + ", ".join(FRAMEWORKS) + ")")
+                    return lim
+    return None
+
+
+def known_reason(cell):
+    """The reason of the upstream limitation explaining ``cell``, or None."""
+    lim = _limit(cell)
+    return lim.reason if lim else None
+
+
+def _decision(cell):
+    """The deliberate dlbridge decision behind a cell's outcome, or None.
+    Each is documented in docs/decisions.md."""
+    consumer = REGISTRY.get(_base(cell["consumer"]))
+    align = consumer.alignment if consumer else None
+    if (cell["path"] == "dlb" and cell["outcome"] == "copied" and align
+            and cell.get("source_alignment", align) < align):
+        return (f"dlbridge.convert copies data not {align}-byte aligned into "
+                f"{consumer.name}, whose kernels need it ({consumer.name}'s "
+                "own importer shares it; its first op then aborts the process)")
+    if (cell["path"] == "own" and _base(cell["producer"]) == "dlbridge"
+            and cell["outcome"] in ("refused", "error")
+            and "read-only" in cell.get("message", "")
+            and "legacy" in cell.get("message", "")):
+        return ("dlbridge does not export read-only data as a legacy "
+                "(unversioned) capsule, which cannot say read-only; "
+                f"{cell['consumer']}'s importer asks for no other")
     return None
 
 
@@ -462,62 +509,145 @@ def _dlbridge_ran(cell):
     return False
 
 
-def dlbridge_defects(cells):
-    """Cells that are dlbridge's own fault: a crash or a hang while
-    dlbridge's code ran, wrong data on a dlbridge path (unless the
-    consumer's own path got the same: then the producer is at fault), or a
-    copy on the dlb path where the consumer's own path shared memory."""
-    own = {(c["producer"], c["consumer"], c["dtype"], c["layout"]): c["outcome"]
-           for c in cells if c["path"] == "own"}
-    bad = []
-    for c in cells:
-        native = own.get((c["producer"], c["consumer"], c["dtype"], c["layout"]))
-        if c["outcome"] in ("crashed", "hung"):
-            if _dlbridge_ran(c):
-                bad.append(c)
-        elif c["outcome"] == "wrong":
-            if (c["path"] == "dlb" and native != "wrong"
-                    or c["path"] == "own" and _base(c["consumer"]) == "dlbridge"):
-                bad.append(c)
-        elif (c["path"] == "dlb" and c["outcome"] == "copied"
-              and native == "zero-copy" and c.get("message") != UNALIGNED_FOR_TF):
-            bad.append(c)
-    return bad
+def _dlbridge_imports(cell):
+    return cell["path"] == "dlb" or _base(cell["consumer"]) == "dlbridge"
+
+
+def _judge_cell(cell, native):
+    """(label, reason, worse than native) of one probe; ``native`` is the
+    consumer's own importer's cell of the same probe (for a dlb cell)."""
+    outcome = cell["outcome"]
+    if outcome == NA:
+        return NA, cell.get("message") or "the producer cannot make it", False
+    if outcome == "zero-copy":
+        return "ok", None, False
+    lim, decision = _limit(cell), _decision(cell)
+    mine = _dlbridge_imports(cell)
+    worse = (cell["path"] == "dlb" and native is not None
+             and native["outcome"] != NA
+             and RANK[outcome] > RANK[native["outcome"]])
+    theirs = (lim.reason if lim else cell.get("message")
+              or f"{cell['consumer']}'s own importer {outcome} it")
+    # 1. a crash or a hang: whose code was running
+    if outcome in ("crashed", "hung"):
+        if _dlbridge_ran(cell):
+            return "gap", f"dlbridge {outcome}: {cell.get('message', '')}", worse
+        return "upstream", theirs, worse
+    # 2. convert lower in the order than the consumer's own importer
+    if worse:
+        if decision:
+            return "decision", decision, True
+        return ("gap", f"dlbridge.convert is worse than {cell['consumer']}'s "
+                f"own importer ({native['outcome']})"
+                + (f"; {lim.reason}" if lim else ""), True)
+    # 3. wrong data or a writable alias of read-only memory; the same from
+    #    the own path of a foreign producer is that producer's
+    if outcome in BAD:
+        if mine and not (native is not None and native["outcome"] == outcome
+                         and _base(cell["producer"]) != "dlbridge"):
+            return "gap", f"dlbridge gave {outcome}: {cell.get('message', '')}", False
+        return "upstream", theirs, False
+    # 4. a copy, a refusal or an error, no worse than native
+    if decision:
+        return "decision", decision, False
+    if not mine:
+        return "upstream", theirs, False
+    if lim is not None and (outcome == "copied" or not lim.copyable):
+        return "upstream", lim.reason, False
+    if lim is not None:
+        return ("gap", f"dlbridge.convert could copy: {lim.reason}", False)
+    if (outcome == "copied" and native is not None
+            and native["outcome"] == "copied"):
+        return "upstream", f"{cell['consumer']}'s own importer copies too", False
+    return "gap", f"unexplained {outcome} on a dlbridge path", False
+
+
+def _summary(cells):
+    """The headline numbers: per path, the outcomes of the probes a
+    producer could make; convert against the consumer's own importer; the
+    labels."""
+    def tally(path):
+        # a probe each (a child's death after its last probe is no probe)
+        mine = [c for c in cells if c["path"] == path and c["dtype"] != "-"]
+        out = {o: sum(c["outcome"] == o for c in mine) for o in OUTCOMES}
+        out["n/a"] = sum(c["outcome"] == NA for c in mine)
+        out["probes"] = len(mine) - out["n/a"]
+        return out
+    dlb = [c for c in cells if c["path"] == "dlb"]
+    return {
+        "own": tally("own"), "dlb": tally("dlb"),
+        "worse_than_native": sum(c["worse_than_native"] and c["label"] == "gap"
+                                 for c in dlb),
+        "worse_by_decision": sum(c["worse_than_native"] and c["label"] == "decision"
+                                 for c in dlb),
+        "better_than_native": sum(c.get("better_than_native", False) for c in dlb),
+        **{label: sum(c["label"] == label for c in cells) for label in LABELS},
+    }
 
 
 def judge(report):
-    """Label the probes of ``report`` (a run's, or a saved ``--json``) and
-    list dlbridge's defects; returns the report, judged."""
+    """Label every probe of ``report`` (a run's, or a saved ``--json``),
+    sum them up and list dlbridge's defects (its gaps); returns the report,
+    judged.  Only the probes' own fields are read."""
     cells = report["cells"]
+    own = {(c["producer"], c["consumer"], c["dtype"], c["layout"]): c
+           for c in cells if c["path"] == "own"}
     for c in cells:
-        c.pop("known_limitation", None)
-        if c["outcome"] in ("refused", "crashed", "hung", "copied"):
-            reason = known_reason(c)
-            if c["outcome"] == "refused" or c["path"] == "own":
-                c["known_limitation"] = reason
-    report["defects"] = dlbridge_defects(cells)
+        for k in ("label", "reason", "worse_than_native", "better_than_native"):
+            c.pop(k, None)
+        native = (own.get((c["producer"], c["consumer"], c["dtype"], c["layout"]))
+                  if c["path"] == "dlb" else None)
+        c["label"], c["reason"], c["worse_than_native"] = _judge_cell(c, native)
+        if (native is not None and NA not in (c["outcome"], native["outcome"])
+                and RANK[c["outcome"]] < RANK[native["outcome"]]):
+            c["better_than_native"] = True
+    report["summary"] = _summary(cells)
+    report["defects"] = [c for c in cells if c["label"] == "gap"]
     return report
 
 
-# JSON-Schema-like description of the --json output (checked by the tests).
+def dlbridge_defects(cells):
+    """The cells that are dlbridge's gaps (``judge``'s defects)."""
+    return judge({"cells": [dict(c) for c in cells]})["defects"]
+
+
+# JSON-Schema-like description of the --json output (docs/doctor.md;
+# checked by the tests with validate).
+_COUNTS = {"type": "object", "required": list(OUTCOMES) + ["n/a", "probes"]}
 SCHEMA = {
     "type": "object",
-    "required": ["schema_version", "versions", "producers", "consumers", "cells", "defects"],
+    "required": ["schema_version", "versions", "producers", "consumers",
+                 "cases", "cells", "summary", "defects"],
     "properties": {
-        "schema_version": {"type": "integer"},
+        "schema_version": {"enum": [SCHEMA_VERSION]},
         "seconds": {"type": "number"},
+        "timeout_s": {"type": "number"},
+        "python": {"type": "string"},
         "versions": {"type": "object"},
         "producers": {"type": "array", "items": {"type": "string"}},
         "consumers": {"type": "array", "items": {"type": "string"}},
+        "cases": {"type": "array", "items": {
+            "type": "object", "required": ["dtype", "layout"]}},
         "cells": {"type": "array", "items": {
             "type": "object",
-            "required": ["producer", "consumer", "dtype", "layout", "path", "outcome"],
+            "required": ["producer", "consumer", "dtype", "layout", "path",
+                         "outcome", "label", "reason", "worse_than_native"],
             "properties": {
-                "path": {"enum": ["own", "dlb"]},
-                "outcome": {"enum": list(OUTCOMES) + ["n/a"]},
+                "path": {"enum": list(PATHS)},
+                "outcome": {"enum": list(OUTCOMES) + [NA]},
                 "message": {"type": "string"},
-                "phase": {"enum": ["load", "make", "import", "inspect", "exit"]},
-                "known_limitation": {"type": ["string", "null"]}}}},
+                "phase": {"enum": list(PHASES) + ["exit"]},
+                "source_alignment": {"type": "integer"},
+                "read_only": {"enum": [True]},
+                "label": {"enum": list(LABELS)},
+                "reason": {"type": ["string", "null"]},
+                "worse_than_native": {"enum": [True, False]},
+                "better_than_native": {"enum": [True]}}}},
+        "summary": {"type": "object",
+                    "required": ["own", "dlb", "worse_than_native",
+                                 "worse_by_decision", "better_than_native"]
+                    + list(LABELS),
+                    "properties": {"own": _COUNTS, "dlb": _COUNTS}},
         "defects": {"type": "array"},
     },
 }

@@ -1,11 +1,12 @@
 """The framework kits (see _kits_base): one per framework the doctor and
 the bench know, in the registry's order.
 
-``kits()`` is the table.  A kit's limitations start with what the registry
-already says about the framework (``_registry_limits``), so no fact is
-written twice.  ``DLBRIDGE_DOCTOR_KITS`` names a module whose ``KITS`` (a
-list of Kit instances) join the table: the tests' stand-ins for frameworks
-that crash or hang, and a way to try a new peer before it has a kit here.
+``kits()`` is the table.  A framework's limitations (``limits_of``) are
+its kit's, then what the registry already says about it
+(``_registry_limits``), so no fact is written twice.
+``$DLBRIDGE_DOCTOR_KITS`` names a module whose ``KITS`` (a list of Kit
+instances) join the table: the tests' stand-ins for frameworks that crash
+or hang, and a way to try a new peer before it has a kit here.
 """
 
 import importlib
@@ -14,9 +15,17 @@ import os
 from ._frameworks import REGISTRY
 from ._kits_base import (FP8_DTYPES, STRIDED, Kit, Limit, Unavailable,
                          sliced)
+from ._kits_peers import PEER_KITS
 
 EXTRA_KITS_ENV = "DLBRIDGE_DOCTOR_KITS"
 _MOVED = STRIDED + ("offset",)   # layouts that are a view into more memory
+
+
+def limits_of(name):
+    """The upstream limitations of framework ``name``: its kit's, then
+    those its registry entry records."""
+    kit = kits().get(name)
+    return (kit.limits if kit else ()) + _registry_limits(name)
 
 
 def _registry_limits(name):
@@ -27,17 +36,15 @@ def _registry_limits(name):
     out = []
     if not fw.negative_strides:
         out.append(Limit(f"{name} tensors cannot have negative strides",
-                         layouts=("negative",)))
+                         layouts=("negative",), copyable=True))
     if not fw.readonly:
         out.append(Limit(f"{name} tensors cannot be read-only",
-                         layouts=("read-only",)))
+                         read_only=True, copyable=True))
     if fw.compact_only:
-        aligned = (f", {fw.alignment}-byte aligned" if fw.alignment else "")
-        out.append(Limit(f"{name} imports only compact row-major{aligned} data",
-                         layouts=_MOVED))
+        out.append(Limit(f"{name} imports only compact row-major data",
+                         layouts=STRIDED, copyable=True))
     if fw.dtypes is not None:
-        out.append(Limit(f"{name} cannot hold this dtype (it holds "
-                         + ", ".join(sorted(fw.dtypes)) + ")",
+        out.append(Limit(f"{name} has no such dtype",
                          when=lambda cell: cell["dtype"] not in fw.dtypes))
     return tuple(out)
 
@@ -48,25 +55,15 @@ class NumPy(Kit):
     name = module = "numpy"
     bench = True
     own_label = "np.from_dlpack({})"
-    limits = (
-        Limit("NumPy has no bfloat16 dtype (an ml_dtypes bfloat16 array "
-              "cannot be exported either)", role="either", dtypes=("bfloat16",)),
-        Limit("NumPy has no float8 dtypes (np.from_dlpack refuses them; an "
-              "ml_dtypes float8 array cannot be exported either)",
-              role="either", dtypes=FP8_DTYPES),
-    )
 
     def make(self, np, a, dtype, layout):
-        ref = sliced(a, layout)
         if dtype == "bfloat16" or dtype in FP8_DTYPES:
-            try:
-                import ml_dtypes
-            except ImportError:
-                raise Unavailable("no ml_dtypes") from None
-            obj = ref.view(getattr(ml_dtypes, dtype))
-        else:
-            obj = ref.copy() if layout == "read-only" else ref
+            # ml_dtypes' arrays of them cannot be exported through DLPack
+            raise Unavailable(f"NumPy has no {dtype} dtype")
+        ref = sliced(a, layout)
+        obj = ref
         if layout == "read-only":
+            obj = ref.copy()
             obj.setflags(write=False)
         return obj, ref
 
@@ -100,8 +97,12 @@ class Torch(Kit):
     own_label = "torch.from_dlpack({})"
     limits = (
         Limit("torch tensors cannot have negative strides; torch.from_dlpack "
-              "aborts the process on them", layouts=("negative",)),
-    ) + _registry_limits("torch")
+              "aborts the process on them", layouts=("negative",),
+              copyable=True),
+        Limit("torch tensors cannot be read-only: torch.from_dlpack returns a "
+              "writable tensor over read-only memory", read_only=True,
+              copyable=True),
+    )
 
     def make(self, np, a, dtype, layout):
         import torch
@@ -132,7 +133,6 @@ class CuPy(Kit):
     name = module = "cupy"
     cpu, cuda = False, True
     own_label = "cupy.from_dlpack({})"
-    limits = _registry_limits("cupy")
 
     def make_cuda(self, np, a, dtype, layout):
         import cupy
@@ -151,12 +151,19 @@ class JAX(Kit):
     cuda = True
     own_label = "jax.dlpack.from_dlpack({})"
     limits = (
-        Limit("JAX imports only compact data (or a transposition of it); "
-              "negative strides are refused", layouts=("negative",)),
-        Limit("JAX arrays are always compact; strided inputs are refused or "
-              "copied", layouts=_MOVED),
-        Limit("JAX imports through the legacy capsule", layouts=("read-only",)),
-    ) + _registry_limits("jax")
+        Limit("jax.dlpack.from_dlpack copies transposed data",
+              layouts=("transposed",), outcomes=("copied",)),
+        Limit("jax.dlpack.from_dlpack copies data that is not 64-byte aligned",
+              outcomes=("copied",),
+              when=lambda cell: cell.get("source_alignment", 64) < 64),
+        Limit("JAX imports only compact data (or a transposition of it)",
+              layouts=STRIDED, copyable=True),
+        Limit("JAX imports through the legacy capsule, which cannot say "
+              "read-only", read_only=True, copyable=True),
+        Limit("jax.dlpack.from_dlpack cannot place paddle's CPU tensors "
+              "(\"device_from_local_hardware_id(): incompatible function "
+              "arguments\")", partner="paddle", paths=("own",)),
+    )
 
     def _put(self, np, a, dtype, layout, device):
         import jax
@@ -190,24 +197,26 @@ class JAX(Kit):
 
 class TensorFlow(Kit):
     name = module = "tensorflow"
+    short = "tf"
     bench = True
     own_label = "tf_from_dlpack({}.__dlpack__())"
     limits = (
-        Limit("TensorFlow's DLPack has no float8 dtypes (\"DT_FLOAT8_E4M3FN "
-              "is not supported by dlpack\"), either way", role="either",
-              dtypes=FP8_DTYPES),
+        Limit("TensorFlow's DLPack has no float8 dtypes (import: "
+              "\"Unsupported Type Codes: 10\")", dtypes=FP8_DTYPES),
         Limit("TensorFlow imports through the legacy capsule, which cannot "
-              "say read-only", layouts=("read-only",)),
-    ) + _registry_limits("tensorflow")
+              "say read-only", read_only=True, copyable=True),
+        Limit("TensorFlow refuses a DLPack byte_offset (\"must be zero\"), "
+              "which MLX's views set", layouts=("offset",), copyable=True),
+    )
 
     def make(self, np, a, dtype, layout):
         import tensorflow as tf
         if layout in _MOVED or layout == "read-only":
             raise Unavailable("TensorFlow tensors are always compact and immutable")
+        if dtype in FP8_DTYPES:
+            raise Unavailable("TensorFlow cannot export float8 through DLPack "
+                              "(\"DT_FLOAT8_E4M3FN is not supported by dlpack\")")
         with tf.device("/CPU:0"):
-            if dtype in FP8_DTYPES:   # tf.bitcast has no float8: ml_dtypes'
-                import ml_dtypes
-                return tf.constant(a.view(getattr(ml_dtypes, dtype))), a
             x = tf.constant(a)
             return (tf.bitcast(x, tf.bfloat16) if dtype == "bfloat16" else x), a
 
@@ -236,17 +245,25 @@ class TensorFlow(Kit):
 
 
 class PyArrow(Kit):
+    # a producer only: it has no DLPack importer
     name = module = "pyarrow"
     bench = True
+    consumer = False
     no_importer = "PyArrow has no DLPack importer"
     convert_label = "pa.array(y)"
-    limits = (Limit("PyArrow has no DLPack importer"),)
+
+    def read_only(self, layout):
+        return True     # Arrow arrays are immutable, exported READ_ONLY
 
     def make(self, np, a, dtype, layout):
         import pyarrow as pa
-        if (a.ndim != 1 and layout != "contiguous" or dtype == "bfloat16"
-                or dtype in FP8_DTYPES or dtype.startswith("complex")):
-            raise Unavailable("PyArrow exports only 1-D primitive arrays")
+        if a.ndim != 1 and layout != "contiguous" or layout == "read-only":
+            raise Unavailable("PyArrow exports only 1-D arrays")
+        if dtype == "bool":
+            raise Unavailable("PyArrow's booleans are bit-packed, which "
+                              "DLPack cannot describe")
+        if dtype == "bfloat16" or dtype in FP8_DTYPES or dtype.startswith("complex"):
+            raise Unavailable(f"PyArrow has no {dtype} arrays")
         flat = a.ravel()
         return pa.array(flat), flat
 
@@ -266,17 +283,26 @@ class Paddle(Kit):
     bench = True
     own_label = "paddle.from_dlpack({})"
     limits = (
-        Limit("paddle and TensorFlow crash (SIGSEGV) when both are loaded "
-              "in one process", role="either", partner="tensorflow"),
-        Limit("paddle.from_dlpack needs compact data", layouts=_MOVED),
-    ) + _registry_limits("paddle")
+        Limit("loading TensorFlow, then paddle, in one process crashes "
+              "(SIGSEGV)", role="either", partner="tensorflow",
+              outcomes=("crashed",)),
+        Limit("paddle.from_dlpack ignores DLPack's byte_offset: it reads the "
+              "wrong elements of a producer that sets one (MLX's views)",
+              layouts=_MOVED, outcomes=("wrong",), paths=("own",)),
+        Limit("paddle.from_dlpack needs compact data", layouts=STRIDED,
+              copyable=True),
+        Limit("paddle.from_dlpack returns a writable tensor over read-only "
+              "memory", read_only=True, copyable=True),
+    )
 
     def make(self, np, a, dtype, layout):
         import paddle
         if layout in _MOVED or layout == "read-only":
-            raise Unavailable("compact tensors only")
-        if dtype == "bfloat16" or a.dtype.kind == "u" and a.dtype.itemsize > 1:
-            raise Unavailable("dtype not held")
+            raise Unavailable("paddle tensors made here are compact and writable")
+        if dtype == "bfloat16":
+            raise Unavailable("paddle cannot export bfloat16 through DLPack")
+        if a.dtype.kind == "u" and a.dtype.itemsize > 1:
+            raise Unavailable(f"paddle has no {dtype}")
         t = paddle.to_tensor(a, place=paddle.CPUPlace())
         if dtype in FP8_DTYPES:
             if not hasattr(paddle, dtype):
@@ -297,13 +323,21 @@ class Paddle(Kit):
 
 class TVMFFI(Kit):
     name = module = "tvm_ffi"
+    short = "tvm-ffi"
     own_label = "tvm_ffi.from_dlpack({})"
+    limits = (
+        Limit("tvm_ffi.from_dlpack returns a writable tensor over read-only "
+              "memory, or asks for a legacy capsule, which cannot say "
+              "read-only", read_only=True, copyable=True),
+    )
 
     def make(self, np, a, dtype, layout):
         import tvm_ffi
-        if (layout in _MOVED or layout == "read-only" or dtype == "bfloat16"
-                or dtype in FP8_DTYPES):
-            raise Unavailable("made from a compact NumPy array only")
+        if layout in _MOVED or layout == "read-only":
+            raise Unavailable("tvm-ffi tensors are made here from compact "
+                              "NumPy arrays")
+        if dtype == "bfloat16" or dtype in FP8_DTYPES:
+            raise Unavailable(f"NumPy has no {dtype} to make a tvm-ffi tensor from")
         return tvm_ffi.from_dlpack(a), a
 
     def own_importer(self, dtype="float32"):
@@ -319,11 +353,9 @@ class Dlbridge(Kit):
     def make(self, np, a, dtype, layout):
         import dlbridge
         ref = sliced(a, layout)
-        if dtype == "bfloat16":
-            raise Unavailable("no bfloat16 source")
-        if dtype in FP8_DTYPES:
-            # NumPy cannot export float8: the bytes go into a dlbridge
-            # float8 tensor directly.
+        if dtype == "bfloat16" or dtype in FP8_DTYPES:
+            # NumPy cannot export these: the bytes go into a dlbridge
+            # tensor of that dtype directly.
             import ctypes
             t = dlbridge.empty(ref.shape, dtype)
             ctypes.memmove(t.data_ptr, ref.ctypes.data, ref.nbytes)
@@ -338,7 +370,8 @@ class Dlbridge(Kit):
         ref = sliced(a, layout)
         if (dtype == "bfloat16" or dtype in FP8_DTYPES or layout in STRIDED
                 or layout in ("offset", "read-only")):
-            raise Unavailable("compact non-bfloat16 sources only")
+            raise Unavailable("dlbridge CUDA tensors are made here from "
+                              "compact NumPy arrays")
         return dlbridge.from_dlpack(np.ascontiguousarray(ref),
                                     device="cuda:0"), ref
 
@@ -351,20 +384,32 @@ class Dlbridge(Kit):
 
 
 _KITS = (NumPy(), Torch(), CuPy(), JAX(), TensorFlow(), PyArrow(), Paddle(),
-         TVMFFI(), Dlbridge())
+         TVMFFI(), Dlbridge()) + PEER_KITS
 
 
 def kits():
-    """{name: Kit}: the registry's frameworks that have a kit, in its
-    order, then the kits of ``$DLBRIDGE_DOCTOR_KITS``'s module."""
+    """{name: Kit}: the frameworks that have a kit, the registry's in its
+    order (dlbridge among them), then peers the registry does not know yet
+    (_kits_peers.py), then the kits of ``$DLBRIDGE_DOCTOR_KITS``'s module."""
     order = list(REGISTRY)
-    table = {k.name: k for k in sorted(
-        _KITS, key=lambda k: order.index(k.name) if k.name in order else len(order))}
+
+    def place(kit):
+        return (kit.name == "dlbridge",
+                order.index(kit.name) if kit.name in order else len(order))
+    table = {k.name: k for k in sorted(_KITS, key=place)}
     extra = os.environ.get(EXTRA_KITS_ENV)
     if extra:
         for k in importlib.import_module(extra).KITS:
             table[k.name] = k
     return table
+
+
+def short_name(name):
+    """The name of framework ``name`` (or "name:cuda") for narrow columns."""
+    base, _, device = name.partition(":")
+    kit = kits().get(base)
+    return ((kit.short if kit and kit.short else base)
+            + (":" + device if device else ""))
 
 
 def version_of(name):

@@ -50,12 +50,14 @@ def sliced(x, layout, transpose=None):
     ``transpose`` for frameworks whose transposition is not ``.T``."""
     if layout == "transposed":
         return transpose(x) if transpose else x.T
+    # whole index tuples: the array API (array-api-strict) has no
+    # NumPy-style partial indexing
     if layout == "step":
         return x[:, ::2]
     if layout == "negative":
-        return x[::-1]
+        return x[::-1, :]
     if layout == "offset":
-        return x[1:]
+        return x[1:, :]
     return x
 
 
@@ -66,14 +68,28 @@ class Limit:
     ``layouts`` (None: any), on ``paths`` ("own", "dlb"), with an outcome in
     ``outcomes`` (None: any but zero-copy), where the framework owning the
     kit plays ``role`` ("consumer", "producer", "either") and the other side
-    is ``partner`` (None: any); ``when(cell)`` checks anything else."""
+    is ``partner`` (None: any); ``when(cell)`` checks anything else.
+
+    ``read_only``: it applies to read-only sources only (the read-only
+    case, and every PyArrow array).
+
+    ``copyable``: the consumer's tensors can hold a copy of such data (a
+    layout or read-only limit of its importer, not a dtype it lacks): a
+    refusal by dlbridge.convert, which can copy, is then dlbridge's gap.
+
+    ``dlbridge_too``: False for a producer's quirk that the DLPack spec
+    allows, which excuses other importers but not dlbridge's."""
 
     __slots__ = ("reason", "role", "dtypes", "layouts", "paths", "outcomes",
-                 "partner", "when")
+                 "partner", "when", "read_only", "copyable", "dlbridge_too")
 
     def __init__(self, reason, *, role="consumer", dtypes=None, layouts=None,
-                 paths=("own", "dlb"), outcomes=None, partner=None, when=None):
+                 paths=("own", "dlb"), outcomes=None, partner=None, when=None,
+                 read_only=False, copyable=False, dlbridge_too=True):
         self.reason = reason
+        self.read_only = read_only
+        self.copyable = copyable
+        self.dlbridge_too = dlbridge_too
         self.role = role
         self.dtypes = frozenset(dtypes) if dtypes is not None else None
         self.layouts = frozenset(layouts) if layouts is not None else None
@@ -84,6 +100,7 @@ class Limit:
 
     def explains(self, cell, role, partner):
         return ((self.role == "either" or self.role == role)
+                and (not self.read_only or cell.get("read_only", False))
                 and cell["path"] in self.paths
                 and (self.dtypes is None or cell["dtype"] in self.dtypes)
                 and (self.layouts is None or cell["layout"] in self.layouts)
@@ -101,6 +118,8 @@ class Kit:
 
     #: the registry's name (``_frameworks.REGISTRY``), shown in rows/columns
     name = None
+    #: a shorter name for narrow columns (None: the name)
+    short = None
     #: the module ``importlib.util.find_spec`` looks for (None: always there)
     module = None
     #: its distribution (importlib.metadata), when neither the registry's
@@ -109,7 +128,8 @@ class Kit:
     #: whether it makes CPU tensors / CUDA tensors (``make_cuda``)
     cpu = True
     cuda = False
-    #: whether it is a column of the doctor's grids (a consumer)
+    #: whether it is a column of the doctor's grids (a consumer: it has a
+    #: DLPack importer)
     consumer = True
     #: whether `dlbridge bench` measures it
     bench = False
@@ -161,6 +181,10 @@ class Kit:
     def writable(self, result):
         """Whether the framework lets its user write into ``result``."""
         return True
+
+    def read_only(self, layout):
+        """Whether the tensors it makes for ``layout`` are read-only."""
+        return layout == "read-only"
 
     def exportable(self, obj):
         """What ``dlbridge.from_dlpack`` reads to look at ``obj``'s memory."""
