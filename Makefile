@@ -177,6 +177,7 @@ bench: build
 	@echo; echo "== every installed framework against its own path (dlbridge bench, docs/bench.md) =="
 	@$(PY) -m dlbridge bench --plain --peers $(BUILD)/bench --kernels $(BUILD)/libdlb_example_kernels.so
 	@echo; echo "== scale-out: pickle-5, shared memory, multiprocessing, MPI (bench/bench_scaleout.py) =="; $(PY) bench/bench_scaleout.py
+	@echo; echo "== a Function as a torch operator, eager and compiled (bench/bench_torch_ops.py) =="; $(PY) bench/bench_torch_ops.py
 	@echo; echo "== compiled: a Function as a compiler's op (bench/bench_compiled.py) =="; $(PY) bench/bench_compiled.py
 
 clean:

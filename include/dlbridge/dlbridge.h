@@ -66,7 +66,9 @@ typedef enum {
                            dtype, device, layout */
   DLB_EVERSION = -5,    /* a DLPack major version we do not speak */
   DLB_EDEVICE = -6,     /* a device runtime call failed or is missing */
-  DLB_EREADONLY = -7    /* a write was asked of read-only memory */
+  DLB_EREADONLY = -7,   /* a write was asked of read-only memory */
+  DLB_ESYSTEM = -8      /* an operating-system call failed: the message
+                           names it, and errno is left set to its reason */
 } dlb_status;
 
 typedef struct dlb_error {
@@ -684,7 +686,10 @@ DLB_API int dlb_cuda_ipc_find_device(const dlb_cuda_ipc_handle *h,
  * *device_id is its device, *base its address in this process; stream (of
  * that device) waits for the exporter's event.  A handle made by this very
  * process is DLB_EINVAL (CUDA cannot open those; the memory is at h->base
- * already).  Close with dlb_cuda_ipc_close. */
+ * already), and so is one whose size is larger than the allocation it names
+ * (the driver's cuMemGetAddressRange says; h may come from a hostile
+ * pickle): h->size bytes from *base are mapped when this succeeds.  Close
+ * with dlb_cuda_ipc_close. */
 DLB_API int dlb_cuda_ipc_open(const dlb_cuda_ipc_handle *h, void *stream,
                               int *device_id, void **base, dlb_error *err);
 DLB_API int dlb_cuda_ipc_close(int device_id, void *base, dlb_error *err);
@@ -696,7 +701,9 @@ DLB_API int dlb_cuda_ipc_close(int device_id, void *base, dlb_error *err);
  * /dev/shm) and holds DLB_SHM_HEADER_BYTES of header, then the data, aligned
  * to DLB_DATA_ALIGNMENT.  A cross-process count in the header tracks live
  * mappings and handles in flight (described to another process, not yet
- * opened there); the segment's name is unlinked when both reach zero.
+ * opened there), and each mapping holds a shared flock, which its process
+ * drops however it ends; the segment's name is unlinked once no process
+ * maps it and no handle is in flight.
  * Lifetime rules and crash cleanup: docs/scale-out.md. */
 
 #define DLB_SHM_HEADER_BYTES 256
@@ -707,13 +714,16 @@ typedef struct dlb_shm dlb_shm;  /* one mapping of a segment in this process */
 
 /* A new segment with data_bytes of data (0 is fine), mapped read-write, the
  * caller's mapping counted.  Its pages are reserved now, so a full /dev/shm
- * fails here (DLB_ENOMEM) and never with a SIGBUS later. */
+ * fails here (DLB_ENOMEM) and never with a SIGBUS later.  The shm functions
+ * report a failing system call (out of file descriptors: each open dlb_shm
+ * keeps one; /dev/shm not writable) as DLB_ESYSTEM, errno left set. */
 DLB_API int dlb_shm_create(size_t data_bytes, dlb_shm **out, dlb_error *err);
 
 /* Map the segment named name (as dlb_shm_name gives it), adopting one
  * handle in flight if there is one.  DLB_EINVAL for a name that is not of
  * dlbridge's form, a segment that is gone or already released, or one whose
- * header or size is wrong. */
+ * header or size is wrong (a segment shrunk since it was made is refused
+ * before anything is mapped).  A failed open changes no count. */
 DLB_API int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err);
 
 /* Count one handle in flight: the segment outlives every mapping until
@@ -721,9 +731,17 @@ DLB_API int dlb_shm_open(const char *name, dlb_shm **out, dlb_error *err);
  * unmapped). */
 DLB_API int dlb_shm_hand_out(dlb_shm *shm, dlb_error *err);
 
-/* Unmap; unlink the name when this was the last mapping and no handle is in
- * flight.  NULL is fine. */
+/* Unmap; unlink the name when no process maps the segment any more and no
+ * handle is in flight -- counted mappings of processes that ended without
+ * closing (_exit, a crash) do not keep it.  NULL is fine.  A handle still
+ * open when the process exits normally gives its segment back then (the
+ * pages stay mapped until dlb_shm_close). */
 DLB_API void dlb_shm_close(dlb_shm *shm);
+
+/* Close a handle dlb_shm_open just made, unused (the load it served
+ * failed): the handle in flight the open adopted is in flight again, so it
+ * can still be loaded; otherwise as dlb_shm_close.  NULL is fine. */
+DLB_API void dlb_shm_close_unused(dlb_shm *shm);
 
 /* DLB_DATA_ALIGNMENT-aligned */
 DLB_API void *dlb_shm_data(const dlb_shm *shm);
@@ -733,8 +751,10 @@ DLB_API const char *dlb_shm_name(const dlb_shm *shm);  /* "dlb-..." */
 DLB_API void dlb_shm_counts(const dlb_shm *shm, uint32_t *mappings,
                             uint32_t *in_flight);
 
-/* Unlink the segments left by dead processes: those whose creator no longer
- * runs and that no process maps.  *removed (may be NULL) gets how many. */
+/* Unlink leftovers: segments no process maps whose creator no longer runs
+ * (their handles in flight are given up), and segments this process made
+ * that no process maps and no handle in flight holds.  Runs at a normal
+ * exit too.  *removed (may be NULL) gets how many. */
 DLB_API int dlb_shm_cleanup(int *removed, dlb_error *err);
 
 #ifdef __cplusplus

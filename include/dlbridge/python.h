@@ -146,7 +146,8 @@ struct dlb_capi {
 
   /* Raise err as the Python exception dlbridge uses for its code
    * (DLB_ENOMEM -> MemoryError, DLB_EINVAL/EOVERFLOW -> ValueError,
-   * DLB_EUNSUPPORTED/EVERSION/EREADONLY -> BufferError, else RuntimeError).
+   * DLB_EUNSUPPORTED/EVERSION/EREADONLY -> BufferError, DLB_ESYSTEM ->
+   * OSError, else RuntimeError).
    * Returns NULL, so `return dlb_py_raise(&err);` ends a method. */
   PyObject *(*raise_error)(const dlb_capi *api, const dlb_error *err);
 };

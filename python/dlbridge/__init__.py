@@ -25,6 +25,11 @@ from ._core import (  # noqa: F401  (re-exported public API)
 )
 from ._frameworks import convert  # noqa: F401
 from ._streams import stream  # noqa: F401
+from ._ops_torch import watch_dynamo as _watch_dynamo
+
+# torch.compile sees every Function as an operator from the moment
+# torch._dynamo is imported (dlbridge/_ops_torch.py); torch is not imported.
+_watch_dynamo()
 
 
 def get_include():

@@ -26,9 +26,11 @@ import sys
 import time
 
 from . import _measure
+from ._kits import kits, short_name, version_of
 
 SCHEMA_VERSION = 1
-FRAMEWORKS = ("numpy", "torch", "jax", "tensorflow", "pyarrow", "paddle")
+# The kits the bench measures, in the registry's order.
+FRAMEWORKS = tuple(n for n, k in kits().items() if k.bench)
 CALLS = ("from_dlpack", "convert", "__dlpack__", "Function")
 REFERENCES = ("own", "nanobind", "tvm-ffi", "no-op")
 MODES = {"quick": _measure.QUICK, "default": _measure.DEFAULT,
@@ -64,56 +66,6 @@ def _aligned_ones(np, n):
     a = raw[skip:skip + n * 4].view(np.float32)
     a[:] = 1
     return a
-
-
-def _framework(fw, np):
-    """What the child needs of framework fw: make(ndarray) -> its CPU
-    tensor; own_import: (label template, callable) or (label, why there is
-    none); convert_ref: the reference for convert when it is not own_import;
-    op: its own 3-tensor operation (label, statement, names)."""
-    if fw == "numpy":
-        return dict(make=lambda a: a,
-                    own_import=("np.from_dlpack({})", np.from_dlpack),
-                    op=("np.add(a, b, out=c)", "add(a, b, out=c)", dict(add=np.add)))
-    if fw == "torch":
-        import torch
-        return dict(make=torch.from_numpy,
-                    own_import=("torch.from_dlpack({})", torch.from_dlpack),
-                    op=("torch.add(a, b, out=c)", "add(a, b, out=c)",
-                        dict(add=torch.add)))
-    if fw == "jax":
-        import jax.dlpack
-        import jax.numpy as jnp
-        return dict(make=lambda a: jax.device_put(a, jax.devices("cpu")[0]),
-                    own_import=("jax.dlpack.from_dlpack({})", jax.dlpack.from_dlpack),
-                    op=("jnp.add(a, b)", "add(a, b)", dict(add=jnp.add)))
-    if fw == "tensorflow":
-        import tensorflow as tf
-        tf_from = tf.experimental.dlpack.from_dlpack
-
-        def make(a):
-            with tf.device("/CPU:0"):
-                return tf.constant(a)
-        # TF's importer takes a capsule, not an object with __dlpack__.
-        return dict(make=make,
-                    own_import=("tf_from_dlpack({}.__dlpack__())",
-                                lambda o: tf_from(o.__dlpack__())),
-                    op=("tf.add(a, b)", "add(a, b)", dict(add=tf.add)))
-    if fw == "pyarrow":
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        # No DLPack importer: the from_dlpack row has no reference, and the
-        # convert row is compared with PyArrow's own (zero-copy) NumPy import.
-        return dict(make=pa.array,
-                    own_import=("(no importer)", "PyArrow has no DLPack importer"),
-                    convert_ref=("pa.array(y)", pa.array),
-                    op=("pc.add(a, b)", "add(a, b)", dict(add=pc.add)))
-    if fw == "paddle":
-        import paddle
-        return dict(make=lambda a: paddle.to_tensor(a, place=paddle.CPUPlace()),
-                    own_import=("paddle.from_dlpack({})", paddle.from_dlpack),
-                    op=("paddle.add(a, b)", "add(a, b)", dict(add=paddle.add)))
-    raise ValueError(f"unknown framework {fw!r}; known: {', '.join(FRAMEWORKS)}")
 
 
 def _peer_functions(cfg):
@@ -155,12 +107,19 @@ def child(fw, cfg):
 
     import dlbridge as dlb
     settings = _measure.Settings(**cfg["settings"])
-    spec = _framework(fw, np)
-    make = spec["make"]
+    kit = kits()[fw]
+
+    def make(a):
+        return kit.make(np, a, "float32", "contiguous")[0]
     x, a, b, c = (make(_aligned_ones(np, N)) for _ in range(4))
     y = dlb.from_dlpack(_aligned_ones(np, N)) if fw == "numpy" else _aligned_ones(np, N)
-    t = dlb.from_dlpack(x)
-    own_label, own = spec["own_import"]
+    # dlbridge's own tensor for the __dlpack__ row (read through the kit's
+    # export: Open3D's tensors, for one, dlbridge cannot read directly yet)
+    t = dlb.from_dlpack(kit.exportable(x))
+    if kit.own_label is None:
+        own_label, own = "(no importer)", kit.no_importer
+    else:
+        own_label, own = kit.own_label, kit.own_importer()
 
     cases = {}   # (call, who) -> Case or reason
     labels = {}  # (call, reference kind) -> expression of the reference
@@ -175,7 +134,7 @@ def child(fw, cfg):
         own if isinstance(own, str) else _measure.Case("f(x)", f=own, x=x))
     add("convert", "dlb", None,
         _measure.Case("f(y, fw)", f=dlb.convert, y=y, fw=fw))
-    ref_label, ref = spec.get("convert_ref") or (own_label.format("y"), own)
+    ref_label, ref = kit.convert_reference()
     add("convert", "own", ref_label,
         ref if isinstance(ref, str) else _measure.Case("f(y)", f=ref, y=y))
     # As a DLPack 1.x consumer asks (and the only way read-only data, such
@@ -195,9 +154,14 @@ def child(fw, cfg):
         fcase = ("no no-op kernel library: set DLB_EXAMPLE_KERNELS or pass "
                  f"--kernels (meson builds build/{KERNEL_LIB})")
     add("Function", "dlb", None, fcase)
-    op_label, op_stmt, op_names = spec["op"]
-    add("Function", "own", op_label,
-        _measure.Case(op_stmt, a=a, b=b, c=c, **op_names))
+    op = kit.op()
+    if op is None:
+        add("Function", "own", "(no operation)",
+            f"{fw} has no three-tensor operation in its kit")
+    else:
+        op_label, op_stmt, op_names = op
+        add("Function", "own", op_label,
+            _measure.Case(op_stmt, a=a, b=b, c=c, **op_names))
     for kind, f in _peer_functions(cfg).items():
         add("Function", kind, PEER_EXPR[kind],
             f if isinstance(f, str) else _measure.Case("f(a, b, c)", f=f, a=a, b=b, c=c))
@@ -237,7 +201,8 @@ def _child_main(argv):
 
 def installed_frameworks():
     """The frameworks present, none of them imported."""
-    return [f for f in FRAMEWORKS if importlib.util.find_spec(f) is not None]
+    table = kits()
+    return [f for f in FRAMEWORKS if table[f].installed()]
 
 
 def find_kernel(explicit=None):
@@ -340,7 +305,6 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
     framework is measured."""
     import dlbridge
 
-    from ._doctor import _versions
     t0 = time.perf_counter()
     fws = list(frameworks or installed_frameworks())
     d, peers = find_peers(peers_dir)
@@ -359,13 +323,34 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
     if cfg["kernel"] is None:
         notes.append(f"Function: not measured: no {KERNEL_LIB} (set "
                      f"{KERNELS_ENV} or pass --kernels; meson builds it in build/)")
-    return {"schema_version": SCHEMA_VERSION, "mode": mode,
-            "settings": dict(settings._asdict(), unroll=_measure.Case.unroll),
-            "seconds": round(time.perf_counter() - t0, 1),
-            "machine": _machine(), "dlbridge": dlbridge.__version__,
-            "versions": _versions(fws), "frameworks": fws,
-            "kernel": cfg["kernel"], "peers": peers, "rows": rows,
-            "notes": notes}
+    report = {"schema_version": SCHEMA_VERSION, "mode": mode,
+              "settings": dict(settings._asdict(), unroll=_measure.Case.unroll),
+              "seconds": round(time.perf_counter() - t0, 1),
+              "machine": _machine(), "dlbridge": dlbridge.__version__,
+              "versions": {f: version_of(f) for f in fws}, "frameworks": fws,
+              "kernel": cfg["kernel"], "peers": peers, "rows": rows,
+              "notes": notes}
+    report["defects"] = defects(report)
+    return report
+
+
+def defects(report):
+    """dlbridge's side failing where the framework's own way works: each
+    {framework, call, error}.  Not a defect: convert into a framework with
+    no DLPack importer (PyArrow), Function without the kernel library."""
+    table = kits()
+    out = []
+    for r in report["rows"]:
+        fw, call = r["framework"], r["call"]
+        if (r["reference"]["kind"] != "own" or r["dlbridge"]["ns"] is not None
+                or r["reference"]["ns"] is None):
+            continue
+        if call == "convert" and table[fw].own_label is None:
+            continue
+        if call == "Function" and report["kernel"] is None:
+            continue
+        out.append({"framework": fw, "call": call, "error": r["dlbridge"]["error"]})
+    return out
 
 
 _SIDE = {"type": "object", "required": ["expr", "ns", "error"],
@@ -378,7 +363,8 @@ _SIDE = {"type": "object", "required": ["expr", "ns", "error"],
 SCHEMA = {
     "type": "object",
     "required": ["schema_version", "mode", "settings", "machine", "dlbridge",
-                 "versions", "frameworks", "kernel", "peers", "rows", "notes"],
+                 "versions", "frameworks", "kernel", "peers", "rows", "notes",
+                 "defects"],
     "properties": {
         "schema_version": {"enum": [SCHEMA_VERSION]},
         "mode": {"enum": list(MODES)},
@@ -417,6 +403,11 @@ SCHEMA = {
                                                   kind={"enum": list(REFERENCES)})),
                 "ratio": {"type": ["number", "null"]}}}},
         "notes": {"type": "array", "items": {"type": "string"}},
+        "defects": {"type": "array", "items": {
+            "type": "object", "required": ["framework", "call", "error"],
+            "properties": {"framework": {"enum": list(FRAMEWORKS)},
+                           "call": {"enum": list(CALLS)},
+                           "error": {"type": "string"}}}},
     },
 }
 
@@ -444,7 +435,8 @@ def table_rows(report):
         fw, call = r["framework"], r["call"]
         key = (fw, call)
         first_fw = fw != last[0]
-        out.append((fw if first_fw else "",
+        shown = fw if len(fw) <= COLUMNS[0][1] else short_name(fw)
+        out.append((shown if first_fw else "",
                     call if key != last else "",
                     _ns(r["dlbridge"]["ns"]) if key != last else "",
                     r["reference"]["expr"], _ns(r["reference"]["ns"]),
@@ -489,6 +481,9 @@ def _tail(report, errors):
     out = [LEGEND]
     out += [f"not measured: {e}" for e in errors]
     out += report["notes"]
+    if report.get("defects"):
+        out.append("dlbridge defects (exit status 1): " + ", ".join(
+            f"{d['framework']} {d['call']}" for d in report["defects"]))
     return out
 
 
@@ -575,12 +570,7 @@ def main(args):
         except PlotUnavailable as e:
             print(f"dlbridge bench: {e}", file=sys.stderr)
             return 2
-    fws = [f for f in args.frameworks.split(",") if f] if args.frameworks else None
-    unknown = [f for f in fws or () if f not in FRAMEWORKS]
-    if unknown:
-        print(f"dlbridge bench: unknown framework(s) {', '.join(unknown)}; "
-              f"known: {', '.join(FRAMEWORKS)}", file=sys.stderr)
-        return 2
+    fws = args.frameworks or None    # checked by the command line
     mode = "full" if args.full else "quick" if args.quick else "default"
     to_stdout = args.json == "-"
     console = None if to_stdout else _console(args.plain)
@@ -609,7 +599,10 @@ def main(args):
     if args.plot:
         plot(report, args.plot, plt)
         print(f"plot: {args.plot}", file=sys.stderr if to_stdout else sys.stdout)
-    return 0
+    for d in report["defects"]:
+        print(f"DLBRIDGE DEFECT: {d['framework']} {d['call']}: {d['error']}",
+              file=sys.stderr)
+    return 1 if report["defects"] else 0
 
 
 if __name__ == "__main__":

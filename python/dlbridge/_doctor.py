@@ -1,15 +1,18 @@
 """`dlbridge doctor`: every installed framework against every other.
 
-For each ordered pair (producer -> consumer) a child process builds tensors
-in the producer and hands them to the consumer twice: through the
-consumer's own DLPack importer ("own") and through ``dlbridge.convert``
-("dlb").  Each probe becomes a cell outcome:
+Three steps, kept apart (docs/doctor.md):
 
-zero-copy  data pointers equal and bytes equal
-copied     bytes equal, different memory
-refused    the importer raised (message kept)
-wrong      the bytes differ from what was produced
-crashed    the child process died (signal kept)
+probe   for each ordered pair (producer -> consumer) a child process makes
+        tensors in the producer (its kit, _kits.py) and hands them to the
+        consumer twice: through the consumer's own DLPack importer ("own")
+        and through ``dlbridge.convert`` ("dlb").  Each probe is an outcome
+        (OUTCOMES, best first).
+judge   ``judge(report)`` labels every outcome -- a dlbridge gap, an
+        upstream limitation (the kits' limits) or a deliberate dlbridge
+        decision -- compares each convert probe with the consumer's own
+        importer and sums it all up; it reads only the probes, so a saved
+        ``--json`` can be judged again (``--rejudge``).
+render  _render.py formats a judged report.
 
 Children are used because some frameworks abort the interpreter on inputs
 they dislike and some pairs cannot even be imported together.
@@ -18,82 +21,53 @@ they dislike and some pairs cannot even be imported together.
 import importlib.util
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ._frameworks import FRAMEWORKS, REGISTRY
+from ._frameworks import REGISTRY
+from ._kits import kits, limits_of, version_of
+from ._kits_base import FP8_DTYPES, LAYOUTS, Unavailable, source
 
-SCHEMA_VERSION = 1
-OUTCOMES = ("zero-copy", "copied", "refused", "wrong", "crashed")
-# Worst first: a cell is coloured by its worst outcome.
-_SEVERITY = {"zero-copy": 0, "copied": 1, "refused": 2, "wrong": 3, "crashed": 4}
-# Every framework of the registry (python/dlbridge/_frameworks.py) but
-# the GPU-only ones (cupy, numba's device arrays, cuda.core), whose cells
-# the GPU check covers (tests/gpu); dlbridge last.
-_GPU_ONLY = ("cupy", "numba", "cuda.core")
-CANDIDATES = tuple([n for n in REGISTRY if n not in _GPU_ONLY + ("dlbridge",)]
-                   + ["dlbridge"])
+SCHEMA_VERSION = 2
+# What a probe gives, best first (issue 17's order); RANK 4 is "bad".
+OUTCOMES = ("zero-copy",       # correct, the same memory
+            "copied",          # correct, other memory
+            "refused",         # the importer raised BufferError
+            "error",           # it raised anything else
+            "wrong",           # the values differ from the producer's
+            "writable-alias",  # shares read-only memory, writable
+            "crashed",         # the process died
+            "hung")            # no answer within --timeout
+RANK = {"zero-copy": 0, "copied": 1, "refused": 2, "error": 3, "wrong": 4,
+        "writable-alias": 4, "crashed": 4, "hung": 4}
+GOOD = ("zero-copy", "copied")
+BAD = ("wrong", "writable-alias", "crashed", "hung")
+NA = "n/a"                     # the producer cannot make that case
+# How the judge labels an outcome ("ok": zero-copy, nothing to say).
+LABELS = ("ok", "gap", "upstream", "decision", "n/a")
 # float8 (DLPack 1.1's codes) is probed where a framework that can hold it
-# is installed: ml_dtypes (NumPy's, JAX's and TensorFlow's float8 types),
-# torch, paddle.
-FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+# is installed: ml_dtypes (JAX's float8 types), torch, paddle.
 FP8_HOLDERS = ("ml_dtypes", "torch", "paddle")
 DTYPES = ("bool", "int8", "int32", "int64", "uint8", "uint16", "float16",
           "float32", "float64", "complex64", "bfloat16") + (
               FP8_DTYPES if any(importlib.util.find_spec(m) is not None
                                 for m in FP8_HOLDERS) else ())
-LAYOUTS = ("contiguous", "transposed", "step", "negative", "0-d", "size-0",
-           "offset", "read-only")
-CRASH_ENV = "DLBRIDGE_DOCTOR_TEST_CRASH"   # test hook: adds an aborting producer
-# TensorFlow's kernels need 64-byte aligned data; its importer takes any
-# address and the process aborts on the first op over unaligned data, so
-# dlbridge.convert copies unaligned data for it (by design, not a defect).
-TF_ALIGNMENT = 64
-UNALIGNED_FOR_TF = ("the data is not 64-byte aligned, which TensorFlow's "
-                    "kernels need: dlbridge copies it (TensorFlow's own "
-                    "importer shares it, then aborts on the first op)")
 
-# Known upstream limitations, keyed by (framework, condition).  Found by
-# running the doctor (versions in docs/doctor.md); a refusal matching one is
-# labelled with the reason instead of being reported as unexplained.
-KNOWN_LIMITATIONS = {
-    ("torch", "negative"): "torch tensors cannot have negative strides; "
-                           "torch.from_dlpack aborts the process on them",
-    ("torch", "read-only"): "torch tensors cannot be read-only",
-    ("numpy", "bfloat16"): "NumPy has no bfloat16 dtype (an ml_dtypes "
-                           "bfloat16 array cannot be exported either)",
-    ("numpy", "float8"): "NumPy has no float8 dtypes (np.from_dlpack refuses "
-                         "them; an ml_dtypes float8 array cannot be exported "
-                         "either)",
-    ("tensorflow", "float8"): "TensorFlow's DLPack has no float8 dtypes "
-                              "(\"DT_FLOAT8_E4M3FN is not supported by "
-                              "dlpack\"), either way",
-    ("tensorflow", "layout"): "TensorFlow imports only compact row-major, "
-                              "64-byte aligned data",
-    ("tensorflow", "read-only"): "TensorFlow imports through the legacy "
-                                 "capsule, which cannot say read-only",
-    ("jax", "layout"): "JAX arrays are always compact; strided inputs are "
-                       "refused or copied",
-    ("jax", "read-only"): "JAX imports through the legacy capsule",
-    ("jax", "negative"): "JAX imports only compact data (or a transposition "
-                         "of it); negative strides are refused",
-    ("pyarrow", "import"): "PyArrow has no DLPack importer",
-    ("pyarrow", "produce"): "PyArrow exports only 1-D primitive arrays",
-    ("paddle", "layout"): "paddle.from_dlpack needs compact data",
-    ("paddle", "tensorflow"): "paddle and TensorFlow crash (SIGSEGV) when "
-                              "both are loaded in one process",
-    ("dlbridge", "convert"): "dlbridge.convert has no target for this "
-                             "framework yet (only " + ", ".join(FRAMEWORKS)
-                             + ")",
-}
+# The registry's frameworks that have a kit and make CPU tensors, in the
+# registry's order (dlbridge last); GPU-only ones (cupy) appear as
+# "<name>:cuda" where a GPU is present.  installed_frameworks() adds the
+# peers that have a kit but no registry entry yet (_kits_peers.py).
+CANDIDATES = tuple(n for n, k in kits().items() if n in REGISTRY and k.cpu)
 
-
-# CUDA: where a GPU is present, these frameworks are probed again with their
-# tensors on cuda:0, as "<name>:cuda" producers and consumers (pairs stay on
-# one kind of device: a CPU producer is never offered to a CUDA consumer).
-CUDA_CANDIDATES = ("torch", "cupy", "jax", "dlbridge")
+# CUDA: where a GPU is present, the kits that make CUDA tensors are probed
+# again with their tensors on cuda:0, as "<name>:cuda" producers and
+# consumers (pairs stay on one kind of device: a CPU producer is never
+# offered to a CUDA consumer).
 CUDA_SUFFIX = ":cuda"
 
 
@@ -113,25 +87,27 @@ def _cuda_present():
 
 
 def installed_frameworks(cuda=None):
-    """Names of the candidate frameworks present, none of them imported;
-    with a GPU (``cuda`` None: ask the driver), also "<name>:cuda" for the
-    CUDA-capable ones."""
-    found = [n for n in CANDIDATES if n == "dlbridge"
-             or importlib.util.find_spec(n) is not None]
-    if os.environ.get(CRASH_ENV):
-        found.append("crasher")
+    """Names of the frameworks present, none of them imported; with a GPU
+    (``cuda`` None: ask the driver), also "<name>:cuda" for the kits that
+    make CUDA tensors."""
+    table = kits()
+    found = [n for n, k in table.items() if k.cpu and k.installed()]
     if cuda is None:
         cuda = _cuda_present()
     if cuda:
-        found += [n + CUDA_SUFFIX for n in CUDA_CANDIDATES
-                  if n == "dlbridge" or importlib.util.find_spec(n) is not None]
+        found += [n + CUDA_SUFFIX for n, k in table.items()
+                  if k.cuda and k.installed()]
     return found
+
+
+def _consumers(fws):
+    table = kits()
+    return [f for f in fws if table[_base(f)].consumer]
 
 
 def pairs_of(fws):
     """Ordered (producer, consumer) pairs, each on one kind of device."""
-    consumers = [f for f in fws if f != "crasher"]
-    return [(p, c) for p in fws for c in consumers
+    return [(p, c) for p in fws for c in _consumers(fws)
             if _on_cuda(p) == _on_cuda(c)]
 
 
@@ -141,316 +117,240 @@ def cases():
     return out
 
 
-def known_reason(consumer, producer, dtype, layout, path="own"):
-    consumer, producer = _base(consumer), _base(producer)
-    lim = KNOWN_LIMITATIONS
-    if {consumer, producer} == {"paddle", "tensorflow"}:
-        return lim[("paddle", "tensorflow")]
-    if path == "dlb" and consumer in ("pyarrow", "paddle", "tvm_ffi"):
-        return lim[("dlbridge", "convert")]
-    if layout in ("transposed", "step", "negative", "offset"):
-        key = "negative" if layout == "negative" else "layout"
-        for fw in (consumer,):
-            if (fw, layout) in lim:
-                return lim[(fw, layout)]
-            if (fw, key) in lim:
-                return lim[(fw, key)]
-    if dtype == "bfloat16" and "numpy" in (consumer, producer):
-        return lim[("numpy", "bfloat16")]
-    if dtype in FP8_DTYPES:
-        for fw in ("numpy", "tensorflow"):
-            if fw in (consumer, producer):
-                return lim[(fw, "float8")]
-    if (consumer, dtype) in lim:
-        return lim[(consumer, dtype)]
-    if (consumer, layout) in lim:
-        return lim[(consumer, layout)]
-    if consumer == "pyarrow":
-        return lim[("pyarrow", "import")]
-    return None
-
-
 # ---------------------------------------------------------------- child side
 
-def _source(np, dtype, layout):
-    """The NumPy reference for a case and its storage dtype."""
-    storage = ("uint16" if dtype == "bfloat16" else
-               "uint8" if dtype in FP8_DTYPES else dtype)
-    if layout == "0-d":
-        return np.array(7, dtype=storage)
-    base = (np.arange(1, 25) % 5).astype(storage).reshape(4, 6)
-    if dtype == "bool":
-        base = base.astype(bool)
-    if layout == "size-0":
-        return base[:0]
-    return base
+PATHS = ("own", "dlb")
+# Where a child can die, announced before each step so the parent knows
+# whose code it was running: loading the pair's frameworks, the producer
+# making and exporting a tensor, the path's importer, dlbridge reading the
+# source and the result back.
+PHASES = ("load", "make", "import", "inspect")
 
 
-def _layout_np(a, layout):
-    return {"transposed": lambda: a.T, "step": lambda: a[:, ::2],
-            "negative": lambda: a[::-1], "offset": lambda: a[1:]}.get(
-                layout, lambda: a)()
+def _emit(rec):
+    print(json.dumps(rec), flush=True)
 
 
-def _produce(fw, np, dtype, layout):
-    """(object, reference ndarray) or raise NotImplementedError."""
-    a = _source(np, dtype, layout)
-    bf = dtype == "bfloat16"
-    # float8: the bit patterns 0..4 of the uint8 source, viewed as float8
-    # (small finite numbers in both formats), so bytes compare exactly.
-    f8 = dtype if dtype in FP8_DTYPES else None
-    strided = layout in ("transposed", "step", "negative", "offset")
-    ref = _layout_np(a, layout)
-    if fw == "numpy":
-        if bf or f8:
-            try:
-                import ml_dtypes
-            except ImportError:
-                raise NotImplementedError("no ml_dtypes") from None
-            obj = ref.view(getattr(ml_dtypes, f8 or "bfloat16"))
-        else:
-            obj = ref.copy() if layout == "read-only" else ref
-        if layout == "read-only":
-            obj.setflags(write=False)
-        return obj, ref
-    if fw == "dlbridge":
-        import dlbridge
-        if bf:
-            raise NotImplementedError("no bfloat16 source")
-        if f8:
-            # NumPy cannot export float8, so the bytes are put into a
-            # dlbridge float8 tensor directly.
-            import ctypes
-            t = dlbridge.empty(ref.shape, f8)
-            ctypes.memmove(t.data_ptr, ref.ctypes.data, ref.nbytes)
-            return t, ref
-        v = ref.copy() if layout == "read-only" else ref
-        if layout == "read-only":
-            v.setflags(write=False)
-        return dlbridge.from_dlpack(v), ref
-    if fw == "crasher":
-        class Crasher:
-            def __dlpack__(self, **kw):
-                os.abort()
-
-            def __dlpack_device__(self):
-                return (1, 0)
-        return Crasher(), ref
-    if layout == "read-only":
-        raise NotImplementedError("no read-only tensors")
-    if fw == "torch":
-        import torch
-        if layout == "negative":
-            raise NotImplementedError("no negative strides")
-        t = torch.from_numpy(a.copy())
-        if bf:
-            t = t.view(torch.bfloat16)
-        if f8:
-            if not hasattr(torch, f8):
-                raise NotImplementedError(f"torch {torch.__version__} has no {f8}")
-            t = t.view(getattr(torch, f8))
-        t = {"transposed": lambda: t.T, "step": lambda: t[:, ::2],
-             "offset": lambda: t[1:]}.get(layout, lambda: t)()
-        return t, ref
-    if strided:
-        raise NotImplementedError("compact tensors only")
-    if fw == "jax":
-        import jax.numpy as jnp
-        x = jnp.asarray(a)
-        return (x.view(getattr(jnp, f8 or "bfloat16")) if bf or f8 else x), ref
-    if fw == "tensorflow":
-        import tensorflow as tf
-        if f8:   # tf.bitcast has no float8; TF's float8 types are ml_dtypes'
-            import ml_dtypes
-            return tf.constant(a.view(getattr(ml_dtypes, f8))), ref
-        x = tf.constant(a)
-        return (tf.bitcast(x, tf.bfloat16) if bf else x), ref
-    if fw == "paddle":
-        import paddle
-        if bf or a.dtype.kind == "u" and a.dtype.itemsize > 1:
-            raise NotImplementedError("dtype not held")
-        if f8:
-            if not hasattr(paddle, f8):
-                raise NotImplementedError(f"paddle has no {f8}")
-            return paddle.to_tensor(a).view(getattr(paddle, f8)), ref
-        return paddle.to_tensor(a), ref
-    if fw == "pyarrow":
-        import pyarrow as pa
-        if (a.ndim != 1 and layout != "contiguous" or bf or f8
-                or dtype.startswith("complex")):
-            raise NotImplementedError("1-D primitive arrays only")
-        flat = a.ravel()
-        return pa.array(flat), flat
-    if fw == "tvm_ffi":
-        import tvm_ffi
-        if f8:
-            raise NotImplementedError("no float8 source")
-        return tvm_ffi.from_dlpack(a), ref
-    raise NotImplementedError(fw)
-
-
-def _produce_cuda(fw, np, dtype, layout):
-    """(object on cuda:0, reference ndarray) or raise NotImplementedError."""
-    a = _source(np, dtype, layout)
-    ref = _layout_np(a, layout)
-    strided = layout in ("transposed", "step", "negative", "offset")
-    if layout == "read-only":
-        raise NotImplementedError("no read-only CUDA tensors")
-    if dtype in FP8_DTYPES:
-        raise NotImplementedError("float8 is probed on the CPU only")
-    bf = dtype == "bfloat16"
-    if fw == "torch":
-        import torch
-        if layout == "negative":
-            raise NotImplementedError("no negative strides")
-        t = torch.from_numpy(a.copy()).to("cuda:0")
-        if bf:
-            t = t.view(torch.bfloat16)
-        t = {"transposed": lambda: t.T, "step": lambda: t[:, ::2],
-             "offset": lambda: t[1:]}.get(layout, lambda: t)()
-        return t, ref
-    if fw == "cupy":
-        import cupy
-        if bf:
-            raise NotImplementedError("CuPy has no bfloat16")
-        return _layout_np(cupy.asarray(a), layout), ref
-    if fw == "jax":
-        import jax
-        if strided:
-            raise NotImplementedError("compact arrays only")
-        gpus = jax.devices("gpu")
-        x = jax.device_put(a, gpus[0])
-        return (x.view(jax.numpy.bfloat16) if bf else x), ref
-    if fw == "dlbridge":
-        import dlbridge
-        if bf or strided:
-            raise NotImplementedError("compact non-bfloat16 sources only")
-        return dlbridge.from_dlpack(np.ascontiguousarray(ref),
-                                    device="cuda:0"), ref
-    raise NotImplementedError(fw)
-
-
-def _own_import(consumer, obj):
-    consumer = _base(consumer)
-    if consumer == "cupy":
-        import cupy
-        return cupy.from_dlpack(obj)
-    if consumer == "numpy":
-        import numpy as np
-        return np.from_dlpack(obj)
-    if consumer == "torch":
-        import torch
-        return torch.from_dlpack(obj)
-    if consumer == "jax":
-        import jax.dlpack
-        return jax.dlpack.from_dlpack(obj)
-    if consumer == "tensorflow":
-        import tensorflow as tf
-        return tf.experimental.dlpack.from_dlpack(obj.__dlpack__())
-    if consumer == "paddle":
-        import paddle
-        f = getattr(paddle, "from_dlpack", None) or paddle.utils.dlpack.from_dlpack
-        return f(obj)
-    if consumer == "tvm_ffi":
-        import tvm_ffi
-        return tvm_ffi.from_dlpack(obj)
-    if consumer == "dlbridge":
-        import dlbridge
-        return dlbridge.from_dlpack(obj)
-    raise BufferError(f"{consumer} has no DLPack importer")
-
-
-def _dlb_import(consumer, obj):
+def _view(x, kit):
+    """A dlbridge.Tensor over any tensor of ``kit``'s framework."""
     import dlbridge
-    return dlbridge.convert(obj, _base(consumer))
+    return dlbridge.from_dlpack(kit.exportable(x))
 
 
-def _inspect(x):
-    """(data pointer, bytes in logical order) of any tensor."""
-    import numpy as np
-    import dlbridge
-    try:
-        t = dlbridge.from_dlpack(x)
-    except Exception:
-        if type(x).__module__.startswith("tensorflow"):
-            import tensorflow as tf
-            t = dlbridge.from_dlpack(tf.experimental.dlpack.to_dlpack(x))
-        else:
-            raise
+def _bytes(t):
+    """The bytes of dlbridge.Tensor ``t`` in logical order."""
     import ctypes
+
+    import numpy as np
     item = t.itemsize
     if t.size == 0:
-        return t.data_ptr, b""
+        return b""
     if t.__dlpack_device__()[0] != 1:
         # device memory: its bytes through dlbridge's host copy
-        return t.data_ptr, _inspect(t.copy(device="cpu"))[1]
+        return _bytes(t.copy(device="cpu"))
     lo = sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.strides))
     hi = sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.strides)) + 1
     buf = (ctypes.c_char * ((hi - lo) * item)).from_address(t.data_ptr + lo * item)
     view = np.ndarray(t.shape, dtype=f"V{item}", buffer=buf, offset=-lo * item,
                       strides=tuple(s * item for s in t.strides))
-    return t.data_ptr, view.tobytes()
+    return view.tobytes()
 
 
-def _probe(path, consumer, obj, ref, src_ptr):
-    importer = _own_import if path == "own" else _dlb_import
+def _alignment(ptr):
+    """The largest power of two (up to 256) dividing a data address."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+def _first_line(e):
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _probe(path, consumer, dtype, obj, ref, src_kit, announce):
+    """(outcome, message, facts) of handing ``obj`` to the consumer."""
+    kit = kits()[_base(consumer)]
+    announce("import")
     try:
-        res = importer(consumer, obj)
-    except Exception as e:   # any refusal is a cell, whatever its type
-        return "refused", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    if res is obj:   # handed back as it is: the same memory
-        return "zero-copy", ""
+        if path == "own":
+            res = kit.own_importer(dtype)(obj)
+        else:
+            import dlbridge
+            res = dlbridge.convert(obj, _base(consumer))
+    except BufferError as e:
+        return "refused", _first_line(e), {}
+    except Exception as e:   # any other refusal is a cell too, worse
+        return "error", _first_line(e), {}
+    announce("inspect")
     try:
-        ptr, data = _inspect(res)
+        src = _view(obj, src_kit)
     except Exception as e:
-        return "copied", f"result not inspectable ({type(e).__name__}); assumed copied"
-    if data != ref.tobytes():
-        return "wrong", "values differ from the producer's"
-    if ptr == src_ptr or ref.size == 0:
-        return "zero-copy", ""
-    if (path == "dlb" and _base(consumer) == "tensorflow" and src_ptr
-            and src_ptr % TF_ALIGNMENT):
-        return "copied", UNALIGNED_FOR_TF
-    return "copied", ""
+        src, why = None, _first_line(e)
+    facts = {} if src is None else {"source_alignment": _alignment(src.data_ptr)}
+    try:
+        t = _view(res, kit) if src is None or res is not obj else src
+    except Exception as e:
+        return "error", f"the result cannot be read back: {_first_line(e)}", facts
+    if _bytes(t) != ref.tobytes():
+        return "wrong", "values differ from the producer's", facts
+    if src is None:   # values right; whether memory is shared is unknown
+        return "copied", f"the source cannot be read back ({why})", facts
+    shared = t.data_ptr == src.data_ptr and ref.size
+    if shared and src.readonly:
+        try:
+            writable = kit.writable(res)
+        except Exception:
+            writable = True
+        if writable:
+            return ("writable-alias", "the result shares the producer's "
+                    "read-only memory and can be written", facts)
+    return ("zero-copy" if shared or ref.size == 0 else "copied"), "", facts
 
 
 def child(producer, consumer, first=0):
-    """Run the probes of one pair from probe number ``first`` on."""
+    """Run the probes of one pair from probe number ``first`` on (probe
+    2i is case i's "own" path, 2i + 1 its "dlb" path).  Each step is
+    announced before it runs (see PHASES), so that the parent can pin a
+    crash or a hang on a probe and on whose code was running."""
     import numpy as np
+    table = kits()
+    kit, consumer_kit = table[_base(producer)], table[_base(consumer)]
+    _emit({"outcome": "phase", "phase": "load"})
+    kit.load()
+    consumer_kit.load()
+    make = kit.make_cuda if _on_cuda(producer) else kit.make
     for index, (dtype, layout) in enumerate(cases()):
-        if 2 * index + 1 < first:
-            continue
         rec = {"producer": producer, "consumer": consumer, "dtype": dtype,
                "layout": layout}
-        try:
-            if _on_cuda(producer):
-                obj, ref = _produce_cuda(_base(producer), np, dtype, layout)
-            else:
-                obj, ref = _produce(producer, np, dtype, layout)
-        except NotImplementedError:
-            continue
-        except Exception as e:
-            print(json.dumps(dict(rec, path="own", outcome="n/a", message=str(e)[:200])), flush=True)
-            continue
-        try:
-            src_ptr = _inspect(obj)[0] if producer != "crasher" else 0
-        except Exception:
-            src_ptr = None
-        for k, path in enumerate(("own", "dlb")):
+        made = None
+        for k, path in enumerate(PATHS):
             if 2 * index + k < first:
                 continue
-            # announce first, so a crash can be pinned on this probe
-            print(json.dumps(dict(rec, path=path, outcome="start",
-                                 probe=2 * index + k)), flush=True)
-            outcome, msg = _probe(path, consumer, obj, ref, src_ptr)
-            print(json.dumps(dict(rec, path=path, outcome=outcome, message=msg)), flush=True)
+            _emit(dict(rec, path=path, outcome="start", probe=2 * index + k))
+            if made is None:
+                _emit({"outcome": "phase", "phase": "make"})
+                try:
+                    made = make(np, source(np, dtype, layout), dtype, layout)
+                    kit.export(made[0])
+                except Unavailable as e:
+                    made = e
+                except Exception as e:   # the maker failed: no probe either
+                    made = Unavailable(f"{producer} could not make it: "
+                                       f"{_first_line(e)}")
+            if isinstance(made, Unavailable):
+                _emit(dict(rec, path=path, outcome=NA, message=str(made)[:300]))
+                continue
+            outcome, msg, facts = _probe(
+                path, consumer, dtype, made[0], made[1], kit,
+                lambda phase: _emit({"outcome": "phase", "phase": phase}))
+            if kit.read_only(layout):
+                facts["read_only"] = True
+            _emit(dict(rec, path=path, outcome=outcome, message=msg, **facts))
 
 
 # --------------------------------------------------------------- parent side
 
-def _run_pair(producer, consumer):
-    """All cells of one pair; a child that dies is restarted after the
-    probe that killed it, which becomes a "crashed" cell."""
+DEFAULT_TIMEOUT_S = 300
+
+
+class _Children:
+    """The children running now, so that an interrupted run can kill them
+    (each runs in a session of its own, out of reach of the terminal's
+    Ctrl-C) and no pair starts another."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.live = set()
+        self.stopped = False
+
+    def start(self, cmd, env):
+        with self.lock:
+            if self.stopped:
+                return None
+            # A session (and process group) of its own: a hung child is
+            # killed with whatever it started.
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, env=env, text=True,
+                                 start_new_session=True)
+            self.live.add(p)
+            return p
+
+    def done(self, p):
+        with self.lock:
+            self.live.discard(p)
+
+    def stop(self):
+        with self.lock:
+            self.stopped = True
+            for p in self.live:
+                _kill_group(p)
+
+
+def _kill_group(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run_child(children, cmd, env, timeout):
+    """Run one child: (records, return code, stderr, hung).  The child is
+    hung when it prints nothing for ``timeout`` seconds: its process group
+    is killed."""
+    p = children.start(cmd, env)
+    if p is None:
+        return [], 0, "", False
+    lines = queue.Queue()
+    err = []
+
+    def pump_out():
+        for line in p.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    def pump_err():
+        err.append(p.stderr.read())
+
+    pumps = [threading.Thread(target=f, daemon=True) for f in (pump_out, pump_err)]
+    for t in pumps:
+        t.start()
+    records, hung = [], False
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                hung = True
+                break
+            if line is None:
+                break
+            if line.startswith("{"):
+                records.append(json.loads(line))
+    finally:
+        if hung:
+            _kill_group(p)
+        p.wait()
+        for t in pumps:
+            t.join()
+        children.done(p)
+    return records, p.returncode, "".join(err), hung
+
+
+def _death(rc, err, hung, timeout):
+    """(outcome, message) for a child that died or hung."""
+    if hung:
+        return "hung", f"no answer in {timeout:g} s: the child was killed"
+    why = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+    lines = [ln for ln in err.splitlines() if ln.strip()
+             and not ln.startswith(("frame #", "Exception raised", "I0", "W0"))]
+    detail = next((ln.strip() for ln in lines if "what()" in ln
+                   or "Error" in ln), lines[-1] if lines else "")
+    return "crashed", f"process died ({why}) {detail}"[:300]
+
+
+def _run_pair(producer, consumer, timeout=DEFAULT_TIMEOUT_S, children=None):
+    """All cells of one pair.  A child that dies or hangs on a probe is
+    restarted after that probe, which becomes a "crashed" or "hung" cell."""
+    children = children or _Children()
     # x64 on: without it JAX silently narrows 64-bit data to 32 bits.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu",
                GLOG_minloglevel="3", JAX_ENABLE_X64="1",
@@ -459,158 +359,295 @@ def _run_pair(producer, consumer):
         # JAX on its GPU backend, without taking 75% of the GPU up front
         env.pop("JAX_PLATFORMS")
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    total = 2 * len(cases())
     cells, first, barren = [], 0, 0
-    while True:
+    while first < total:
         cmd = [sys.executable, "-m", "dlbridge._doctor", producer, consumer,
                str(first)]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=env, text=True)
-        out, err = p.communicate()
-        pending, before = None, len(cells)
-        for line in out.splitlines():
-            if not line.startswith("{"):
-                continue
-            rec = json.loads(line)
-            if rec["outcome"] == "start":
-                pending = rec
+        records, rc, err, hung = _run_child(children, cmd, env, timeout)
+        pending = last = None
+        phase = "load"
+        for rec in records:
+            if rec["outcome"] == "phase":
+                phase = rec["phase"]
+            elif rec["outcome"] == "start":
+                pending, last = rec, rec["probe"]
             else:
                 pending = None
-                cells.append(rec)
-        if p.returncode == 0:
+                if rec["outcome"] != "skipped":
+                    cells.append(rec)
+        if rc == 0 and not hung:
             return cells
-        rc = p.returncode
-        why = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
-        lines = [ln for ln in err.splitlines() if ln.strip()
-                 and not ln.startswith(("frame #", "Exception raised", "I0", "W0"))]
-        detail = next((ln.strip() for ln in lines if "what()" in ln
-                       or "Error" in ln), lines[-1] if lines else "")
-        if pending is None:
-            cells.append({"producer": producer, "consumer": consumer,
-                          "dtype": "-", "layout": "-", "path": "own",
-                          "outcome": "crashed",
-                          "message": f"process died ({why}) {detail}"[:300]})
+        if children.stopped:
             return cells
-        probe = pending.pop("probe")
-        pending.update(outcome="crashed",
-                       message=f"process died ({why}) {detail}"[:300])
-        cells.append(pending)
-        first = probe + 1
-        # Two children in a row that died on their first probe: the pair
-        # cannot live in one process; the rest is marked, not retried.
-        barren = barren + 1 if len(cells) == before + 1 else 0
+        outcome, message = _death(rc, err, hung, timeout)
+        if pending is not None:
+            probe = pending.pop("probe")
+            cells.append(dict(pending, outcome=outcome, message=message,
+                              phase=phase))
+            # Two children in a row that died on their first probe: the
+            # pair cannot live in one process; the rest is marked, not run.
+            barren = barren + 1 if probe == first else 0
+            first = probe + 1
+        elif last is not None:
+            # between two probes (at its exit, for one): the pair's cell
+            cells.append(dict(producer=producer, consumer=consumer, dtype="-",
+                              layout="-", path="own", outcome=outcome,
+                              message=f"after its last probe: {message}"[:300],
+                              phase="exit"))
+            barren, first = 0, last + 1
+        else:
+            barren = 2      # before its first probe: the pair cannot start
         if barren >= 2:
-            done = {(c["dtype"], c["layout"], c["path"]) for c in cells}
+            verb = "hangs" if outcome == "hung" else "kills the process"
+            if phase == "load":
+                message = f"loading {producer} and {consumer}: {message}"
             for index, (dtype, layout) in enumerate(cases()):
-                for k, path in enumerate(("own", "dlb")):
-                    if 2 * index + k >= first and (dtype, layout, path) not in done:
+                for k, path in enumerate(PATHS):
+                    if 2 * index + k >= first:
                         cells.append(dict(
                             producer=producer, consumer=consumer, dtype=dtype,
-                            layout=layout, path=path, outcome="crashed",
-                            message=f"not run: every probe of this pair kills the process ({why})"))
+                            layout=layout, path=path, outcome=outcome,
+                            message=f"not run: every probe of this pair {verb} "
+                                    f"({message})"[:300], phase=phase))
             return cells
+    return cells
 
 
-def run(frameworks=None, workers=2, progress=None):
+def run(frameworks=None, workers=2, progress=None, timeout=DEFAULT_TIMEOUT_S):
+    """Probe every pair of ``frameworks`` (default: all installed), at most
+    ``workers`` children at once, a probe that takes over ``timeout``
+    seconds being "hung"; return the judged report (see SCHEMA)."""
     fws = frameworks or installed_frameworks()
-    consumers = [f for f in fws if f != "crasher"]
-    pairs = pairs_of(fws)
     cells = []
     step = progress or (lambda pair: None)
+    children = _Children()
 
     def one(pair):
-        out = _run_pair(pair[0], pair[1])
+        out = _run_pair(pair[0], pair[1], timeout, children)
         step(pair)
         return out
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        for out in ex.map(one, pairs):
+    ex = ThreadPoolExecutor(max_workers=workers)
+    try:
+        for out in ex.map(one, pairs_of(fws)):
             cells.extend(out)
+    except BaseException:    # Ctrl-C included: no child outlives the run
+        children.stop()
+        ex.shutdown(wait=True, cancel_futures=True)
+        raise
+    ex.shutdown()
+    return judge({"schema_version": SCHEMA_VERSION,
+                  "seconds": round(time.perf_counter() - t0, 1),
+                  "timeout_s": timeout,
+                  "python": sys.version.split()[0],
+                  "versions": {f: version_of(_base(f)) for f in fws},
+                  "producers": fws, "consumers": _consumers(fws),
+                  "cases": [{"dtype": d, "layout": l} for d, l in cases()],
+                  "cells": cells})
+
+
+# ------------------------------------------------------------------ judging
+
+def _limit(cell):
+    """The kits' upstream limitation that explains a cell, or None: the
+    consumer's before the producer's, a pair that cannot share a process
+    first."""
+    consumer, producer = _base(cell["consumer"]), _base(cell["producer"])
+    sides = [(limits_of(consumer), "consumer", producer),
+             (limits_of(producer), "producer", consumer)]
+    mine = _dlbridge_imports(cell)
+    for pair_level in (True, False):
+        for limits, role, partner in sides:
+            for lim in limits:
+                if ((lim.partner is not None) == pair_level
+                        and (lim.dlbridge_too or not mine)
+                        and lim.explains(cell, role, partner)):
+                    return lim
+    return None
+
+
+def known_reason(cell):
+    """The reason of the upstream limitation explaining ``cell``, or None."""
+    lim = _limit(cell)
+    return lim.reason if lim else None
+
+
+def _decision(cell):
+    """The deliberate dlbridge decision behind a cell's outcome, or None.
+    Each is documented in docs/decisions.md."""
+    consumer = REGISTRY.get(_base(cell["consumer"]))
+    align = consumer.alignment if consumer else None
+    if (cell["path"] == "dlb" and cell["outcome"] == "copied" and align
+            and cell.get("source_alignment", align) < align):
+        return (f"dlbridge.convert copies data not {align}-byte aligned into "
+                f"{consumer.name}, whose kernels need it ({consumer.name}'s "
+                "own importer shares it; its first op then aborts the process)")
+    if (cell["path"] == "own" and _base(cell["producer"]) == "dlbridge"
+            and cell["outcome"] in ("refused", "error")
+            and "read-only" in cell.get("message", "")
+            and "legacy" in cell.get("message", "")):
+        return ("dlbridge does not export read-only data as a legacy "
+                "(unversioned) capsule, which cannot say read-only; "
+                f"{cell['consumer']}'s importer asks for no other")
+    return None
+
+
+def _dlbridge_ran(cell):
+    """Whether dlbridge's code was running when the cell's child crashed or
+    hung (its phase): reading results back, making or exporting a dlbridge
+    tensor, or importing on the dlb path or into dlbridge.  Loading a pair
+    and a child's exit are the frameworks'."""
+    phase = cell.get("phase")
+    if phase == "inspect":
+        return True
+    if phase == "make":
+        return _base(cell["producer"]) == "dlbridge"
+    if phase == "import":
+        return cell["path"] == "dlb" or _base(cell["consumer"]) == "dlbridge"
+    return False
+
+
+def _dlbridge_imports(cell):
+    return cell["path"] == "dlb" or _base(cell["consumer"]) == "dlbridge"
+
+
+def _judge_cell(cell, native):
+    """(label, reason, worse than native) of one probe; ``native`` is the
+    consumer's own importer's cell of the same probe (for a dlb cell)."""
+    outcome = cell["outcome"]
+    if outcome == NA:
+        return NA, cell.get("message") or "the producer cannot make it", False
+    if outcome == "zero-copy":
+        return "ok", None, False
+    lim, decision = _limit(cell), _decision(cell)
+    mine = _dlbridge_imports(cell)
+    worse = (cell["path"] == "dlb" and native is not None
+             and native["outcome"] != NA
+             and RANK[outcome] > RANK[native["outcome"]])
+    theirs = (lim.reason if lim else cell.get("message")
+              or f"{cell['consumer']}'s own importer {outcome} it")
+    # 1. a crash or a hang: whose code was running
+    if outcome in ("crashed", "hung"):
+        if _dlbridge_ran(cell):
+            return "gap", f"dlbridge {outcome}: {cell.get('message', '')}", worse
+        return "upstream", theirs, worse
+    # 2. convert lower in the order than the consumer's own importer
+    if worse:
+        if decision:
+            return "decision", decision, True
+        return ("gap", f"dlbridge.convert is worse than {cell['consumer']}'s "
+                f"own importer ({native['outcome']})"
+                + (f"; {lim.reason}" if lim else ""), True)
+    # 3. wrong data or a writable alias of read-only memory; the same from
+    #    the own path of a foreign producer is that producer's
+    if outcome in BAD:
+        if mine and not (native is not None and native["outcome"] == outcome
+                         and _base(cell["producer"]) != "dlbridge"):
+            return "gap", f"dlbridge gave {outcome}: {cell.get('message', '')}", False
+        return "upstream", theirs, False
+    # 4. a copy, a refusal or an error, no worse than native
+    if decision:
+        return "decision", decision, False
+    if not mine:
+        return "upstream", theirs, False
+    if lim is not None and (outcome == "copied" or not lim.copyable):
+        return "upstream", lim.reason, False
+    if lim is not None:
+        return ("gap", f"dlbridge.convert could copy: {lim.reason}", False)
+    if (outcome == "copied" and native is not None
+            and native["outcome"] == "copied"):
+        return "upstream", f"{cell['consumer']}'s own importer copies too", False
+    return "gap", f"unexplained {outcome} on a dlbridge path", False
+
+
+def _summary(cells):
+    """The headline numbers: per path, the outcomes of the probes a
+    producer could make; convert against the consumer's own importer; the
+    labels."""
+    def tally(path):
+        # a probe each (a child's death after its last probe is no probe)
+        mine = [c for c in cells if c["path"] == path and c["dtype"] != "-"]
+        out = {o: sum(c["outcome"] == o for c in mine) for o in OUTCOMES}
+        out["n/a"] = sum(c["outcome"] == NA for c in mine)
+        out["probes"] = len(mine) - out["n/a"]
+        return out
+    dlb = [c for c in cells if c["path"] == "dlb"]
+    return {
+        "own": tally("own"), "dlb": tally("dlb"),
+        "worse_than_native": sum(c["worse_than_native"] and c["label"] == "gap"
+                                 for c in dlb),
+        "worse_by_decision": sum(c["worse_than_native"] and c["label"] == "decision"
+                                 for c in dlb),
+        "better_than_native": sum(c.get("better_than_native", False) for c in dlb),
+        **{label: sum(c["label"] == label for c in cells) for label in LABELS},
+    }
+
+
+def judge(report):
+    """Label every probe of ``report`` (a run's, or a saved ``--json``),
+    sum them up and list dlbridge's defects (its gaps); returns the report,
+    judged.  Only the probes' own fields are read."""
+    cells = report["cells"]
+    own = {(c["producer"], c["consumer"], c["dtype"], c["layout"]): c
+           for c in cells if c["path"] == "own"}
     for c in cells:
-        if c["outcome"] in ("refused", "crashed", "copied") :
-            r = known_reason(c["consumer"], c["producer"], c["dtype"],
-                             c["layout"], c["path"])
-            if c["outcome"] == "refused" or c["path"] == "own":
-                c["known_limitation"] = r
-    return _report(fws, consumers, cells, time.perf_counter() - t0)
-
-
-def _versions(fws):
-    """Installed version of each framework, from its distribution's
-    metadata (nothing imported): the registry's distribution name, the
-    framework's own name, then whatever distribution provides its top-level
-    module (cupy-cuda13x, tensorflow for tensorflow-cpu, ...)."""
-    from importlib import metadata
-    names = {n: fw.dist for n, fw in REGISTRY.items() if fw.dist != n}
-    provides = None
-    out = {}
-    for f in fws:
-        base = _base(f)
-        candidates = [names.get(base), base]
-        for i, dist in enumerate(candidates):
-            if not dist:
-                continue
-            try:
-                out[f] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                if i == len(candidates) - 1:
-                    if provides is None:
-                        provides = metadata.packages_distributions()
-                    for other in provides.get(base.split(".")[0], ()):
-                        try:
-                            out[f] = metadata.version(other)
-                            break
-                        except metadata.PackageNotFoundError:
-                            continue
-        out.setdefault(f, "?")
-    return out
+        for k in ("label", "reason", "worse_than_native", "better_than_native"):
+            c.pop(k, None)
+        native = (own.get((c["producer"], c["consumer"], c["dtype"], c["layout"]))
+                  if c["path"] == "dlb" else None)
+        c["label"], c["reason"], c["worse_than_native"] = _judge_cell(c, native)
+        if (native is not None and NA not in (c["outcome"], native["outcome"])
+                and RANK[c["outcome"]] < RANK[native["outcome"]]):
+            c["better_than_native"] = True
+    report["summary"] = _summary(cells)
+    report["defects"] = [c for c in cells if c["label"] == "gap"]
+    return report
 
 
 def dlbridge_defects(cells):
-    """Cells that are dlbridge's own fault: wrong data, crashes, or a copy
-    on the dlbridge path where the consumer's own path shared memory."""
-    own = {(c["producer"], c["consumer"], c["dtype"], c["layout"]): c["outcome"]
-           for c in cells if c["path"] == "own"}
-    bad = []
-    for c in cells:
-        if c["path"] != "dlb" or c["producer"] == "crasher":
-            continue
-        key = (c["producer"], c["consumer"], c["dtype"], c["layout"])
-        if c["outcome"] in ("wrong", "crashed"):
-            bad.append(c)
-        elif (c["outcome"] == "copied" and own.get(key) == "zero-copy"
-              and c.get("message") != UNALIGNED_FOR_TF):
-            bad.append(c)
-    return bad
+    """The cells that are dlbridge's gaps (``judge``'s defects)."""
+    return judge({"cells": [dict(c) for c in cells]})["defects"]
 
 
-def _report(fws, consumers, cells, seconds):
-    return {"schema_version": SCHEMA_VERSION, "seconds": round(seconds, 1),
-            "python": sys.version.split()[0], "versions": _versions(fws),
-            "producers": fws, "consumers": consumers,
-            "cases": [{"dtype": d, "layout": l} for d, l in cases()],
-            "cells": cells, "defects": dlbridge_defects(cells)}
-
-
-# JSON-Schema-like description of the --json output (checked by the tests).
+# JSON-Schema-like description of the --json output (docs/doctor.md;
+# checked by the tests with validate).
+_COUNTS = {"type": "object", "required": list(OUTCOMES) + ["n/a", "probes"]}
 SCHEMA = {
     "type": "object",
-    "required": ["schema_version", "versions", "producers", "consumers", "cells", "defects"],
+    "required": ["schema_version", "versions", "producers", "consumers",
+                 "cases", "cells", "summary", "defects"],
     "properties": {
-        "schema_version": {"type": "integer"},
+        "schema_version": {"enum": [SCHEMA_VERSION]},
         "seconds": {"type": "number"},
+        "timeout_s": {"type": "number"},
+        "python": {"type": "string"},
         "versions": {"type": "object"},
         "producers": {"type": "array", "items": {"type": "string"}},
         "consumers": {"type": "array", "items": {"type": "string"}},
+        "cases": {"type": "array", "items": {
+            "type": "object", "required": ["dtype", "layout"]}},
         "cells": {"type": "array", "items": {
             "type": "object",
-            "required": ["producer", "consumer", "dtype", "layout", "path", "outcome"],
+            "required": ["producer", "consumer", "dtype", "layout", "path",
+                         "outcome", "label", "reason", "worse_than_native"],
             "properties": {
-                "path": {"enum": ["own", "dlb"]},
-                "outcome": {"enum": list(OUTCOMES) + ["n/a"]},
+                "path": {"enum": list(PATHS)},
+                "outcome": {"enum": list(OUTCOMES) + [NA]},
                 "message": {"type": "string"},
-                "known_limitation": {"type": ["string", "null"]}}}},
+                "phase": {"enum": list(PHASES) + ["exit"]},
+                "source_alignment": {"type": "integer"},
+                "read_only": {"enum": [True]},
+                "label": {"enum": list(LABELS)},
+                "reason": {"type": ["string", "null"]},
+                "worse_than_native": {"enum": [True, False]},
+                "better_than_native": {"enum": [True]}}}},
+        "summary": {"type": "object",
+                    "required": ["own", "dlb", "worse_than_native",
+                                 "worse_by_decision", "better_than_native"]
+                    + list(LABELS),
+                    "properties": {"own": _COUNTS, "dlb": _COUNTS}},
         "defects": {"type": "array"},
     },
 }

@@ -168,19 +168,49 @@ def _op(jax, fn, out_specs, nout, aliases):
     return op
 
 
+def _extent(d):
+    """A shape entry for _result_specs: an int, or None for a symbolic
+    dimension (jax.export's shape polymorphism), checked at run time."""
+    return d if isinstance(d, int) else None
+
+
+def _result_shape(fn, o, shape, shapes):
+    """Result o's shape with each extent _result_specs could not know (it
+    comes from a symbolic dimension) taken from the argument whose
+    dimension the signature names the same: jax.export's symbolic
+    expression, which XLA resolves when the exported graph runs."""
+    if all(d is not None for d in shape):
+        return tuple(shape)
+    dims = fn._dims
+    names = dims[fn.nin + o]
+    out = []
+    for a, d in enumerate(shape):
+        if d is None:
+            d = next(shapes[i][axis] for i in range(fn.nin)
+                     if shapes[i] is not None
+                     for axis, name in enumerate(dims[i])
+                     if name == names[a])
+        out.append(d)
+    return tuple(out)
+
+
 def call(fn, args):
     """Call Function ``fn`` on ``args`` (a tuple, in parameter order) while
     JAX traces: one XLA custom call, its results as JAX arrays."""
     jax = _jax()
     operands = []
     specs = []
+    shapes = []      # each tensor argument's shape, symbolic dimensions kept
     for (name, dtype, ndim, mut), arg in zip(fn._inputs, args):
-        if ndim == 0 and isinstance(arg, _NUMBERS):
+        if isinstance(arg, _NUMBERS):
             specs.append(arg)        # _result_specs checks it as eagerly
             operands.append(arg)     # made a constant once checked
+            shapes.append(None)
         elif isinstance(arg, (jax.Array, np.ndarray, np.generic)):
-            specs.append((tuple(arg.shape), arg.dtype))
+            shape = tuple(arg.shape)
+            specs.append((tuple(_extent(d) for d in shape), arg.dtype))
             operands.append(arg)
+            shapes.append(shape)
         else:
             _refuse(fn, name, arg)
     results, aliases = fn._result_specs(specs)
@@ -189,13 +219,16 @@ def call(fn, args):
     # Checked, so the Function may be named by graphs: first compiled use.
     _core._ops_register(fn)
     _register_targets(jax)
-    out_specs = tuple((tuple(shape), _np_dtype(fn, dtype))
-                      for shape, dtype in results)
-    out_specs += tuple((specs[i][0], np.dtype(operands[i].dtype))
+    out_specs = tuple((_result_shape(fn, o, shape, shapes), _np_dtype(fn, dtype))
+                      for o, (shape, dtype) in enumerate(results))
+    out_specs += tuple((shapes[i], np.dtype(operands[i].dtype))
                        for i in aliases)
     for _, dtype, _, _ in fn._inputs:
         _np_dtype(fn, dtype)         # sub-byte inputs refused here too
-    op = _op(jax, fn, out_specs, len(results), aliases)
+    try:
+        op = _op(jax, fn, out_specs, len(results), aliases)
+    except TypeError:                # a symbolic extent that cannot be hashed
+        op = _op.__wrapped__(jax, fn, out_specs, len(results), aliases)
     outs = op(*operands)
     if not out_specs:
         return None

@@ -1,7 +1,170 @@
-"""A dlbridge.Function as an op of tf's compiler (see dlbridge._compiled)."""
+"""A dlbridge.Function as a TensorFlow op inside tf.function (see
+dlbridge._compiled and docs/compiled.md).
+
+A Function called with TensorFlow's graph tensors while tf.function traces
+becomes one node of the generic op ``DlbridgeCall`` (src/ops/tf.c), whose
+``function`` attribute names the Function by its identity.  The op and its
+kernels are registered with TensorFlow through its C API from dlbridge's
+own extension on the first such call; the node is built with the helper
+that TensorFlow's generated op wrappers call.  What the node says -- its
+outputs' dtypes and shapes, which inputs come back updated -- is
+``Function._result_specs``'s answer, the shape function of the eager call,
+so a mismatch is the same exception with the same message as eagerly.
+
+A ``mut`` parameter is never written in the caller's tensor: its updated
+value is an output of the op, returned after the declared results.
+"""
+
+import threading
+
+from . import _core
+
+__all__ = ["call"]
+
+_lock = threading.Lock()
+_ready = False
+
+
+def _no_backward(op, *grads):
+    """The gradient of DlbridgeCall: there is none."""
+    identity = op.get_attr("function")
+    if isinstance(identity, bytes):
+        identity = identity.decode("utf-8", "replace")
+    fn = _core._ops_find(identity)
+    name = fn.name if fn is not None else identity
+    raise RuntimeError(f"{name}: dlbridge Function has no backward")
+
+
+def _ensure_op(tf):
+    """Register DlbridgeCall with TensorFlow once per process (and its
+    gradient, which raises)."""
+    global _ready
+    if _ready:
+        return
+    with _lock:
+        if _ready:
+            return
+        from tensorflow.python.framework import op_def_registry
+        # TensorFlow aborts the process on a second registration of a name:
+        # the extension registers only when TF does not know it yet.
+        _core._tf_register(op_def_registry.get(_core._TF_OP) is not None)
+        try:
+            tf.RegisterGradient(_core._TF_OP)(_no_backward)
+        except KeyError:  # this module was imported again
+            pass
+        _ready = True
+
+
+def _mixing_error(fn, name, arg):
+    tp = type(arg)
+    return TypeError(
+        f"{fn.name}() argument '{name}': {tp.__module__}.{tp.__qualname__} "
+        f"cannot be mixed with TensorFlow's graph tensors: inside "
+        f"tf.function every tensor argument of a dlbridge Function must be "
+        f"a TensorFlow tensor")
+
+
+def _tf_dtype(tf, dtype):
+    """TensorFlow's DType for a dlbridge dtype, or None."""
+    code = _core._tf_dtype(dtype)
+    return None if code is None else tf.as_dtype(code)
+
+
+def _spec_dtype(fn, name, tf_dtype):
+    """The dlbridge dtype of a TensorFlow tensor of dtype tf_dtype: the same
+    name, when the element layouts agree."""
+    try:
+        dtype = _core.dtype(tf_dtype.name)
+    except ValueError:
+        dtype = None
+    if dtype is None or _core._tf_dtype(dtype) != tf_dtype.as_datatype_enum:
+        raise BufferError(f"{fn.name}() argument '{name}': TensorFlow's "
+                          f"{tf_dtype.name} tensors cannot be described to a "
+                          f"dlbridge kernel")
+    return dtype
+
+
+def _constant(tf, fn, name, dtype, value):
+    """A Python number for a 0-d parameter, as a constant of its dtype,
+    converted by the eager call's rule (same exceptions, same messages)."""
+    try:
+        element = _core.tensor(value, dtype=dtype).tolist()
+    except (TypeError, ValueError, OverflowError) as exc:
+        # named as the eager call names it (errors.c's argument prefix)
+        raise type(exc)(f"{fn.name}() argument '{name}': {exc}") from exc
+    tf_dtype = _tf_dtype(tf, dtype)
+    if tf_dtype is None:
+        raise BufferError(f"{fn.name}() argument '{name}': TensorFlow has no "
+                          f"{dtype} dtype")
+    return tf.constant(element, dtype=tf_dtype)
 
 
 def call(fn, args):
-    """Call Function ``fn`` on ``args`` (parameter order) while tracing."""
-    raise TypeError(f"{fn.name}(): a dlbridge Function cannot be called "
-                    f"inside tf's compiler yet")
+    """Call Function ``fn`` on ``args`` (parameter order) while tf.function
+    traces: add a DlbridgeCall node to the graph and return its outputs --
+    the declared results, then the updated value of each ``mut`` input;
+    None when there are none, the tensor itself when there is one."""
+    import tensorflow as tf
+    from tensorflow.python.eager import execute
+    from tensorflow.python.framework import op_def_library, ops
+    from tensorflow.python.ops import control_flow_util
+
+    if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
+        raise TypeError(
+            f"{fn.name}(): a dlbridge Function cannot be compiled by XLA "
+            f"(tf.function(jit_compile=True)); call it from a tf.function "
+            f"without jit_compile")
+    params = fn._inputs
+    specs = []
+    for (name, dtype, ndim, mut), arg in zip(params, args):
+        if isinstance(arg, (int, float, complex)):
+            specs.append(arg)  # checked by the eager call's own steps
+        elif isinstance(arg, (tf.Tensor, tf.Variable)):
+            shape = arg.shape
+            if shape.rank is None:
+                raise TypeError(f"{fn.name}() argument '{name}': its rank is "
+                                f"unknown; a dlbridge Function needs the "
+                                f"rank of every tensor when it is traced")
+            specs.append((tuple(shape), _spec_dtype(fn, name, arg.dtype)))
+        else:
+            raise _mixing_error(fn, name, arg)
+    results, aliases = fn._result_specs(specs)
+    out_dtypes = []
+    for o, (_, dtype) in enumerate(results):
+        tf_dtype = _tf_dtype(tf, dtype)
+        if tf_dtype is None:
+            raise BufferError(f"{fn.name}(): result {o} is {dtype}, which "
+                              f"TensorFlow has no dtype for")
+        out_dtypes.append(tf_dtype)
+
+    _ensure_op(tf)
+    _core._ops_register(fn)  # ValueError: another kernel has this identity
+
+    inputs = []
+    for (name, dtype, ndim, mut), arg, spec in zip(params, args, specs):
+        if not isinstance(spec, tuple):  # a Python number
+            inputs.append(_constant(tf, fn, name, dtype, arg))
+        else:
+            inputs.append(tf.convert_to_tensor(arg))
+    out_dtypes += [inputs[i].dtype for i in aliases]
+    # -1: an extent not known when traced, the inputs' answer at run time
+    result_shapes = [-1 if e is None else int(e)
+                     for shape, _ in results for e in shape]
+    attrs = dict(Tout=out_dtypes, function=fn._identity,
+                 result_shapes=result_shapes)
+    _, _, op, outs = op_def_library._apply_op_helper(
+        _core._TF_OP, name=fn.name, args=inputs, **attrs)
+    outs = list(outs)
+    for out, (shape, _) in zip(outs, results):
+        out.set_shape(shape)
+    for out, i in zip(outs[len(results):], aliases):
+        out.set_shape(inputs[i].shape)
+    if outs and execute.must_record_gradient():
+        execute.record_gradient(
+            _core._TF_OP, op.inputs,
+            ("Tin", op.get_attr("Tin"), "Tout", op.get_attr("Tout"),
+             "function", op.get_attr("function"),
+             "result_shapes", op.get_attr("result_shapes")), outs)
+    if not outs:
+        return None
+    return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,7 +1,506 @@
-"""A dlbridge.Function as an op of torch's compiler (see dlbridge._compiled)."""
+"""A dlbridge.Function as a torch operator (docs/compiled.md, "PyTorch").
+
+Each Function becomes, on its first traced use, an operator
+``torch.ops.dlbridge.<identity>`` defined with ``torch.library`` (the route
+chosen by measurement: bench/bench_torch_ops.py):
+
+* schema from the signature: a ``Tensor`` per input, ``Tensor(a!)`` for a
+  ``mut`` one (in-place, as eagerly), a ``Tensor`` per declared result.  A
+  0-d input given a Python number is a ``Scalar``: one overload per set of
+  such inputs (``default`` when none, ``n<mask>`` otherwise), so the kernel
+  gets the number on the host exactly as the eager call gives it;
+* the real kernel, for CPU and CUDA, is the Function object itself: its
+  eager C path checks the arguments, allocates the results through torch
+  and passes torch's current stream;
+* the fake kernel asks the Function what the call produces
+  (``Function._result_specs``, the eager checks and messages);
+* the Autograd key falls through: a Function has no backward, and the
+  kernels refuse a call with grad mode on and an argument that requires
+  grad (the fake kernel here, the eager C path for real tensors).
+
+Dynamo learns every Function at once: ``Function.__call__`` (the type's
+slot, one object for all Functions) gets a polyfill through
+``torch.compiler.substitute_in_graph``, which Dynamo inlines in place of
+the C call: it names the Function's operator, and the graph holds the
+operator.  The polyfill is installed when ``torch._dynamo`` is imported
+(watch_dynamo, called by dlbridge's __init__): importing dlbridge never
+imports torch, and a Function made before torch was imported is known too.
+
+Nothing here imports torch at module level.
+"""
+
+import _thread
+import importlib
+import keyword
+import sys
+
+from . import _core
+
+__all__ = ["call", "op", "watch_dynamo"]
+
+#: The namespace of the operators: torch.ops.dlbridge.<identity>.
+NAMESPACE = "dlbridge"
+
+_lock = _thread.RLock()  # _thread: threading costs ms to import
+_library = None        # torch.library.Library(NAMESPACE, "FRAGMENT")
+_overloads = {}        # (identity, mask) -> OpOverload
+_dynamo_taught = False
+
+# Extents never seen in a real tensor, standing for symbolic ones while the
+# Function checks a call (_result_specs takes ints only).
+_PLACEHOLDER_BASE = 1 << 62
+
+
+def _torch():
+    # Only called once torch is in use: one of its tensors got us here.
+    return importlib.import_module("torch")
+
+
+# ---- the operator of a Function ------------------------------------------------
+
+def _arg_name(name, i):
+    """The schema's name for input ``i``: the signature's, unless it is a
+    word TorchScript's schema parser reserves."""
+    if name.isidentifier() and not keyword.iskeyword(name):
+        return name
+    return f"arg{i}"
+
+
+def _schema(fn, mask, overload, generic_names=False):
+    """``<identity>[.<overload>](...) -> ...`` for the inputs of ``fn``,
+    bit i of ``mask`` set when input i is a Python number."""
+    parts = []
+    nmut = 0
+    for i, (name, _dtype, _ndim, mut) in enumerate(fn._inputs):
+        arg = f"arg{i}" if generic_names else _arg_name(name, i)
+        if mask >> i & 1:
+            parts.append(f"Scalar {arg}")
+        elif mut:
+            parts.append(f"Tensor(a{nmut}!) {arg}")
+            nmut += 1
+        else:
+            parts.append(f"Tensor {arg}")
+    nout = fn.nout
+    returns = ("()" if nout == 0 else "Tensor" if nout == 1
+               else "(" + ", ".join(["Tensor"] * nout) + ")")
+    name = fn._identity if overload == "default" \
+        else f"{fn._identity}.{overload}"
+    return f"{name}({', '.join(parts)}) -> {returns}"
+
+
+def _overload_name(mask):
+    return "default" if mask == 0 else f"n{mask}"
+
+
+def op(fn, mask=0):
+    """The OpOverload of Function ``fn`` for calls where the 0-d inputs in
+    ``mask`` (bit i: input i) are Python numbers, defined on first use.
+    The Function is registered under its identity first (src/ops/
+    registry.c): another kernel under a registered identity is a
+    ValueError, and the Function registered first serves every equal
+    one."""
+    # Asked of every Function object (cheap, lock-free when registered):
+    # another kernel under the identity is refused at its first use too.
+    fn = _core._ops_register(fn)
+    key = (fn._identity, mask)
+    found = _overloads.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        found = _overloads.get(key)
+        if found is None:
+            found = _overloads[key] = _define(fn, mask)
+        return found
+
+
+def _define(fn, mask):
+    global _library
+    torch = _torch()
+    if _library is None:
+        # Kept for the life of the process: a compiled graph may call any
+        # of its operators at any time (docs/compiled.md, lifetime).
+        _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    overload = _overload_name(mask)
+    try:
+        _library.define(_schema(fn, mask, overload))
+    except RuntimeError:
+        # A parameter name the schema parser refuses: positional names.
+        _library.define(_schema(fn, mask, overload, generic_names=True))
+    qualname = fn._identity if mask == 0 else f"{fn._identity}.{overload}"
+    for key in ("CPU", "CUDA"):
+        _library.impl(qualname, fn, key)
+    _library.impl(qualname, torch.library.fallthrough_kernel, "Autograd")
+    torch.library.register_fake(f"{NAMESPACE}::{qualname}", _fake_kernel(fn),
+                                lib=_library)
+    found = getattr(getattr(getattr(torch.ops, NAMESPACE), fn._identity),
+                    overload)
+    if fn.nout == 0 and not any(item[3] for item in fn._inputs):
+        # No result and nothing written: the call is there for what the
+        # kernel does besides (an error it raises, say), which dead-code
+        # elimination must not drop.  (A `mut` operator is kept by its
+        # schema; one with results is dropped when they are unused, as any
+        # torch operator.)
+        torch.fx.node.has_side_effect(found)
+    return found
+
+
+# ---- the fake kernel: shapes and dtypes from the signature ------------------------
+
+def _dtype_name(dtype):
+    return str(dtype).rpartition(".")[2]
+
+
+def _no_backward(fn):
+    return RuntimeError(f"{fn.name}: dlbridge Function has no backward")
+
+
+def _fake_kernel(fn):
+    """The fake kernel of ``fn``'s operator: the eager call's checks (dtype
+    and extents by the Function itself, numbers by the eager rule, one
+    device, no grad), then empty results of the signature's shapes on the
+    first tensor argument's device (compact, as the eager call allocates
+    them)."""
+    names = [item[0] for item in fn._inputs]
+
+    def fake(*args):
+        torch = _torch()
+        specs = []
+        tensors = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                specs.append((tuple(a.shape), _dtype_name(a.dtype)))
+                tensors.append(i)
+            elif isinstance(a, (bool, int, float, complex)):
+                specs.append(a)  # checked by the eager call's own steps
+            else:
+                specs.append(None)
+        results = result_specs(fn, specs)
+        if not tensors:
+            raise TypeError(f"{fn.name}(): its torch operator needs a torch "
+                            f"tensor among the arguments")
+        first = tensors[0]
+        device = args[first].device
+        for i in tensors[1:]:
+            if args[i].device != device:
+                raise ValueError(
+                    f"{fn.name}() argument '{names[i]}' is on "
+                    f"{args[i].device} but argument '{names[first]}' is on "
+                    f"{device}")
+        if torch.is_grad_enabled() and any(args[i].requires_grad
+                                           for i in tensors):
+            raise _no_backward(fn)
+        outs = tuple(torch.empty(shape, dtype=_torch_dtype(torch, dtype),
+                                 device=device)
+                     for shape, dtype in results)
+        if not outs:
+            return None
+        return outs[0] if len(outs) == 1 else outs
+
+    fake.__name__ = f"{fn.name}_fake"
+    return fake
+
+
+def _torch_dtype(torch, dtype):
+    found = getattr(torch, dtype.name, None)
+    if not isinstance(found, torch.dtype):
+        raise BufferError(f"torch has no dtype {dtype.name} for a result")
+    return found
+
+
+def result_specs(fn, specs):
+    """``fn._result_specs(specs)[0]`` where extents may be torch SymInts:
+    the result shapes in terms of the inputs' symbols.
+
+    The Function checks ints only, so each symbolic extent stands in as an
+    int: its own placeholder (a value no real extent has), a placeholder
+    shared with the other symbols of the same value at trace time, or that
+    value itself.  The first keeps the graph most general and is tried
+    first; a signature that ties an extent to another symbol or to a
+    literal needs one of the others.  Then, starting from every symbol
+    fixed to its value (which must pass: otherwise the eager error, with
+    the real values), each group of equal values is relaxed to a shared
+    placeholder and each member to its own, as far as the check allows;
+    what stays is guarded with torch._check (shared: the symbols are
+    equal; fixed: the symbol is that value).  Sound, and as general as a
+    greedy choice finds.  An extent with no value (data-dependent) can only
+    be a placeholder: TypeError when that fails."""
+    torch = sys.modules.get("torch")
+    symbols = {}
+    if torch is not None:
+        for spec in specs:
+            if isinstance(spec, tuple):
+                for d in spec[0]:
+                    if isinstance(d, torch.SymInt) and not _concrete(d):
+                        symbols.setdefault(d.node.expr, d)
+    if not symbols:
+        return fn._result_specs([_concrete_spec(s) for s in specs])[0]
+
+    exprs = list(symbols)
+    hint = {e: (None if symbols[e].node.hint is None
+                else int(symbols[e].node.hint)) for e in exprs}
+    own = {e: _PLACEHOLDER_BASE + 2 * k for k, e in enumerate(exprs)}
+    shared = {}
+    for e in exprs:
+        if hint[e] is not None:
+            shared.setdefault(hint[e], _PLACEHOLDER_BASE + 2 * len(shared) + 1)
+    FREE, MERGED, FIXED = 0, 1, 2
+
+    def value(e, state):
+        return (own[e] if state[e] == FREE else
+                shared[hint[e]] if state[e] == MERGED else hint[e])
+
+    def attempt(state):
+        try:
+            return fn._result_specs(
+                [s if not isinstance(s, tuple) else
+                 (tuple(value(d.node.expr, state)
+                        if isinstance(d, torch.SymInt) and not _concrete(d)
+                        else int(d) for d in s[0]), s[1])
+                 for s in specs])[0]
+        except (TypeError, ValueError):
+            return None
+
+    state = {e: FREE for e in exprs}
+    if attempt(state) is None:
+        state = {e: FREE if hint[e] is None else FIXED for e in exprs}
+        if attempt(state) is None:
+            if any(h is None for h in hint.values()):
+                raise TypeError(
+                    f"{fn.name}(): an extent that depends on tensor data "
+                    f"cannot be checked against the signature when the call "
+                    f"is traced")
+            fn._result_specs([  # every extent at its value: the eager error
+                s if not isinstance(s, tuple) else
+                (tuple(hint[d.node.expr] if isinstance(d, torch.SymInt)
+                       and not _concrete(d) else int(d) for d in s[0]), s[1])
+                for s in specs])
+            raise AssertionError("unreachable: the values passed the check")
+        # Relax a group of equal values at a time (its members tied to each
+        # other), then each member on its own.
+        groups = {}
+        for e in exprs:
+            if hint[e] is not None:
+                groups.setdefault(hint[e], []).append(e)
+        for members in groups.values():
+            for e in members:
+                state[e] = MERGED
+            if attempt(state) is None:
+                for e in members:
+                    state[e] = FIXED
+                continue
+            for e in members:
+                state[e] = FREE
+                if attempt(state) is None:
+                    state[e] = MERGED
+    results = attempt(state)
+    symbol_of = {}
+    for e in exprs:
+        d = symbols[e]
+        if state[e] == FREE:
+            symbol_of[own[e]] = d
+        elif state[e] == MERGED:
+            first = symbol_of.setdefault(shared[hint[e]], d)
+            if first is not d:
+                torch._check(d == first)
+        else:
+            torch._check(d == hint[e])
+    return tuple((tuple(symbol_of.get(v, v) for v in shape), dtype)
+                 for shape, dtype in results)
+
+
+def _concrete(d):
+    return d.node.maybe_as_int() is not None
+
+
+def _concrete_spec(spec):
+    if not isinstance(spec, tuple):
+        return spec  # a number, or None
+    return (tuple(int(d) for d in spec[0]), spec[1])
+
+
+# ---- the hand-over: a call with fake or functional tensors ------------------------
+
+def _number_mask(fn, args, number_types):
+    """Bit i set for each 0-d, non-``mut`` input given a Python number."""
+    mask = 0
+    for i, (a, (_name, _dtype, ndim, mut)) in enumerate(zip(args, fn._inputs)):
+        if ndim == 0 and not mut and isinstance(a, number_types):
+            mask |= 1 << i
+    return mask
 
 
 def call(fn, args):
-    """Call Function ``fn`` on ``args`` (parameter order) while tracing."""
-    raise TypeError(f"{fn.name}(): a dlbridge Function cannot be called "
-                    f"inside torch's compiler yet")
+    """Call Function ``fn`` on ``args`` (parameter order) where some are
+    torch placeholders (fake or functional tensors): the call of its
+    operator, which the tracer records.  Called by dlbridge._compiled."""
+    torch = _torch()
+    numbers = (bool, int, float, complex, torch.SymInt, torch.SymFloat,
+               torch.SymBool)
+    for i, a in enumerate(args):
+        if not isinstance(a, (torch.Tensor,) + numbers):
+            raise TypeError(
+                f"{fn.name}() argument '{fn._inputs[i][0]}' is a "
+                f"{type(a).__module__}.{type(a).__qualname__}; inside torch's "
+                f"compiler every tensor argument of a dlbridge Function must "
+                f"be a torch tensor (frameworks cannot be mixed in a traced "
+                f"call)")
+    mask = _number_mask(fn, args, numbers)
+    if any(isinstance(a, numbers) and not mask >> i & 1
+           for i, a in enumerate(args)):
+        # A number where the signature takes none: the eager error.
+        result_specs(fn, [None if isinstance(a, numbers) else
+                          (tuple(a.shape), _dtype_name(a.dtype))
+                          for a in args])
+    return op(fn, mask)(*args)
+
+
+# ---- Dynamo: Function.__call__ inlined as the operator ----------------------------
+
+# What the polyfill reads, as module globals (Dynamo guards globals by their
+# source; a closure of a polyfill would be sourceless): set by _teach_dynamo.
+_tm = None             # the torch module
+_NUMBERS = ()          # what a 0-d input takes for a number, Sym* included
+
+
+def _plan(fn, npositional, keywords, types):
+    """How to call ``fn``'s operator, decided on the real Function while
+    Dynamo traces a call (the result is a constant of the graph): the
+    arguments, positional then keyword (``keywords`` their names), are of
+    ``types``.  Returns (identity, overload, order) -- ``order`` the
+    arguments' indices in parameter order -- or, for a call the operator
+    cannot take, the reason (a graph break)."""
+    names = [item[0] for item in fn._inputs]
+    if npositional > len(names):
+        return _BAD_ARGUMENTS
+    order = list(range(npositional))
+    for name in names[npositional:]:
+        if name not in keywords:
+            return _BAD_ARGUMENTS
+        order.append(npositional + keywords.index(name))
+    if len(order) != len(types):
+        return _BAD_ARGUMENTS
+    mask = 0
+    tensors = 0
+    for i, j in enumerate(order):
+        _name, _dtype, ndim, mut = fn._inputs[i]
+        if issubclass(types[j], _tm.Tensor):
+            tensors += 1
+        elif issubclass(types[j], _NUMBERS) and ndim == 0 and not mut:
+            # checked by the fake kernel (a constant) or by the Function
+            # itself when the graph runs (a symbolic number)
+            mask |= 1 << i
+        else:
+            return _NOT_A_TORCH_TENSOR
+    if tensors == 0:
+        return _NO_TORCH_TENSOR
+    op(fn, mask)
+    return fn._identity, _overload_name(mask), tuple(order)
+
+
+def _function_call(self, /, *args, **kwargs):
+    """Function.__call__ as Dynamo sees it: the call of the Function's
+    operator.  What the operator cannot take -- wrong arguments, another
+    framework's array, a number where the signature has no 0-d input, no
+    torch tensor at all (the eager call then returns dlbridge Tensors) --
+    is a graph break naming the reason: without fullgraph the eager call
+    then decides, exactly as without compiling.  Kept to a few steps:
+    Dynamo traces them at every call site."""
+    values = args + tuple(kwargs.values()) if kwargs else args
+    plan = _plan(self, len(args), tuple(kwargs), tuple(map(type, values)))
+    if isinstance(plan, str):
+        _tm._dynamo.graph_break(msg=plan)
+    identity, overload, order = plan
+    if kwargs:
+        values = [values[i] for i in order]
+    return getattr(getattr(_tm.ops.dlbridge, identity), overload)(*values)
+
+
+_BAD_ARGUMENTS = ("a dlbridge Function called with arguments its signature "
+                  "does not take: the eager call raises the error")
+_NOT_A_TORCH_TENSOR = (
+    "a dlbridge Function inside torch.compile takes torch tensors, and "
+    "Python numbers for 0-d parameters; another framework's array (or a "
+    "number for a tensor parameter) runs the call eagerly")
+_NO_TORCH_TENSOR = ("a dlbridge Function called without a torch tensor "
+                    "returns dlbridge Tensors: the call runs eagerly")
+
+
+def _teach_dynamo():
+    """Give Function.__call__ (the type's slot: one object for every
+    Function) the polyfill _function_call, which Dynamo inlines in place of
+    the C call.  Once per process, when torch._dynamo is there."""
+    global _dynamo_taught, _tm, _NUMBERS
+    with _lock:
+        if _dynamo_taught:
+            return
+        torch = _torch()
+        _tm = torch
+        _NUMBERS = (bool, int, float, complex, torch.SymInt, torch.SymFloat,
+                    torch.SymBool)
+        # Evaluated by Dynamo on the real Function when it traces a call,
+        # its result a constant of the graph, with a guard on the
+        # Function's id (a registered Function lives until exit: the id is
+        # never reused).
+        torch.compiler.assume_constant_result(_plan)
+        torch.compiler.substitute_in_graph(_core.Function.__call__)(
+            _function_call)
+        _dynamo_taught = True
+
+
+class _DynamoWatcher:
+    """Runs _teach_dynamo once torch._dynamo has been imported (a post-import
+    hook: the module is found by the other finders, and its loader's
+    exec_module is followed by the hook).  Removes itself on first use."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch._dynamo":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _AfterExec(spec.loader)
+        return spec
+
+
+class _AfterExec:
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # The module keeps its own loader, not this wrapper.
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        try:
+            _teach_dynamo()
+        except Exception as exc:  # never break torch's import
+            import warnings
+            warnings.warn(f"dlbridge: torch.compile will not see dlbridge "
+                          f"Functions as operators: {exc!r}", RuntimeWarning,
+                          stacklevel=2)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def watch_dynamo():
+    """Make Dynamo know every Function: now if torch._dynamo is imported,
+    else right after it is (called once, by dlbridge's __init__)."""
+    if "torch._dynamo" in sys.modules:
+        _teach_dynamo()
+    elif not any(isinstance(f, _DynamoWatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DynamoWatcher())

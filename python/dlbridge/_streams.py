@@ -22,12 +22,17 @@ from . import _core
 
 __all__ = ["stream", "stream_value", "framework_stream"]
 
+# Stream handles are pointers: an int up to this is one.
+_MAX_HANDLE = 2**64 - 1
+
 
 def stream_value(s):
     """The DLPack stream value of ``s``: 1 for the legacy default stream,
     2 for the per-thread default stream, else the CUstream handle.
 
-    ``s`` may be an int (a value or handle), None (the legacy stream), an
+    ``s`` may be an int (-1 for no ordering: producers are asked not to
+    order their work before dlbridge's; 1, 2 or a handle up to 2**64 - 1;
+    anything else is an OverflowError), None (the legacy stream), an
     object with ``__cuda_stream__()`` (the CUDA stream protocol: cuda.core,
     recent CuPy and numba), a torch stream (``.cuda_stream``), a CuPy stream
     (``.ptr``) or a numba stream (``.handle``).  A handle of 0 (a
@@ -38,11 +43,16 @@ def stream_value(s):
     if isinstance(s, bool):
         raise TypeError("dlbridge.stream: a bool is not a stream")
     if isinstance(s, int):
-        if s <= 0:
+        if not -1 <= s <= _MAX_HANDLE:
+            raise OverflowError(
+                f"dlbridge.stream: {s} is outside -1 .. 2**64 - 1 (a CUDA "
+                "stream handle is a pointer; -1 asks for no ordering)")
+        if s == 0:
             raise ValueError(
-                f"dlbridge.stream: {s} is not a CUDA stream value (1 is the "
+                "dlbridge.stream: 0 is not a CUDA stream value (1 is the "
                 "legacy default stream, 2 the per-thread default stream, "
-                "anything larger a stream handle; 0 is ambiguous)")
+                "-1 no ordering, anything larger a stream handle; 0 is "
+                "ambiguous)")
         return s
     proto = getattr(type(s), "__cuda_stream__", None)
     if proto is not None:

@@ -27,6 +27,8 @@
  * field by field (same types, same natural alignment).  Elements are moved
  * with one load/store when their addresses allow, byte by byte otherwise
  * (byte_offset may misalign them). */
+_Static_assert(DLB_MAX_NDIM == 64,
+               "kernel_source spells dlb__cuda_copy_params' arrays as [64]");
 static const char kernel_source[] =
     "struct dlb_copy_params {\n"
     "  unsigned long long dst, src;\n"

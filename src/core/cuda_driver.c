@@ -3,10 +3,12 @@
  *
  * Load: dlopen(DLB_CUDA_DRIVER or "libcuda.so.1"), dlsym of
  * cuGetProcAddress_v2 only (cuGetProcAddress, the 4-argument form, on
- * drivers older than 12.0), then every entry point through it with the CUDA
- * version whose signature our typedefs in internal.h transcribe.  The
- * outcome (table or error) is decided once, under a mutex, and published
- * with an atomic flag so the common path is one acquire load.
+ * drivers older than 12.0), then every entry point of internal.h's
+ * DLB__CUDA_ENTRIES through it, at the CUDA version whose signature that
+ * list transcribes; whether all the IPC entries are there is decided then,
+ * once (dlb__cuda_api.ipc).  The outcome (table or error) is decided once,
+ * under a mutex, and published with an atomic flag so the common path is
+ * one acquire load.
  *
  * Threads: C11 <threads.h> (glibc >= 2.28 has it, and -std=c11 builds with
  * it): call_once creates the mutex, the mutex serialises the load and the
@@ -34,70 +36,32 @@ typedef dlb__CUresult (*get_proc_v2_fn)(const char *symbol, void **pfn,
 typedef dlb__CUresult (*get_proc_v1_fn)(const char *symbol, void **pfn,
                                         int version, uint64_t flags);
 
-/* Entry name, ABI version pinned, offset of its slot in the table, and
- * whether dlbridge works without it (the slot is then NULL and the feature
- * that needs it is skipped or reported by its caller). */
+/* What dlbridge does without an entry (internal.h, DLB__CUDA_ENTRIES). */
+enum entry_kind { REQUIRED, OPTIONAL, IPC };
+
+/* Entry name, ABI version pinned, offset of its slot in the table, kind:
+ * generated from the one list in internal.h. */
 typedef struct entry_spec {
   const char *name;
   int version;
   size_t offset;
-  bool optional;
+  enum entry_kind kind;
 } entry_spec;
 
-#define ENTRY(name, version) \
-  {#name, version, offsetof(dlb__cuda_api, name), false}
-#define OPTIONAL(name, version) \
-  {#name, version, offsetof(dlb__cuda_api, name), true}
-static const entry_spec entries[] = {
-    ENTRY(cuGetErrorName, 6000),
-    ENTRY(cuInit, 2000),
-    ENTRY(cuDriverGetVersion, 2020),
-    ENTRY(cuDeviceGetCount, 2000),
-    ENTRY(cuDeviceGet, 2000),
-    ENTRY(cuDeviceGetAttribute, 2000),
-    ENTRY(cuDevicePrimaryCtxRetain, 7000),
-    ENTRY(cuCtxGetCurrent, 4000),
-    ENTRY(cuCtxSetCurrent, 4000),
-    ENTRY(cuPointerGetAttributes, 7000),
-    ENTRY(cuMemAllocAsync, 11020),
-    ENTRY(cuMemFreeAsync, 11020),
-    ENTRY(cuMemHostAlloc, 3020),
-    ENTRY(cuMemFreeHost, 2000),
-    ENTRY(cuMemsetD8Async, 3020),
-    ENTRY(cuMemcpyAsync, 4000),
-    ENTRY(cuMemcpy2DAsync, 3020),
-    ENTRY(cuStreamIsCapturing, 10000),
-    ENTRY(cuThreadExchangeStreamCaptureMode, 10010),
-    ENTRY(cuEventCreate, 2000),
-    ENTRY(cuEventRecord, 2000),
-    ENTRY(cuEventDestroy, 4000),
-    ENTRY(cuStreamWaitEvent, 3020),
-    ENTRY(cuStreamSynchronize, 2000),
-    /* Memory-pool tuning (cuda_memory.c): without them allocations work,
-     * only slower (the pool then gives memory back at every sync). */
-    OPTIONAL(cuDeviceGetDefaultMemPool, 11020),
-    OPTIONAL(cuMemPoolSetAttribute, 11020),
-    OPTIONAL(cuMemPoolTrimTo, 11020),
-    /* CUDA IPC (cuda_ipc.c): only dlb.share of CUDA tensors needs them */
-    OPTIONAL(cuMemAlloc, 3020),
-    OPTIONAL(cuMemFree, 3020),
-    OPTIONAL(cuIpcGetMemHandle, 4010),
-    OPTIONAL(cuIpcOpenMemHandle, 11000),
-    OPTIONAL(cuIpcCloseMemHandle, 4010),
-    OPTIONAL(cuIpcGetEventHandle, 4010),
-    OPTIONAL(cuIpcOpenEventHandle, 4010),
-    OPTIONAL(cuDeviceGetUuid, 9020),
-    ENTRY(cuModuleLoadData, 2000),
-    ENTRY(cuModuleGetFunction, 2000),
-    ENTRY(cuLaunchKernel, 4000),
-};
-#undef ENTRY
-#undef OPTIONAL
+#define ENTRY_SPEC(kind, name, version, params) \
+  {#name, version, offsetof(dlb__cuda_api, name), kind},
+static const entry_spec entries[] = {DLB__CUDA_ENTRIES(ENTRY_SPEC)};
+#undef ENTRY_SPEC
 
-/* The newest version any entry needs: a driver older than this lacks
- * cuMemAllocAsync, so it is reported as too old rather than one entry at a
- * time. */
-#define NEWEST_PINNED 11020
+/* The newest ABI version a required entry is pinned at: a driver older
+ * than this is reported as too old rather than one entry at a time. */
+static int newest_required_version(void) {
+  int newest = 0;
+  for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+    if (entries[i].kind == REQUIRED && entries[i].version > newest)
+      newest = entries[i].version;
+  return newest;
+}
 
 enum { LOAD_NOT_TRIED = 0, LOAD_OK = 1, LOAD_FAILED = 2 };
 
@@ -148,6 +112,7 @@ static int resolve_entries(void *library, const char *path, dlb_error *err) {
                            path);
     }
   }
+  driver.api.ipc = true;
   for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
     void *fn = NULL;
     int status = 0;
@@ -157,16 +122,19 @@ static int resolve_entries(void *library, const char *path, dlb_error *err) {
                      CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status)
             : get_v1(entries[i].name, &fn, entries[i].version,
                      CU_GET_PROC_ADDRESS_LEGACY_STREAM);
-    if ((rc != DLB__CUDA_SUCCESS || fn == NULL) && entries[i].optional) {
+    if (rc != DLB__CUDA_SUCCESS || fn == NULL) {
       fn = NULL;
-    } else if (rc != DLB__CUDA_SUCCESS || fn == NULL) {
-      return dlb_error_set(err, DLB_EDEVICE,
-                           "CUDA driver %s has no %s (ABI of CUDA %d.%d; "
-                           "cuGetProcAddress returned %d): the driver is "
-                           "too old for dlbridge, which needs CUDA >= %d.%d",
-                           path, entries[i].name, entries[i].version / 1000,
-                           entries[i].version % 1000 / 10, (int)rc,
-                           NEWEST_PINNED / 1000, NEWEST_PINNED % 1000 / 10);
+      if (entries[i].kind == IPC) driver.api.ipc = false;
+      if (entries[i].kind == REQUIRED) {
+        int newest = newest_required_version();
+        return dlb_error_set(err, DLB_EDEVICE,
+                             "CUDA driver %s has no %s (ABI of CUDA %d.%d; "
+                             "cuGetProcAddress returned %d): the driver is "
+                             "too old for dlbridge, which needs CUDA >= %d.%d",
+                             path, entries[i].name, entries[i].version / 1000,
+                             entries[i].version % 1000 / 10, (int)rc,
+                             newest / 1000, newest % 1000 / 10);
+      }
     }
     /* The slots are all function pointers; storing through the matching
      * type keeps the conversion defined. */

@@ -21,13 +21,10 @@
 #include "internal.h"
 
 /* The IPC entries are optional in the driver table: a driver without them
- * still serves everything else. */
+ * still serves everything else (the load decided which, once). */
 static int require_ipc(const dlb__cuda_api *api, const char *what,
                        dlb_error *err) {
-  if (api->cuMemAlloc == NULL || api->cuMemFree == NULL ||
-      api->cuIpcGetMemHandle == NULL || api->cuIpcOpenMemHandle == NULL ||
-      api->cuIpcCloseMemHandle == NULL || api->cuIpcGetEventHandle == NULL ||
-      api->cuIpcOpenEventHandle == NULL || api->cuDeviceGetUuid == NULL)
+  if (!api->ipc)
     return dlb_error_set(err, DLB_EUNSUPPORTED,
                          "%s: this CUDA driver has no IPC entry points "
                          "(cuIpcGetMemHandle and friends)",
@@ -223,6 +220,25 @@ int dlb_cuda_ipc_open(const dlb_cuda_ipc_handle *h, void *stream,
   /* The exporter's work before the export, ordered before ours on the GPU.
    * The opened event is ours to destroy; the driver keeps it until the
    * wait resolves. */
+  /* The handle's size comes from a pickle: the driver knows the real one.
+   * A handle claiming more than its allocation would let the importer's
+   * tensor reach past the mapping. */
+  dlb__CUdeviceptr range_base = 0;
+  size_t range_size = 0;
+  cu = scope.api->cuMemGetAddressRange(&range_base, &range_size, ptr);
+  if (cu != DLB__CUDA_SUCCESS) {
+    rc = dlb__cuda_fail(err, what, "cuMemGetAddressRange", cu);
+    (void)scope.api->cuIpcCloseMemHandle(ptr);
+    goto cleanup;
+  }
+  if (range_base != ptr || h->size > (uint64_t)range_size) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "%s: the handle claims %llu bytes, but the allocation "
+                       "it names has %zu",
+                       what, (unsigned long long)h->size, range_size);
+    (void)scope.api->cuIpcCloseMemHandle(ptr);
+    goto cleanup;
+  }
   cu = scope.api->cuIpcOpenEventHandle(&ev, evh);
   if (cu == DLB__CUDA_SUCCESS) cu = scope.api->cuStreamWaitEvent(stream, ev, 0);
   if (cu != DLB__CUDA_SUCCESS) {

@@ -16,6 +16,7 @@ const char *dlb_status_name(int code) {
     case DLB_EVERSION: return "DLB_EVERSION";
     case DLB_EDEVICE: return "DLB_EDEVICE";
     case DLB_EREADONLY: return "DLB_EREADONLY";
+    case DLB_ESYSTEM: return "DLB_ESYSTEM";
     default: return "DLB_E(unknown)";
   }
 }

@@ -270,68 +270,96 @@ typedef struct dlb__CUDA_MEMCPY2D {
   size_t Height;
 } dlb__CUDA_MEMCPY2D;
 
-/* The entry table.  Each member is named after the driver's base name. */
+/* Every driver entry point dlbridge resolves, one line each:
+ * X(kind, name, version, parameters).  kind says what dlbridge does without
+ * it: REQUIRED (the load fails, naming it), OPTIONAL (the slot stays NULL
+ * and its caller does without: memory-pool tuning), IPC (CUDA IPC, which
+ * only dlb.share of CUDA tensors needs: without any one of them the table
+ * says ipc == false and the IPC calls fail with DLB_EUNSUPPORTED).  version
+ * is the CUDA ABI version cuGetProcAddress is asked for, the one whose
+ * signature the parameters transcribe; every entry returns CUresult.  The
+ * table's members and cuda_driver.c's version table are generated from this
+ * list, so a name, its version and its signature cannot drift apart. */
+#define DLB__CUDA_ENTRIES(X)                                                  \
+  /* the driver, devices, contexts */                                        \
+  X(REQUIRED, cuInit, 2000, (unsigned flags))                                \
+  X(REQUIRED, cuDriverGetVersion, 2020, (int *version))                      \
+  X(REQUIRED, cuGetErrorName, 6000, (dlb__CUresult error, const char **name)) \
+  X(REQUIRED, cuDeviceGetCount, 2000, (int *count))                          \
+  X(REQUIRED, cuDeviceGet, 2000, (dlb__CUdevice *device, int ordinal))       \
+  X(REQUIRED, cuDeviceGetAttribute, 2000,                                    \
+    (int *value, int attribute, dlb__CUdevice device))                       \
+  X(REQUIRED, cuDevicePrimaryCtxRetain, 7000,                                \
+    (dlb__CUcontext *ctx, dlb__CUdevice device))                             \
+  X(REQUIRED, cuCtxGetCurrent, 4000, (dlb__CUcontext *ctx))                  \
+  X(REQUIRED, cuCtxSetCurrent, 4000, (dlb__CUcontext ctx))                   \
+  X(REQUIRED, cuPointerGetAttributes, 7000,                                  \
+    (unsigned count, int *attributes, void **data, dlb__CUdeviceptr ptr))    \
+  /* memory (cuda_memory.c) */                                               \
+  X(REQUIRED, cuMemAllocAsync, 11020,                                        \
+    (dlb__CUdeviceptr *ptr, size_t bytes, dlb__CUstream stream))             \
+  X(REQUIRED, cuMemFreeAsync, 11020,                                         \
+    (dlb__CUdeviceptr ptr, dlb__CUstream stream))                            \
+  X(REQUIRED, cuMemHostAlloc, 3020, (void **ptr, size_t bytes, unsigned flags)) \
+  X(REQUIRED, cuMemFreeHost, 2000, (void *ptr))                              \
+  X(REQUIRED, cuMemsetD8Async, 3020,                                         \
+    (dlb__CUdeviceptr ptr, unsigned char value, size_t count,                \
+     dlb__CUstream stream))                                                  \
+  /* copies (cuda_copy.c), the strided-copy kernel among them */             \
+  X(REQUIRED, cuMemcpyAsync, 4000,                                           \
+    (dlb__CUdeviceptr dst, dlb__CUdeviceptr src, size_t bytes,               \
+     dlb__CUstream stream))                                                  \
+  X(REQUIRED, cuMemcpy2DAsync, 3020,                                         \
+    (const dlb__CUDA_MEMCPY2D *copy, dlb__CUstream stream))                  \
+  X(REQUIRED, cuModuleLoadData, 2000, (dlb__CUmodule *module, const void *image)) \
+  X(REQUIRED, cuModuleGetFunction, 2000,                                     \
+    (dlb__CUfunction *fn, dlb__CUmodule module, const char *name))           \
+  X(REQUIRED, cuLaunchKernel, 4000,                                          \
+    (dlb__CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, \
+     unsigned by, unsigned bz, unsigned shared, dlb__CUstream stream,        \
+     void **params, void **extra))                                           \
+  /* streams, events, capture (cuda_stream.c) */                             \
+  X(REQUIRED, cuStreamIsCapturing, 10000, (dlb__CUstream stream, int *status)) \
+  X(REQUIRED, cuThreadExchangeStreamCaptureMode, 10010, (int *mode))         \
+  X(REQUIRED, cuEventCreate, 2000, (dlb__CUevent *event, unsigned flags))    \
+  X(REQUIRED, cuEventRecord, 2000, (dlb__CUevent event, dlb__CUstream stream)) \
+  X(REQUIRED, cuEventDestroy, 4000, (dlb__CUevent event))                    \
+  X(REQUIRED, cuStreamWaitEvent, 3020,                                       \
+    (dlb__CUstream stream, dlb__CUevent event, unsigned flags))              \
+  X(REQUIRED, cuStreamSynchronize, 2000, (dlb__CUstream stream))             \
+  /* memory-pool tuning (cuda_memory.c): without it allocations work, only  \
+   * slower (the pool then gives memory back at every sync) */              \
+  X(OPTIONAL, cuDeviceGetDefaultMemPool, 11020,                              \
+    (dlb__CUmemoryPool *pool, dlb__CUdevice device))                         \
+  X(OPTIONAL, cuMemPoolSetAttribute, 11020,                                  \
+    (dlb__CUmemoryPool pool, int attr, void *value))                         \
+  X(OPTIONAL, cuMemPoolTrimTo, 11020, (dlb__CUmemoryPool pool, size_t keep)) \
+  /* CUDA IPC (cuda_ipc.c) */                                                \
+  X(IPC, cuMemAlloc, 3020, (dlb__CUdeviceptr *ptr, size_t bytes))            \
+  X(IPC, cuMemFree, 3020, (dlb__CUdeviceptr ptr))                            \
+  X(IPC, cuIpcGetMemHandle, 4010,                                            \
+    (dlb__CUipcMemHandle *handle, dlb__CUdeviceptr ptr))                     \
+  X(IPC, cuIpcOpenMemHandle, 11000,                                          \
+    (dlb__CUdeviceptr *ptr, dlb__CUipcMemHandle handle, unsigned flags))     \
+  X(IPC, cuIpcCloseMemHandle, 4010, (dlb__CUdeviceptr ptr))                  \
+  X(IPC, cuIpcGetEventHandle, 4010,                                          \
+    (dlb__CUipcEventHandle *handle, dlb__CUevent event))                     \
+  X(IPC, cuIpcOpenEventHandle, 4010,                                         \
+    (dlb__CUevent *event, dlb__CUipcEventHandle handle))                     \
+  X(IPC, cuDeviceGetUuid, 9020, (dlb__CUuuid *uuid, dlb__CUdevice device)) \
+  /* the real extent of an opened allocation: a handle's own size field     \
+   * comes from a pickle, which may be hostile */                           \
+  X(IPC, cuMemGetAddressRange, 3020,                                         \
+    (dlb__CUdeviceptr *base, size_t *size, dlb__CUdeviceptr ptr))
+
+/* The entry table: one member per DLB__CUDA_ENTRIES line, named after the
+ * driver's base name; NULL for a missing OPTIONAL or IPC entry. */
 typedef struct dlb__cuda_api {
-  dlb__CUresult (*cuInit)(unsigned flags);
-  dlb__CUresult (*cuDriverGetVersion)(int *version);
-  dlb__CUresult (*cuGetErrorName)(dlb__CUresult error, const char **name);
-  dlb__CUresult (*cuDeviceGetCount)(int *count);
-  dlb__CUresult (*cuDeviceGet)(dlb__CUdevice *device, int ordinal);
-  dlb__CUresult (*cuDeviceGetAttribute)(int *value, int attribute,
-                                        dlb__CUdevice device);
-  dlb__CUresult (*cuDevicePrimaryCtxRetain)(dlb__CUcontext *ctx,
-                                            dlb__CUdevice device);
-  dlb__CUresult (*cuCtxGetCurrent)(dlb__CUcontext *ctx);
-  dlb__CUresult (*cuCtxSetCurrent)(dlb__CUcontext ctx);
-  dlb__CUresult (*cuPointerGetAttributes)(unsigned count, int *attributes,
-                                          void **data, dlb__CUdeviceptr ptr);
-  dlb__CUresult (*cuMemAllocAsync)(dlb__CUdeviceptr *ptr, size_t bytes,
-                                   dlb__CUstream stream);
-  dlb__CUresult (*cuMemFreeAsync)(dlb__CUdeviceptr ptr, dlb__CUstream stream);
-  dlb__CUresult (*cuMemHostAlloc)(void **ptr, size_t bytes, unsigned flags);
-  dlb__CUresult (*cuMemFreeHost)(void *ptr);
-  dlb__CUresult (*cuMemsetD8Async)(dlb__CUdeviceptr ptr, unsigned char value,
-                                   size_t count, dlb__CUstream stream);
-  dlb__CUresult (*cuMemcpyAsync)(dlb__CUdeviceptr dst, dlb__CUdeviceptr src,
-                                 size_t bytes, dlb__CUstream stream);
-  dlb__CUresult (*cuMemcpy2DAsync)(const dlb__CUDA_MEMCPY2D *copy,
-                                   dlb__CUstream stream);
-  dlb__CUresult (*cuStreamIsCapturing)(dlb__CUstream stream, int *status);
-  dlb__CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
-  dlb__CUresult (*cuEventCreate)(dlb__CUevent *event, unsigned flags);
-  dlb__CUresult (*cuEventRecord)(dlb__CUevent event, dlb__CUstream stream);
-  dlb__CUresult (*cuEventDestroy)(dlb__CUevent event);
-  dlb__CUresult (*cuStreamWaitEvent)(dlb__CUstream stream, dlb__CUevent event,
-                                     unsigned flags);
-  dlb__CUresult (*cuStreamSynchronize)(dlb__CUstream stream);
-  /* optional (NULL when the driver lacks them) */
-  dlb__CUresult (*cuDeviceGetDefaultMemPool)(dlb__CUmemoryPool *pool,
-                                             dlb__CUdevice device);
-  dlb__CUresult (*cuMemPoolSetAttribute)(dlb__CUmemoryPool pool, int attr,
-                                         void *value);
-  dlb__CUresult (*cuMemPoolTrimTo)(dlb__CUmemoryPool pool, size_t keep);
-  /* CUDA IPC (cuda_ipc.c), optional */
-  dlb__CUresult (*cuMemAlloc)(dlb__CUdeviceptr *ptr, size_t bytes);
-  dlb__CUresult (*cuMemFree)(dlb__CUdeviceptr ptr);
-  dlb__CUresult (*cuIpcGetMemHandle)(dlb__CUipcMemHandle *handle,
-                                     dlb__CUdeviceptr ptr);
-  dlb__CUresult (*cuIpcOpenMemHandle)(dlb__CUdeviceptr *ptr,
-                                      dlb__CUipcMemHandle handle,
-                                      unsigned flags);
-  dlb__CUresult (*cuIpcCloseMemHandle)(dlb__CUdeviceptr ptr);
-  dlb__CUresult (*cuIpcGetEventHandle)(dlb__CUipcEventHandle *handle,
-                                       dlb__CUevent event);
-  dlb__CUresult (*cuIpcOpenEventHandle)(dlb__CUevent *event,
-                                        dlb__CUipcEventHandle handle);
-  dlb__CUresult (*cuDeviceGetUuid)(dlb__CUuuid *uuid, dlb__CUdevice device);
-  dlb__CUresult (*cuModuleLoadData)(dlb__CUmodule *module, const void *image);
-  dlb__CUresult (*cuModuleGetFunction)(dlb__CUfunction *fn,
-                                       dlb__CUmodule module, const char *name);
-  dlb__CUresult (*cuLaunchKernel)(dlb__CUfunction fn, unsigned gx,
-                                  unsigned gy, unsigned gz, unsigned bx,
-                                  unsigned by, unsigned bz, unsigned shared,
-                                  dlb__CUstream stream, void **params,
-                                  void **extra);
+#define DLB__CUDA_MEMBER(kind, name, version, params) dlb__CUresult(*name) params;
+  DLB__CUDA_ENTRIES(DLB__CUDA_MEMBER)
+#undef DLB__CUDA_MEMBER
+  /* Every IPC entry was found: decided once, when the driver loads. */
+  bool ipc;
 } dlb__cuda_api;
 
 /* Most devices dlbridge addresses (primary contexts and copy modules are

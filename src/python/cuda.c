@@ -33,8 +33,12 @@
 
 /* ---- the current stream --------------------------------------------------------- */
 
-/* 0: not set on this thread, which means the legacy default stream. */
+/* This thread's stream as dlb.stream set it: 0 (not set) for the legacy
+ * default stream, value 1, else the handle (2 is the per-thread default
+ * stream); unordered for -1, "no ordering" (current_stream is 0 then:
+ * dlbridge's own work still has to run somewhere, on the legacy stream). */
 static _Thread_local uintptr_t current_stream;
+static _Thread_local int current_unordered;
 
 void *dlb__stream_current(void) {
   return current_stream != 0 ? (void *)current_stream : DLB_CUDA_STREAM_LEGACY;
@@ -45,6 +49,7 @@ void *dlb__stream_swap(void *stream) {
   current_stream = dlb__cuda_stream_value(stream) == 1
                        ? 0
                        : (uintptr_t)stream;
+  current_unordered = 0;
   return prev;
 }
 
@@ -53,42 +58,76 @@ int64_t dlb__cuda_stream_value(void *stream) {
   return v == 0 ? 1 : (int64_t)v;
 }
 
-int64_t dlb__stream_current_value(void) {
-  return current_stream != 0 ? (int64_t)current_stream : 1;
+PyObject *dlb__stream_current_object(void) {
+  if (current_unordered) return PyLong_FromLong(-1);
+  if (current_stream == 0) return PyLong_FromLong(1);
+  return PyLong_FromUnsignedLongLong((unsigned long long)current_stream);
 }
 
 /* _swap_stream(value) -> previous value: the int a producer would be given
- * for the stream (1 legacy, 2 per-thread, else a handle).  dlb.stream
- * (python/dlbridge/_streams.py) turns stream objects into such ints. */
+ * for the stream (1 legacy, 2 per-thread, -1 no ordering, else a handle:
+ * a pointer, so up to 2**64 - 1).  dlb.stream
+ * (python/dlbridge/_streams.py) turns stream objects into such ints and
+ * checks the range first; this is the same rule for direct callers. */
 static PyObject *py_swap_stream(PyObject *module, PyObject *arg) {
   (void)module;
-  int64_t v;
+  uintptr_t next = 0;
+  int unordered = 0;
   if (!PyLong_Check(arg)) {
     PyErr_Format(PyExc_TypeError,
                  "_swap_stream() takes an int stream value, not %.200s",
                  Py_TYPE(arg)->tp_name);
     return NULL;
   }
-  if (dlb__read_int64(arg, "dlbridge.stream: stream value", &v) < 0)
-    return NULL;
-  if (v <= 0) {
-    PyErr_Format(PyExc_ValueError,
-                 "dlbridge.stream: %lld is not a CUDA stream (1 is the legacy "
-                 "default stream, 2 the per-thread default stream, anything "
-                 "larger a stream handle; 0 is ambiguous on CUDA)",
-                 (long long)v);
+  int overflow = 0;
+  long long small = PyLong_AsLongLongAndOverflow(arg, &overflow);
+  if (small == -1 && PyErr_Occurred()) return NULL;
+  if (overflow < 0 || (overflow == 0 && small < -1)) {
+    PyErr_Format(PyExc_OverflowError,
+                 "dlbridge.stream: %R is outside -1 .. 2**64 - 1 (a CUDA "
+                 "stream handle is a pointer; -1 asks for no ordering)",
+                 arg);
     return NULL;
   }
-  PyObject *prev = PyLong_FromLongLong(dlb__stream_current_value());
+  if (overflow == 0 && small == 0) {
+    PyErr_SetString(PyExc_ValueError,
+                    "dlbridge.stream: 0 is not a CUDA stream (1 is the "
+                    "legacy default stream, 2 the per-thread default stream, "
+                    "-1 no ordering, anything larger a stream handle; 0 is "
+                    "ambiguous on CUDA)");
+    return NULL;
+  }
+  if (overflow == 0 && small == -1) {
+    unordered = 1;
+  } else {
+    unsigned long long v = PyLong_AsUnsignedLongLong(arg);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+      PyErr_Clear();
+      PyErr_Format(PyExc_OverflowError,
+                   "dlbridge.stream: %R is outside -1 .. 2**64 - 1 (a CUDA "
+                   "stream handle is a pointer; -1 asks for no ordering)",
+                   arg);
+      return NULL;
+    }
+    if (sizeof(uintptr_t) < sizeof v && v > (unsigned long long)UINTPTR_MAX) {
+      PyErr_Format(PyExc_OverflowError,
+                   "dlbridge.stream: %R does not fit in a pointer here", arg);
+      return NULL;
+    }
+    next = v == 1 ? 0 : (uintptr_t)v;
+  }
+  PyObject *prev = dlb__stream_current_object();
   if (prev == NULL) return NULL;
-  current_stream = v == 1 ? 0 : (uintptr_t)(uint64_t)v;
+  current_stream = next;
+  current_unordered = unordered;
   return prev;
 }
 
 static PyObject *py_current_stream(PyObject *module, PyObject *unused) {
   (void)module;
   (void)unused;
-  return PyLong_FromLongLong(dlb__stream_current_value());
+  return dlb__stream_current_object();
 }
 
 /* ---- ordering ---------------------------------------------------------------------- */
@@ -96,6 +135,11 @@ static PyObject *py_current_stream(PyObject *module, PyObject *unused) {
 int dlb__is_cuda_device(DLDevice device) {
   return device.device_type == kDLCUDA ||
          device.device_type == kDLCUDAManaged;
+}
+
+int dlb__stream_order_before_current(DLDevice device, void *producer) {
+  if (current_unordered) return 0;
+  return dlb__stream_order(device, producer, dlb__stream_current());
 }
 
 int dlb__stream_order(DLDevice device, void *producer, void *consumer) {
@@ -107,34 +151,6 @@ int dlb__stream_order(DLDevice device, void *producer, void *consumer) {
     return -1;
   }
   return 0;
-}
-
-/* A failed core call as "<what>: <message>": MemoryError for DLB_ENOMEM
- * (a device out of memory too), device_exc for a driver failure
- * (DLB_EDEVICE: missing driver, no device, a failing call), ValueError for a
- * malformed request, BufferError for what cannot be done with this memory.
- * Copies report a driver failure as BufferError (DLPack's "this move cannot
- * be made", what a consumer catches); allocations as RuntimeError, as
- * torch and CuPy do. */
-static void raise_status(const char *what, const dlb_error *err,
-                         PyObject *device_exc) {
-  PyObject *exc;
-  switch (err->code) {
-    case DLB_ENOMEM:
-      exc = PyExc_MemoryError;
-      break;
-    case DLB_EDEVICE:
-      exc = device_exc;
-      break;
-    case DLB_EINVAL:
-    case DLB_EOVERFLOW:
-      exc = PyExc_ValueError;
-      break;
-    default:
-      exc = PyExc_BufferError;
-      break;
-  }
-  PyErr_Format(exc, "%s: %s", what, err->message);
 }
 
 /* ---- copies ------------------------------------------------------------------------- */
@@ -213,7 +229,8 @@ int dlb__copy_managed(const DLTensor *src, uint64_t flags, DLDevice target,
 
 fail:
   if (m != NULL) dlb_managed_delete(m); /* ours: touches no Python */
-  raise_status(what, &err, PyExc_BufferError);
+  /* a driver failure: this copy cannot be made */
+  dlb__raise_status(what, &err, PyExc_BufferError);
   return -1;
 }
 
@@ -240,7 +257,7 @@ int dlb__empty_managed(int32_t ndim, const int64_t *shape, DLDataType dtype,
     return -1;
   }
   if (rc != DLB_OK) {
-    raise_status(what, &err, PyExc_RuntimeError);
+    dlb__raise_status(what, &err, PyExc_RuntimeError);
     return -1;
   }
   return 0;

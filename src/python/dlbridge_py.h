@@ -32,13 +32,18 @@
  *   function.c Function and load()
  *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
  *              Functions compiled graphs name, by identity
+ *   ops/tf.c   the DlbridgeCall op and its kernels, registered through
+ *              TensorFlow's C API (found at run time)
  *   ops/xla.c  the XLA FFI handler that runs a Function in a jax.jit graph
  *   capi.c     the dlbridge._C_API capsule (include/dlbridge/python.h)
  *   testing.c  every private test hook (_fail_allocations, _exchange_*)
  *   pickle.c   Tensor pickling: protocol 5 out of band, in band below 5,
  *              the validated rebuild
- *   share.c    dlb.share: tensors in POSIX shared memory, their handles;
- *              adds __reduce_ex__, __deepcopy__ and is_shared to Tensor
+ *   share_shm.c shared tensors in POSIX shared memory: which tensors lie
+ *              in a segment, the copy into one, the handle, its rebuild
+ *   share_ipc.c shared CUDA tensors through CUDA IPC: the same four verbs
+ *   share.c    dlb.share's policy over the two transports, is_shared, and
+ *              the __reduce_ex__, __deepcopy__ and is_shared Tensor gets
  *   module.c   module def, exec (initialises the others), the method table
  *
  * Layering: the files form a DAG in exactly the order above.  A file calls
@@ -195,16 +200,22 @@ static inline int dlb__gil_held(void) {
 #endif
 }
 
-/* True when a deleter must not touch Python and should leak instead: the
- * interpreter is gone, or it is finalizing and this thread does not hold the
- * GIL (asking for it then would hang or be terminated).  The finalizing
- * thread itself, which holds the GIL, may still release references. */
+/* True when a deleter must not touch Python and should leak instead: this
+ * thread does not hold the GIL and cannot take it, because the interpreter
+ * is gone or finalizing (asking for the GIL then would hang or end the
+ * thread).  A thread that holds the GIL may always touch Python: the
+ * finalizing thread does while CPython tears modules down and collects
+ * their objects -- Py_IsInitialized() already answers 0 then, and a deleter
+ * that leaked at that point would leave behind whatever it guards (a
+ * shared-memory segment in /dev/shm), not a few bytes.  What a deleter
+ * releases outside Python (a mapping, a segment, device memory) it releases
+ * whatever this says. */
 static inline int dlb__python_gone(void) {
-  if (!Py_IsInitialized()) return 1;
+  if (dlb__gil_held()) return 0;
 #if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() && !dlb__gil_held();
+  return !Py_IsInitialized() || Py_IsFinalizing();
 #else
-  return _Py_IsFinalizing() && !dlb__gil_held();
+  return !Py_IsInitialized() || _Py_IsFinalizing();
 #endif
 }
 
@@ -223,12 +234,32 @@ void dlb__clear_keep_error(PyObject **slot);
  * discarded.  NULL is a no-op.  GIL held. */
 void dlb__delete_keep_error(DLManagedTensorVersioned *m);
 
-/* Raise the Python exception matching a dlb_status: DLB_ENOMEM ->
- * MemoryError, DLB_EINVAL -> ValueError, everything describing a tensor that
- * cannot be exported or imported -> BufferError.  The message is read up to
- * its first NUL or its DLB_ERROR_MESSAGE_SIZE bytes, bytes that are not UTF-8
- * becoming \xNN escapes.  Returns NULL. */
+/* The one status -> exception policy: raise err as "<what>: <message>"
+ * (just the message when what is NULL) with the exception its status maps
+ * to: DLB_ENOMEM -> MemoryError; DLB_EINVAL, DLB_EOVERFLOW -> ValueError;
+ * DLB_EUNSUPPORTED, DLB_EVERSION, DLB_EREADONLY -> BufferError; DLB_EDEVICE
+ * (a device runtime call failed or is missing) -> device_exc, RuntimeError
+ * when NULL (allocations say RuntimeError, as torch and CuPy do; copies and
+ * exports BufferError, DLPack's "this move cannot be made"); DLB_ESYSTEM
+ * (a failed system call) -> OSError; anything else -> RuntimeError.  The message is read up to its first NUL or its
+ * DLB_ERROR_MESSAGE_SIZE bytes, bytes that are not UTF-8 becoming \xNN
+ * escapes.  No file but errors.c formats a dlb_error's message.  Returns
+ * NULL. */
+PyObject *dlb__raise_status(const char *what, const dlb_error *err,
+                            PyObject *device_exc);
+/* dlb__raise_status(NULL, err, NULL). */
 PyObject *dlb__raise(const dlb_error *err);
+/* dlb__raise_status(what, err, NULL), except that DLB_ESYSTEM is
+ * OSError(os_errno, message) -- the subclass errno names -- when os_errno
+ * is not 0.  The core leaves errno set with DLB_ESYSTEM: pass errno
+ * straight from the failed call, before anything else can change it. */
+PyObject *dlb__raise_errno(const char *what, const dlb_error *err,
+                           int os_errno);
+/* "<what>: <message>" as exc whatever the status, except that DLB_ENOMEM
+ * stays MemoryError: for failures whose meaning the caller knows better
+ * than the status does (a hostile pickle is a ValueError, whichever check
+ * refused it).  Returns NULL. */
+PyObject *dlb__raise_as(PyObject *exc, const char *what, const dlb_error *err);
 
 /* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
  * MemoryError stays MemoryError.  Returns NULL. */
@@ -371,10 +402,12 @@ void dlb__numpy_descr_cache_clear(dlb_descr_entry *cache);
 /* ---- CUDA streams and copies (cuda.c) --------------------------------------- */
 
 /* This thread's current CUDA stream: what dlb.stream(...) set, else the
- * legacy default stream (DLB_CUDA_STREAM_LEGACY); and the same as the int a
- * DLPack producer is given (1 legacy, 2 per-thread, else the handle). */
+ * legacy default stream (DLB_CUDA_STREAM_LEGACY; also under dlb.stream(-1),
+ * which asks producers for no ordering but still needs a stream for
+ * dlbridge's own work); and, as a new Python int, what a DLPack producer is
+ * given (1 legacy, 2 per-thread, -1 no ordering, else the handle). */
 void *dlb__stream_current(void);
-int64_t dlb__stream_current_value(void);
+PyObject *dlb__stream_current_object(void);
 /* Make stream the current one (C callers that run dlbridge work on a
  * framework's stream); returns the previous one, to swap back. */
 void *dlb__stream_swap(void *stream);
@@ -388,6 +421,9 @@ int dlb__is_cuda_device(DLDevice device);
  * (dlb_cuda_stream_order; no host wait).  No-op for devices that are not
  * CUDA.  0, or -1 with an exception. */
 int dlb__stream_order(DLDevice device, void *producer, void *consumer);
+/* The same with dlbridge's current stream as the consumer, as an import
+ * does; nothing under dlb.stream(-1), which asks for no ordering. */
+int dlb__stream_order_before_current(DLDevice device, void *producer);
 
 /* A new contiguous tensor on target (CPU, cuda:N or cuda_host) holding a
  * copy of src's elements (any layout; host or CUDA memory), made on the
@@ -418,7 +454,12 @@ typedef struct {
   PyObject *weakreflist;
 } dlb_TensorObject;
 
-int dlb__tensor_init(PyObject *module, dlb_module_state *st);
+/* Makes the Tensor type with its own methods and attributes followed by
+ * more_methods and more_getset (NULL-terminated, may be NULL): those of
+ * files above tensor.c, which module.c hands over. */
+int dlb__tensor_init(PyObject *module, dlb_module_state *st,
+                     const PyMethodDef *more_methods,
+                     const PyGetSetDef *more_getset);
 
 static inline int dlb__is_tensor(dlb_module_state *st, PyObject *obj) {
   return PyObject_TypeCheck(obj, st->TensorType);
@@ -857,6 +898,11 @@ PyObject *dlb__function_identity(PyObject *fn);
  * negative status with err saying "<name>: ...". */
 int dlb__function_run(PyObject *fn, DLTensor *const *argv, int32_t nargs,
                       void *stream, dlb_error *err);
+/* Result o's extents into shape (its ndim of them), from the inputs in
+ * argv that bound their names (not checked: dlb__function_run checks).
+ * Needs no GIL. */
+void dlb__function_result_shape(PyObject *fn, DLTensor *const *argv,
+                                int32_t o, int64_t *shape);
 /* Adds the dlbridge._C_API capsule (include/dlbridge/python.h). */
 int dlb__capi_init(PyObject *module, dlb_module_state *st);
 
@@ -899,33 +945,107 @@ int dlb__ops_register(PyObject *fn, PyObject **registered);
 PyObject *dlb__ops_find(const char *identity, size_t len);
 /* Adds _ops_register and _ops_find to the module. */
 int dlb__ops_registry_init(PyObject *module);
+/* Adds _tf_register, _tf_dtype and _TF_OP to the module (ops/tf.c). */
+int dlb__ops_tf_init(PyObject *module);
 /* Adds _xla_handler (the XLA FFI handlers as capsules) and _xla_ffi_layout
  * to the module (ops/xla.c). */
 int dlb__ops_xla_init(PyObject *module);
 
-/* ---- Pickling and shared memory (pickle.c, share.c) ------------------------ */
+/* ---- Pickling (pickle.c) --------------------------------------------------- */
 
-/* Tensor.__reduce_ex__ for an unshared tensor (share.c dispatches) and
- * Tensor.__deepcopy__(memo). */
+/* The DLPack flags a pickle or a shared tensor's handle carries; any other
+ * bit is dropped. */
+#define DLB_PICKLED_FLAGS \
+  (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
+
+/* Tensor.__reduce_ex__ for a tensor that is not shared (share.c
+ * dispatches) and Tensor.__deepcopy__(memo). */
 PyObject *dlb__tensor_reduce_ex(PyObject *self, PyObject *protocol);
 PyObject *dlb__tensor_deepcopy(PyObject *self, PyObject *memo);
 /* Adds _rebuild_tensor to the module. */
 int dlb__pickle_init(PyObject *module, dlb_module_state *st);
-/* Pieces of a pickle, validated: a (code, bits, lanes) tuple; a tuple of at
- * most DLB_MAX_NDIM ints (what names it in messages); a layout whose data is
- * set, with the bytes [0, *need) it reads from element 0.  0, or -1 with
- * ValueError. */
-int dlb__parse_dtype_tuple(PyObject *obj, DLDataType *out);
-int dlb__parse_dims(PyObject *obj, const char *what, int32_t *n, int64_t *v);
-int dlb__check_pickled_layout(DLTensor *view, uint64_t flags, int64_t *need);
 
-/* True when self's elements lie in a shared-memory mapping of this
- * process; Tensor.is_shared. */
+/* The layout a pickle describes, read once for every rebuild (a buffer's,
+ * a shared-memory handle's, a CUDA IPC handle's). */
+typedef struct {
+  DLTensor t;                   /* data NULL until placed; device CPU */
+  int64_t shape[DLB_MAX_NDIM];
+  int64_t strides[DLB_MAX_NDIM];
+  uint64_t flags;               /* DLB_PICKLED_FLAGS bits */
+  int64_t lo, hi;               /* bytes [lo, hi) it reads, from element 0 */
+} dlb_pickled_layout;
+
+/* Read args[0..3] -- dtype as (code, bits, lanes), shape, strides (a tuple,
+ * or None for row-major), flags -- into *out, validated as any imported
+ * tensor is, with the byte span it reads.  A pickle may be hostile: 0, or
+ * -1 with ValueError (TypeError for a flags value that is no int). */
+int dlb__parse_pickled_layout(PyObject *const *args, dlb_pickled_layout *out);
+/* Put l's element 0 at base + offset in an area of size bytes (what names
+ * it in messages: "buffer", "segment", "allocation"); every byte l reads,
+ * before element 0 (negative strides) and after it, must lie in the area.
+ * base NULL: only check that l fits an area of that size.  0, or -1 with
+ * ValueError. */
+int dlb__place_pickled_layout(dlb_pickled_layout *l, char *base,
+                              long long offset, int64_t size,
+                              const char *what);
+
+/* ---- Shared tensors (share_shm.c, share_ipc.c, share.c) ---------------------
+ *
+ * Two transports, one file each, with the same four verbs: holds (is a
+ * tensor's memory in one of our shared areas?), share (copy a tensor into
+ * a new one), reduce (the handle a shared tensor pickles as), and the
+ * rebuild of that handle.  share.c is the policy above them: share(),
+ * is_shared, and which __reduce_ex__ a Tensor gets. */
+
+/* The bytes [*lo, *hi) t's elements occupy, in the address space of its
+ * device; false when t has no byte span (no exception). */
+static inline bool dlb__element_range(const DLTensor *t, const char **lo,
+                                      const char **hi) {
+  int64_t a = 0, z = 0;
+  if (t->data == NULL || dlb_tensor_byte_span(t, &a, &z, NULL) != DLB_OK)
+    return false;
+  const char *base = (const char *)dlb_tensor_data(t);
+  *lo = base + a;
+  *hi = base + z;
+  return true;
+}
+
+/* share_shm.c: host tensors in POSIX shared memory (src/core/shm.c). */
+/* Whether t's elements lie in a segment this process maps. */
+bool dlb__shm_holds(const DLTensor *t);
+/* A new Tensor over a copy, in a new segment, of view's tensor (row-major,
+ * view's read-only flag kept).  NULL with an exception. */
+PyObject *dlb__shm_share(dlb_module_state *st, const dlb_view *view);
+/* (_rebuild_shared, (name, offset, dtype, shape, strides, flags)), one
+ * handle counted in flight; BufferError when self is not in a segment. */
+PyObject *dlb__shm_reduce(dlb_module_state *st, dlb_TensorObject *self);
+/* Adds _rebuild_shared, _shm_cleanup and _shm_info to the module. */
+int dlb__share_shm_init(PyObject *module);
+
+/* share_ipc.c: CUDA tensors through CUDA IPC (src/core/cuda_ipc.c). */
+/* Whether t's elements lie in IPC memory this process allocated or
+ * opened. */
+bool dlb__ipc_holds(const DLTensor *t);
+/* share() of the CUDA tensor obj: obj itself as a Tensor when it already
+ * lies in IPC memory, else a Tensor over a copy in a new IPC allocation
+ * (made on the current stream).  NULL with an exception. */
+PyObject *dlb__ipc_share(dlb_module_state *st, PyObject *obj);
+/* (_rebuild_cuda_shared, (handle, offset, dtype, shape, strides, flags));
+ * BufferError when self is not in IPC memory. */
+PyObject *dlb__ipc_reduce(dlb_module_state *st, dlb_TensorObject *self);
+/* Adds _rebuild_cuda_shared to the module. */
+int dlb__share_ipc_init(PyObject *module);
+
+/* share.c: the policy. */
+/* True when self's elements lie in memory another process can map: a
+ * segment or IPC memory of this process (Tensor.is_shared). */
 int dlb__tensor_is_shared(const dlb_TensorObject *self);
-PyObject *dlb__tensor_get_is_shared(PyObject *self, void *closure);
-/* __reduce_ex__ of a shared tensor: the handle (counted in flight). */
-PyObject *dlb__shared_reduce(dlb_module_state *st, dlb_TensorObject *self);
-/* Adds share, _rebuild_shared, _shm_cleanup, _shm_info to the module. */
+/* What share.c adds to Tensor: __reduce_ex__, __deepcopy__, is_shared.
+ * module.c hands them to dlb__tensor_init, so the type is made with them
+ * (it is immutable: nothing is added to it afterwards). */
+extern PyMethodDef dlb__share_tensor_methods[];
+extern PyGetSetDef dlb__share_tensor_getset[];
+/* Adds share() to the module, and each transport's functions. */
 int dlb__share_init(PyObject *module, dlb_module_state *st);
 
 #endif /* DLB_PYTHON_DLBRIDGE_PY_H_ */

@@ -264,48 +264,88 @@ void dlb__release_ref(PyObject *obj, int have_gil) {
   PyGILState_Release(g);
 }
 
-/* ---- dlb_status -> exception ------------------------------------------------- */
+/* ---- dlb_status -> exception: the one policy ---------------------------------- */
 
-PyObject *dlb__raise(const dlb_error *err) {
-  PyObject *exc;
-  switch (err->code) {
+/* The exception a status becomes.  DLB_EDEVICE (a device runtime call
+ * failed or is missing) depends on what was asked: device_exc, RuntimeError
+ * when NULL -- an allocation on a device fails as torch's and CuPy's do,
+ * while a copy or an export that a driver refuses is DLPack's "this move
+ * cannot be made", BufferError, which consumers catch. */
+static PyObject *status_exception(int code, PyObject *device_exc) {
+  switch (code) {
     case DLB_ENOMEM:
-      exc = PyExc_MemoryError;
-      break;
+      return PyExc_MemoryError;
     case DLB_EINVAL:
     case DLB_EOVERFLOW: /* "too big", as NumPy reports it */
-      exc = PyExc_ValueError;
-      break;
+      return PyExc_ValueError;
     case DLB_EUNSUPPORTED:
     case DLB_EVERSION:
     case DLB_EREADONLY:
-      exc = PyExc_BufferError;
-      break;
-    default: /* DLB_EDEVICE: a device runtime call failed */
-      exc = PyExc_RuntimeError;
-      break;
+      return PyExc_BufferError;
+    case DLB_EDEVICE:
+      return device_exc != NULL ? device_exc : PyExc_RuntimeError;
+    case DLB_ESYSTEM:
+      return PyExc_OSError;
+    default:
+      return PyExc_RuntimeError;
   }
-  /* The message may come from outside (a kernel, a C API caller): read at
-   * most its DLB_ERROR_MESSAGE_SIZE bytes even when it has no NUL, and
-   * decode bytes that are not UTF-8 as \xNN escapes, so a bad message
-   * still becomes the exception its code maps to, never a
-   * UnicodeDecodeError. */
+}
+
+/* err's message as a str, "<what>: " in front when what is not NULL.  The
+ * message may come from outside (a kernel, a C API caller): it is read up
+ * to its first NUL and never past its DLB_ERROR_MESSAGE_SIZE bytes, bytes
+ * that are not UTF-8 becoming \xNN escapes, so a bad message still becomes
+ * the exception its code maps to, never a UnicodeDecodeError.  New
+ * reference, NULL with an exception. */
+static PyObject *message_text(const char *what, const dlb_error *err) {
   const char *nul = memchr(err->message, '\0', sizeof err->message);
   size_t n = nul != NULL ? (size_t)(nul - err->message) : sizeof err->message;
-  if (n == 0) {
-    PyErr_Format(exc, "dlbridge error %s", dlb_status_name(err->code));
-    return NULL;
-  }
-  PyObject *msg = PyUnicode_DecodeUTF8(err->message, (Py_ssize_t)n,
-                                       "backslashreplace");
+  PyObject *msg =
+      n == 0 ? PyUnicode_FromFormat("dlbridge error %s", dlb_status_name(err->code))
+             : PyUnicode_DecodeUTF8(err->message, (Py_ssize_t)n, "backslashreplace");
+  if (msg == NULL || what == NULL) return msg;
+  PyObject *full = PyUnicode_FromFormat("%s: %U", what, msg);
+  Py_DECREF(msg);
+  return full;
+}
+
+/* Raise exc with err's message (prefixed by what).  Returns NULL. */
+static PyObject *raise_with(PyObject *exc, const char *what, const dlb_error *err) {
+  PyObject *msg = message_text(what, err);
   if (msg == NULL) return NULL; /* MemoryError */
   PyErr_SetObject(exc, msg);
   Py_DECREF(msg);
   return NULL;
 }
 
-/* ---- scalar kinds ------------------------------------------------------------ */
+PyObject *dlb__raise_status(const char *what, const dlb_error *err,
+                            PyObject *device_exc) {
+  return raise_with(status_exception(err->code, device_exc), what, err);
+}
 
+PyObject *dlb__raise_errno(const char *what, const dlb_error *err,
+                           int os_errno) {
+  if (err->code != DLB_ESYSTEM || os_errno == 0)
+    return dlb__raise_status(what, err, NULL);
+  /* OSError(errno, message): Python picks the subclass errno names. */
+  PyObject *msg = message_text(what, err);
+  if (msg == NULL) return NULL;
+  PyObject *args = Py_BuildValue("(iN)", os_errno, msg);
+  if (args != NULL) {
+    PyErr_SetObject(PyExc_OSError, args);
+    Py_DECREF(args);
+  }
+  return NULL;
+}
+
+PyObject *dlb__raise(const dlb_error *err) {
+  return dlb__raise_status(NULL, err, NULL);
+}
+
+PyObject *dlb__raise_as(PyObject *exc, const char *what, const dlb_error *err) {
+  if (err->code == DLB_ENOMEM) exc = PyExc_MemoryError;
+  return raise_with(exc, what, err);
+}
 
 /* BufferError "from_dlpack: <what>: <core message>" for a failed core call;
  * MemoryError stays MemoryError. */

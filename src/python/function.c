@@ -603,19 +603,30 @@ static FN_HOT_INLINE int type_matches(const fn_param *p, const DLTensor *t) {
 
 /* The first axis of t (parameter p, of the right rank) whose extent is not
  * the signature's -- a literal, or the extent of the argument that bound
- * its name (argv[d->from_param], checked before) -- or -1. */
-static FN_HOT_INLINE int dim_mismatch(const fn_object *fn, const fn_param *p,
-                                      const DLTensor *t,
-                                      DLTensor *const *argv) {
+ * its name (argv[d->from_param], checked before) -- or -1.  With
+ * some_unknown (a constant at each call site), an extent of -1 stands for
+ * one not known yet (a compiler's dynamic dimension) and matches
+ * anything. */
+static FN_HOT_INLINE int dim_mismatch_in(const fn_object *fn,
+                                         const fn_param *p, const DLTensor *t,
+                                         DLTensor *const *argv,
+                                         int some_unknown) {
   const fn_dim *d = &fn->dims[p->dim0];
   for (int a = 0; a < p->ndim; a++, d++) {
     if (d->kind == DIM_BIND) continue;
     int64_t want = d->kind == DIM_LITERAL
                        ? d->value
                        : argv[d->from_param]->shape[d->from_axis];
+    if (some_unknown && (want < 0 || t->shape[a] < 0)) continue;
     if (t->shape[a] != want) return a;
   }
   return -1;
+}
+
+static FN_HOT_INLINE int dim_mismatch(const fn_object *fn, const fn_param *p,
+                                      const DLTensor *t,
+                                      DLTensor *const *argv) {
+  return dim_mismatch_in(fn, p, t, argv, 0);
 }
 
 /* Result p's extents, from the inputs in argv that bound their names. */
@@ -1086,6 +1097,12 @@ int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
   return DLB_OK;
 }
 
+void dlb__function_result_shape(PyObject *self, DLTensor *const *argv,
+                                int32_t o, int64_t *shape) {
+  const fn_object *fn = (const fn_object *)self;
+  result_shape(fn, &fn->params[fn->nin + o], argv, shape);
+}
+
 /* One tensor of specs for Function._result_specs: shape (a sequence of
  * ints) and dtype (anything dlb.dtype takes) into t, its extents stored at
  * shape.  0, or -1 with an exception. */
@@ -1114,10 +1131,14 @@ static int spec_tensor(const fn_object *fn, int i, PyObject *spec, DLTensor *t,
   }
   for (Py_ssize_t a = 0; a < n; a++) {
     PyObject *d = PyTuple_GET_ITEM(dims, a);
+    if (d == Py_None) {
+      shape[a] = -1; /* not known until the graph runs */
+      continue;
+    }
     if (!PyLong_Check(d)) {
       PyErr_Format(PyExc_TypeError,
-                   "%U() argument '%U': dimension %zd is %R; a dlbridge "
-                   "Function needs every extent known when it is traced",
+                   "%U() argument '%U': dimension %zd is %R; an extent is an "
+                   "int, or None when it is not known until the graph runs",
                    fn->name, pname(fn, i), a, d);
       goto cleanup;
     }
@@ -1143,13 +1164,25 @@ cleanup:
   return rc;
 }
 
+/* A shape as a tuple: an int per extent, None where it is -1 (unknown). */
+static PyObject *extents_tuple(int32_t n, const int64_t *v) {
+  PyObject *t = PyTuple_New(n);
+  for (int32_t a = 0; t != NULL && a < n; a++) {
+    PyObject *e = v[a] < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(v[a]);
+    if (e == NULL) Py_CLEAR(t);
+    else PyTuple_SET_ITEM(t, a, e);
+  }
+  return t;
+}
+
 /* Function._result_specs(specs) -> (results, aliases).  What a call with
  * inputs described by specs produces, checked as the eager call checks
  * its arguments (same rule, same exception and message): specs holds one
- * item per input in parameter order, a (shape, dtype) pair for a tensor or,
- * for a Python number passed to a 0-d parameter, the number (checked as the
- * eager call stores it) or None (not checked).  results: a
- * (shape, DType) pair per declared result; aliases: the indices of the
+ * item per input in parameter order -- a (shape, dtype) pair for a tensor
+ * (an extent may be None: not known until the graph runs, checked then),
+ * the Python number itself for a number, or None for a number whose value
+ * is not known.  results: a (shape, DType) pair per declared result (None
+ * extents where they come from unknown ones); aliases: the indices of the
  * `mut` inputs, whose new values a compiler that cannot write its inputs
  * returns after the results.  The shape function of every compiled route. */
 static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
@@ -1176,10 +1209,8 @@ static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
     PyObject *spec = PySequence_Fast_GET_ITEM(seq, i);
     argv[i] = &ts[i];
     if (p->mut) nmut++;
-    /* None, or the number itself: then it is stored as the eager call
-     * stores it (same errors), and an error names its type. */
-    if (spec == Py_None || PyLong_Check(spec) || PyFloat_Check(spec) ||
-        PyComplex_Check(spec)) {
+    if (spec == Py_None) {
+      /* A number whose value is not known (a compiler's scalar). */
       if (p->mut) {
         mut_number_error(fn, i, spec);
         goto cleanup;
@@ -1191,13 +1222,34 @@ static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
                      fn->name, pname(fn, i));
         goto cleanup;
       }
-      dlb_scalar stored;
-      if (spec != Py_None &&
-          dlb__scalar_from_number(fn->name, pname(fn, i), spec, p->dtype,
-                                  &stored) < 0)
-        goto cleanup;
       ts[i].dtype = p->dtype; /* a number takes the parameter's dtype */
       continue;
+    }
+    if (PyLong_Check(spec) || PyFloat_Check(spec) || PyComplex_Check(spec)) {
+      /* The number itself: the eager call's steps exactly, so the same
+       * exception and message (range, kind, 'mut', not tensor-like). */
+      dlb_scalar value;
+      if (p->ndim == 0) {
+        if (p->mut) {
+          mut_number_error(fn, i, spec);
+          goto cleanup;
+        }
+        if (dlb__scalar_from_number(fn->name, pname(fn, i), spec, p->dtype,
+                                    &value) < 0)
+          goto cleanup;
+        ts[i].dtype = p->dtype;
+        continue;
+      }
+      dlb_view view;
+      if (dlb__view_get(fn->st, spec, 0, &view) == 0) {
+        dlb__view_release(&view); /* no number is tensor-like today */
+        PyErr_Format(PyExc_TypeError,
+                     "%U() argument '%U': a Python number is accepted only "
+                     "for a 0-d parameter",
+                     fn->name, pname(fn, i));
+      }
+      prefix_error(fn, i);
+      goto cleanup;
     }
     if (spec_tensor(fn, i, spec, &ts[i], shapes + (size_t)i * DLB_MAX_NDIM) < 0)
       goto cleanup;
@@ -1205,12 +1257,19 @@ static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
       check_error(fn, i, &ts[i], p, NULL, -1);
       goto cleanup;
     }
-    int axis = dim_mismatch(fn, p, &ts[i], argv);
+    int axis = dim_mismatch_in(fn, p, &ts[i], argv, 1);
     if (axis >= 0) {
       dim_error(fn, i, axis, ts[i].shape[axis], &fn->dims[p->dim0 + axis],
                 argv);
       goto cleanup;
     }
+    /* An extent bound where it is unknown and known further on: the known
+     * one stands for the name from here (later checks and the results). */
+    const fn_dim *d = &fn->dims[p->dim0];
+    for (int a = 0; a < p->ndim; a++, d++)
+      if (d->kind == DIM_CHECK && ts[i].shape[a] >= 0 &&
+          argv[d->from_param]->shape[d->from_axis] < 0)
+        argv[d->from_param]->shape[d->from_axis] = ts[i].shape[a];
   }
   results = PyTuple_New(nout);
   aliases = PyTuple_New(nmut);
@@ -1219,7 +1278,7 @@ static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
     const fn_param *p = &fn->params[nin + o];
     int64_t *shape = shapes + (size_t)nin * DLB_MAX_NDIM;
     result_shape(fn, p, argv, shape);
-    PyObject *pair = Py_BuildValue("(NN)", dlb__int64_tuple(p->ndim, shape),
+    PyObject *pair = Py_BuildValue("(NN)", extents_tuple(p->ndim, shape),
                                    dlb__dtype_new(fn->st, p->dtype));
     if (pair == NULL) goto cleanup;
     PyTuple_SET_ITEM(results, o, pair);
@@ -1338,6 +1397,30 @@ static PyObject *get_normalized(PyObject *self, void *c) {
   return normalized_signature((fn_object *)self);
 }
 
+/* _dims: per parameter, then per result, a tuple of its extents as the
+ * signature writes them: an int for a literal, a str for a name. */
+static PyObject *get_dims(PyObject *self, void *c) {
+  (void)c;
+  fn_object *fn = (fn_object *)self;
+  int n = fn->nin + fn->nout;
+  PyObject *all = PyTuple_New(n);
+  for (int i = 0; all != NULL && i < n; i++) {
+    const fn_param *p = &fn->params[i];
+    PyObject *dims = PyTuple_New(p->ndim);
+    const fn_dim *d = &fn->dims[p->dim0];
+    for (int a = 0; dims != NULL && a < p->ndim; a++, d++) {
+      PyObject *e = d->kind == DIM_LITERAL
+                        ? PyLong_FromLongLong(d->value)
+                        : Py_NewRef(PyTuple_GET_ITEM(fn->sym_names, d->sym));
+      if (e == NULL) Py_CLEAR(dims);
+      else PyTuple_SET_ITEM(dims, a, e);
+    }
+    if (dims == NULL) Py_CLEAR(all);
+    else PyTuple_SET_ITEM(all, i, dims);
+  }
+  return all;
+}
+
 /* _inputs: (name, DType, ndim, mut) per input; _results: (DType, ndim) per
  * declared result. */
 static PyObject *get_inputs(PyObject *self, void *c) {
@@ -1373,7 +1456,7 @@ static PyMethodDef function_methods[] = {
     {"_result_specs", function_result_specs, METH_O,
      "_result_specs(specs) -> (results, aliases)\n\nThe shape function of "
      "compiled calls: specs has a (shape, dtype) pair per input (None for a "
-     "Python number, or the number itself), checked as a call checks its arguments; results is a "
+     "Python number), checked as a call checks its arguments; results is a "
      "(shape, DType) pair per declared result, aliases the indices of the "
      "'mut' inputs."},
     {NULL, NULL, 0, NULL},
@@ -1417,6 +1500,9 @@ static PyGetSetDef function_getset[] = {
      "(name, DType, ndim, mut) for each input.", NULL},
     {"_results", get_results, NULL,
      "(DType, ndim) for each declared result.", NULL},
+    {"_dims", get_dims, NULL,
+     "Each parameter's, then each result's extents as the signature writes "
+     "them: an int for a literal, a str for a name.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -205,8 +205,8 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     if (dlb__is_cuda_device(m->dl_tensor.device)) {
       void *producer = NULL;
       if (dlb__current_stream(st, h, m->dl_tensor.device, &producer) < 0 ||
-          dlb__stream_order(m->dl_tensor.device, producer,
-                            dlb__stream_current()) < 0) {
+          dlb__stream_order_before_current(m->dl_tensor.device,
+                                           producer) < 0) {
         dlb__delete_keep_error(m);
         return -1;
       }

@@ -57,11 +57,14 @@ static int module_exec(PyObject *module) {
   if (st->max_version_tuple == NULL) return -1;
   if (dlb__types_init(module, st) < 0) return -1;
   if (dlb__cuda_init(module) < 0) return -1;
-  if (dlb__tensor_init(module, st) < 0) return -1;
+  if (dlb__tensor_init(module, st, dlb__share_tensor_methods,
+                        dlb__share_tensor_getset) < 0)
+    return -1;
   if (dlb__export_init(st) < 0) return -1;
   if (dlb__handlers_init(st) < 0) return -1;
   if (dlb__function_init(module, st) < 0) return -1;
   if (dlb__ops_registry_init(module) < 0) return -1;
+  if (dlb__ops_tf_init(module) < 0) return -1;
   if (dlb__ops_xla_init(module) < 0) return -1;
   if (dlb__capi_init(module, st) < 0) return -1;
   if (dlb__testing_init(module, st) < 0) return -1;

@@ -22,10 +22,6 @@
 
 #include "dlbridge_py.h"
 
-/* Which DLPack flags travel in a pickle; anything else is dropped. */
-#define PICKLED_FLAGS \
-  (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
-
 /* ---- a 1-D uint8 Tensor over part of another object's memory --------------- */
 
 static void release_owner(void *ctx) { dlb__release_ref((PyObject *)ctx, 0); }
@@ -57,20 +53,6 @@ static PyObject *byte_view(dlb_module_state *st, PyObject *owner, void *data,
 /* A dtype as the (code, bits, lanes) tuple the rebuild takes. */
 static PyObject *dtype_tuple(DLDataType d) {
   return Py_BuildValue("(iii)", (int)d.code, (int)d.bits, (int)d.lanes);
-}
-
-static PyObject *int64_tuple(int32_t n, const int64_t *v) {
-  PyObject *t = PyTuple_New(n);
-  if (t == NULL) return NULL;
-  for (int32_t i = 0; i < n; i++) {
-    PyObject *x = PyLong_FromLongLong((long long)v[i]);
-    if (x == NULL) {
-      Py_DECREF(t);
-      return NULL;
-    }
-    PyTuple_SET_ITEM(t, i, x);
-  }
-  return t;
 }
 
 /* True when t's elements fill their byte span exactly with non-negative
@@ -143,7 +125,7 @@ PyObject *dlb__tensor_reduce_ex(PyObject *op, PyObject *arg) {
       goto cleanup;
     }
   }
-  uint64_t flags = self->flags & PICKLED_FLAGS;
+  uint64_t flags = self->flags & DLB_PICKLED_FLAGS;
   bool contiguous = dlb_tensor_is_contiguous(&src->t);
   void *data = dlb_tensor_data(&src->t);
 
@@ -167,12 +149,12 @@ PyObject *dlb__tensor_reduce_ex(PyObject *op, PyObject *arg) {
   }
   if (payload == NULL) goto cleanup;
   dtype = dtype_tuple(src->t.dtype);
-  shape = int64_tuple(src->t.ndim, src->t.shape);
+  shape = dlb__int64_tuple(src->t.ndim, src->t.shape);
   if (dtype == NULL || shape == NULL) goto cleanup;
   if (contiguous) {
     strides = Py_NewRef(Py_None);
   } else {
-    strides = int64_tuple(src->t.ndim, src->t.strides);
+    strides = dlb__int64_tuple(src->t.ndim, src->t.strides);
     if (strides == NULL) goto cleanup;
   }
   res = Py_BuildValue("(O(OOOOKO))", rebuild, payload, dtype, shape, strides,
@@ -199,9 +181,9 @@ PyObject *dlb__tensor_deepcopy(PyObject *op, PyObject *memo) {
   return PyObject_CallMethod(op, "copy", "()");
 }
 
-/* ---- reading the pieces of a pickle ---------------------------------------- */
+/* ---- reading the layout of a pickle ---------------------------------------- */
 
-int dlb__parse_dtype_tuple(PyObject *obj, DLDataType *out) {
+static int parse_dtype_tuple(PyObject *obj, DLDataType *out) {
   long v[3];
   if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 3) {
     PyErr_SetString(PyExc_ValueError,
@@ -221,14 +203,14 @@ int dlb__parse_dtype_tuple(PyObject *obj, DLDataType *out) {
   out->lanes = (uint16_t)v[2];
   dlb_error err;
   if (dlb_dtype_check(*out, &err) != DLB_OK) {
-    PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+    dlb__raise_as(PyExc_ValueError, "pickled tensor", &err);
     return -1;
   }
   return 0;
 }
 
 /* A tuple of at most DLB_MAX_NDIM ints into v; its length in *n. */
-int dlb__parse_dims(PyObject *obj, const char *what, int32_t *n, int64_t *v) {
+static int parse_dims(PyObject *obj, const char *what, int32_t *n, int64_t *v) {
   if (!PyTuple_Check(obj)) {
     PyErr_Format(PyExc_ValueError, "pickled tensor: %s must be a tuple", what);
     return -1;
@@ -254,33 +236,79 @@ int dlb__parse_dims(PyObject *obj, const char *what, int32_t *n, int64_t *v) {
   return 0;
 }
 
-/* Check a tensor described by a pickle and find the bytes [0, *need) it
- * touches from element 0.  view->data is set (non-NULL) by the caller. */
-int dlb__check_pickled_layout(DLTensor *view, uint64_t flags, int64_t *need) {
+int dlb__parse_pickled_layout(PyObject *const *args, dlb_pickled_layout *out) {
+  DLTensor *t = &out->t;
+  int32_t ndim = 0, nstrides = 0;
   dlb_error err;
-  int64_t lo = 0, hi = 0;
-  if (dlb_tensor_validate(view, 0, &err) != DLB_OK) {
-    PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
+  memset(out, 0, sizeof *out);
+  if (parse_dtype_tuple(args[0], &t->dtype) < 0) return -1;
+  if (parse_dims(args[1], "shape", &ndim, out->shape) < 0) return -1;
+  if (args[2] != Py_None) {
+    if (parse_dims(args[2], "strides", &nstrides, out->strides) < 0) return -1;
+    if (nstrides != ndim) {
+      PyErr_SetString(PyExc_ValueError,
+                      "pickled tensor: strides and shape differ in length");
+      return -1;
+    }
+  }
+  unsigned long long flags = PyLong_AsUnsignedLongLong(args[3]);
+  if (flags == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+  out->flags = (uint64_t)flags & DLB_PICKLED_FLAGS;
+  t->device = (DLDevice){kDLCPU, 0};
+  t->ndim = ndim;
+  t->shape = ndim > 0 ? out->shape : NULL;
+  t->strides = ndim > 0 && args[2] != Py_None ? out->strides : NULL;
+  /* Checked as any imported tensor is; data is not known yet, and only its
+   * being non-NULL matters to the check. */
+  t->data = out->shape;
+  int rc = dlb_tensor_validate(t, 0, &err);
+  t->data = NULL;
+  if (rc != DLB_OK) {
+    dlb__raise_as(PyExc_ValueError, "pickled tensor", &err);
     return -1;
   }
-  if (view->strides == NULL || dlb_tensor_is_contiguous(view)) {
-    if (dlb_tensor_nbytes(view, (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0,
-                          &hi, &err) != DLB_OK) {
-      PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
-      return -1;
-    }
+  /* A compact tensor reads exactly its nbytes (padded sub-byte elements
+   * included, which a byte span cannot say); any other its byte span. */
+  if (t->strides == NULL || dlb_tensor_is_contiguous(t)) {
+    out->lo = 0;
+    rc = dlb_tensor_nbytes(t, (out->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0,
+                           &out->hi, &err);
   } else {
-    if (dlb_tensor_byte_span(view, &lo, &hi, &err) != DLB_OK) {
-      PyErr_Format(PyExc_ValueError, "pickled tensor: %s", err.message);
-      return -1;
-    }
-    if (lo < 0) {
-      PyErr_SetString(PyExc_ValueError,
-                      "pickled tensor: negative strides reach before the data");
-      return -1;
-    }
+    rc = dlb_tensor_byte_span(t, &out->lo, &out->hi, &err);
   }
-  *need = hi;
+  if (rc != DLB_OK) {
+    dlb__raise_as(PyExc_ValueError, "pickled tensor", &err);
+    return -1;
+  }
+  return 0;
+}
+
+int dlb__place_pickled_layout(dlb_pickled_layout *l, char *base,
+                              long long offset, int64_t size,
+                              const char *what) {
+  if (offset < 0 || offset > size) {
+    PyErr_Format(PyExc_ValueError,
+                 "pickled tensor: offset %lld outside the %lld-byte %s",
+                 offset, (long long)size, what);
+    return -1;
+  }
+  /* Element 0 sits offset bytes in; negative strides reach back from it
+   * (a reversed view of a shared tensor), never before the area. */
+  if (l->lo < -(int64_t)offset) {
+    PyErr_Format(PyExc_ValueError,
+                 "pickled tensor: negative strides reach %lld bytes before "
+                 "element 0, which is %lld bytes into the %s",
+                 (long long)-l->lo, offset, what);
+    return -1;
+  }
+  if (l->hi > size - offset) {
+    PyErr_Format(PyExc_ValueError,
+                 "pickled tensor: the tensor needs %lld bytes from offset "
+                 "%lld, the %s has %lld",
+                 (long long)l->hi, offset, what, (long long)size);
+    return -1;
+  }
+  if (base != NULL) l->t.data = base + offset;
   return 0;
 }
 
@@ -294,32 +322,19 @@ static PyObject *py_rebuild_tensor(PyObject *module, PyObject *const *args,
   dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
   PyObject *mv = NULL, *flat = NULL, *base = NULL, *res = NULL;
   DLManagedTensorVersioned *m = NULL;
-  DLTensor view;
-  int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
-  int32_t ndim = 0, nstrides = 0;
-  int64_t need = 0;
+  dlb_pickled_layout l;
   dlb_error err;
   DLDevice target = {kDLCPU, 0};
+  /* Where an empty buffer's tensor points: it has no elements to read. */
+  static char no_bytes;
   if (nargs != 6 && nargs != 7) {
     PyErr_SetString(PyExc_TypeError, "_rebuild_tensor takes 6 or 7 arguments");
     return NULL;
   }
   if (nargs == 7 && dlb__device_converter(st, args[6], &target) < 0)
     return NULL;
-  memset(&view, 0, sizeof view);
-  if (dlb__parse_dtype_tuple(args[1], &view.dtype) < 0) return NULL;
-  if (dlb__parse_dims(args[2], "shape", &ndim, shape) < 0) return NULL;
-  if (args[3] != Py_None) {
-    if (dlb__parse_dims(args[3], "strides", &nstrides, strides) < 0) return NULL;
-    if (nstrides != ndim) {
-      PyErr_SetString(PyExc_ValueError,
-                      "pickled tensor: strides and shape differ in length");
-      return NULL;
-    }
-  }
-  unsigned long long flags_in = PyLong_AsUnsignedLongLong(args[4]);
-  if (flags_in == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-  uint64_t flags = (uint64_t)flags_in & PICKLED_FLAGS;
+  if (dlb__parse_pickled_layout(args + 1, &l) < 0) return NULL;
+  uint64_t flags = l.flags;
   int copy = PyObject_IsTrue(args[5]);
   if (copy < 0) return NULL;
 
@@ -339,20 +354,12 @@ static PyObject *py_rebuild_tensor(PyObject *module, PyObject *const *args,
   dlb_TensorObject *b = (dlb_TensorObject *)base;
   int64_t have = b->t.ndim == 1 ? b->t.shape[0] : 0;
   if (b->flags & DLPACK_FLAG_BITMASK_READ_ONLY) flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
-
-  view.data = dlb_tensor_data(&b->t);
-  view.device = (DLDevice){kDLCPU, 0};
-  view.ndim = ndim;
-  view.shape = ndim > 0 ? shape : NULL;
-  view.strides = (ndim > 0 && args[3] != Py_None) ? strides : NULL;
-  if (view.data == NULL) view.data = (void *)shape; /* empty buffer: never read */
-  if (dlb__check_pickled_layout(&view, flags, &need) < 0) goto cleanup;
-  if (need > have) {
-    PyErr_Format(PyExc_ValueError,
-                 "pickled tensor: the data needs %lld bytes, the buffer has %lld",
-                 (long long)need, (long long)have);
+  char *data = (char *)dlb_tensor_data(&b->t);
+  if (dlb__place_pickled_layout(&l, data != NULL ? data : &no_bytes, 0, have,
+                                "buffer") < 0)
     goto cleanup;
-  }
+  DLTensor view = l.t;
+  int64_t need = l.hi;
   /* An element must sit at an address its type can be read from; a buffer
    * that arrives misaligned (some transports pack frames) is copied. */
   int64_t align = dlb_dtype_itemsize(view.dtype);
@@ -363,8 +370,8 @@ static PyObject *py_rebuild_tensor(PyObject *module, PyObject *const *args,
   if (copy) {
     /* In-band data (bytes, immutable) or misaligned: one copy into fresh
      * memory, which keeps the read-only flag the sender had. */
-    uint64_t sender_flags = (uint64_t)flags_in & PICKLED_FLAGS;
-    if (dlb_managed_empty(ndim, view.shape, view.dtype, view.device,
+    uint64_t sender_flags = l.flags;
+    if (dlb_managed_empty(view.ndim, view.shape, view.dtype, view.device,
                           (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0,
                           &m, &err) != DLB_OK) {
       dlb__raise(&err);

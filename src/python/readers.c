@@ -257,7 +257,7 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
                    src.device_type == kDLCUDAManaged)) {
     /* dlbridge's current stream (dlb.stream; 1, the legacy stream, by
      * default): the producer orders its work before it. */
-    stream = PyLong_FromLongLong(dlb__stream_current_value());
+    stream = dlb__stream_current_object();
   } else if (have_src && src.device_type == kDLROCM) {
     stream = PyLong_FromLong(0); /* ROCm's default stream */
   }
@@ -530,7 +530,7 @@ static int cai_device_and_order(PyObject *ai, void *data, DLDevice *device) {
     return -1;
   }
   if (order && device->device_type != kDLCUDAHost)
-    return dlb__stream_order(*device, producer, dlb__stream_current());
+    return dlb__stream_order_before_current(*device, producer);
   return 0;
 }
 

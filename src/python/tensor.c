@@ -546,8 +546,13 @@ static PyObject *tensor_get_cuda_array_interface(PyObject *op, void *c) {
   PyObject *d = interface_dict(self);
   if (d == NULL) return NULL;
   /* v3: the stream the data's pending work is on -- dlbridge's current
-   * stream -- which a consumer orders its own work after. */
-  PyObject *s = PyLong_FromLongLong(dlb__stream_current_value());
+   * stream (the legacy one, 1, under dlb.stream(-1): dlbridge's own work
+   * runs there) -- which a consumer orders its own work after. */
+  void *cur = dlb__stream_current();
+  PyObject *s = dlb__cuda_stream_value(cur) == 1
+                    ? PyLong_FromLong(1)
+                    : PyLong_FromUnsignedLongLong(
+                          (unsigned long long)(uintptr_t)cur);
   if (s == NULL || PyDict_SetItemString(d, "stream", s) < 0) {
     Py_XDECREF(s);
     Py_DECREF(d);
@@ -1153,14 +1158,46 @@ static PyMethodDef tensor_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Tensor's methods and attributes: its own, then those a file above this
+ * one brings (share.c: pickling, is_shared), put together before the type
+ * is made -- it is immutable, so nothing is added to it afterwards.
+ * Process lifetime: the type's descriptors point into these arrays. */
+#define MORE_DEFS_MAX 8
+static PyMethodDef all_methods[sizeof tensor_methods / sizeof *tensor_methods +
+                               MORE_DEFS_MAX];
+static PyGetSetDef all_getset[sizeof tensor_getset / sizeof *tensor_getset +
+                              MORE_DEFS_MAX];
+
+static int assemble_defs(const PyMethodDef *more_methods,
+                         const PyGetSetDef *more_getset) {
+  size_t n = 0, n_methods = 0, n_getset = 0;
+  if (all_methods[0].ml_name != NULL) return 0; /* done by an earlier module */
+  while (more_methods != NULL && more_methods[n_methods].ml_name != NULL) n_methods++;
+  while (more_getset != NULL && more_getset[n_getset].name != NULL) n_getset++;
+  if (n_methods > MORE_DEFS_MAX || n_getset > MORE_DEFS_MAX) {
+    PyErr_SetString(PyExc_SystemError, "dlbridge.Tensor: raise MORE_DEFS_MAX");
+    return -1;
+  }
+  for (const PyMethodDef *d = tensor_methods; d->ml_name != NULL; d++)
+    all_methods[n++] = *d;
+  if (n_methods > 0)
+    memcpy(all_methods + n, more_methods, n_methods * sizeof *more_methods);
+  n = 0;
+  for (const PyGetSetDef *d = tensor_getset; d->name != NULL; d++)
+    all_getset[n++] = *d;
+  if (n_getset > 0)
+    memcpy(all_getset + n, more_getset, n_getset * sizeof *more_getset);
+  return 0;
+}
+
 static PyType_Slot tensor_slots[] = {
     {Py_tp_dealloc, tensor_dealloc},
     {Py_tp_traverse, tensor_traverse},
     {Py_tp_clear, tensor_clear},
     {Py_tp_new, tensor_new},
     {Py_tp_repr, tensor_repr},
-    {Py_tp_methods, tensor_methods},
-    {Py_tp_getset, tensor_getset},
+    {Py_tp_methods, all_methods},
+    {Py_tp_getset, all_getset},
     {Py_tp_members, tensor_members},
     {Py_mp_length, tensor_len},
     {Py_bf_getbuffer, tensor_getbuffer},
@@ -1182,7 +1219,10 @@ static PyType_Spec tensor_spec = {
     .slots = tensor_slots,
 };
 
-int dlb__tensor_init(PyObject *module, dlb_module_state *st) {
+int dlb__tensor_init(PyObject *module, dlb_module_state *st,
+                     const PyMethodDef *more_methods,
+                     const PyGetSetDef *more_getset) {
+  if (assemble_defs(more_methods, more_getset) < 0) return -1;
   st->TensorType =
       (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, NULL);
   if (st->TensorType == NULL) return -1;

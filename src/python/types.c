@@ -474,12 +474,22 @@ static PyObject *device_richcompare(PyObject *self, PyObject *other, int op) {
     DLDevice b = ((dlb_DeviceObject *)other)->device;
     eq = a.device_type == b.device_type && a.device_id == b.device_id;
   } else if (PyUnicode_Check(other)) {
-    const char *s = PyUnicode_AsUTF8(other);
-    if (s == NULL) return NULL;
-    DLDevice b;
-    /* An unparsable string is simply not equal. */
-    eq = dlb_device_from_name(s, &b, NULL) == DLB_OK &&
-         a.device_type == b.device_type && a.device_id == b.device_id;
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(other, &len);
+    if (s == NULL) {
+      /* Not UTF-8 (a lone surrogate): no device has that name. */
+      if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
+      PyErr_Clear();
+      eq = 0;
+    } else {
+      DLDevice b;
+      /* An unparsable string is simply not equal, and so is one with a NUL
+       * in it: the parser would read only the text before the NUL
+       * ("cpu\0anything" is not "cpu"), which construction refuses too. */
+      eq = strlen(s) == (size_t)len &&
+           dlb_device_from_name(s, &b, NULL) == DLB_OK &&
+           a.device_type == b.device_type && a.device_id == b.device_id;
+    }
   } else if (PyTuple_Check(other)) {
     eq = 0;
     if (PyTuple_GET_SIZE(other) == 2) {

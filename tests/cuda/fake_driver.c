@@ -28,6 +28,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h" /* dlb__cuda_copy_params, the kernel's arguments */
@@ -216,6 +217,14 @@ static int add_shm_alloc(const char *name, size_t size, int device, bool create,
     close(fd);
     shm_unlink(name);
     return OUT_OF_MEMORY;
+  }
+  /* An opened handle names its allocation's size, which a real driver
+   * checks against the allocation; the fake checks it against the file
+   * (mapping past its end would SIGBUS the test, not report). */
+  struct stat fst;
+  if (!create && (fstat(fd, &fst) != 0 || (size_t)fst.st_size < mapped)) {
+    close(fd);
+    return INVALID_HANDLE;
   }
   void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -699,6 +708,21 @@ static int f_cuIpcOpenMemHandle(uint64_t *ptr, fake_ipc_handle h,
   RETURN(rc_);
 }
 
+/* The allocation (device, host, IPC or opened) holding ptr: where it
+ * starts and its size in bytes, as cuMemAlloc was asked for it. */
+static int f_cuMemGetAddressRange(uint64_t *base, size_t *size, uint64_t ptr) {
+  ENTER("cuMemGetAddressRange");
+  alloc_rec *a = find_alloc((const void *)(uintptr_t)ptr, false);
+  if (rc_ == OK && a == NULL) rc_ = NOT_FOUND;
+  if (rc_ == OK) {
+    if (base != NULL) *base = (uint64_t)(uintptr_t)a->base;
+    if (size != NULL) *size = a->size;
+  }
+  logf_("cuMemGetAddressRange ptr=%s%d -> %d (size=%zu)", a ? "a" : "host",
+        a ? a->id : 0, rc_, rc_ == OK ? a->size : (size_t)0);
+  RETURN(rc_);
+}
+
 static int f_cuIpcCloseMemHandle(uint64_t ptr) {
   ENTER("cuIpcCloseMemHandle");
   alloc_rec *a = find_alloc((void *)(uintptr_t)ptr, true);
@@ -782,7 +806,7 @@ static const proc procs[] = {
     P(cuDeviceGetDefaultMemPool), P(cuMemPoolSetAttribute), P(cuMemPoolTrimTo),
     P(cuMemAlloc), P(cuMemFree), P(cuIpcGetMemHandle), P(cuIpcOpenMemHandle),
     P(cuIpcCloseMemHandle), P(cuIpcGetEventHandle), P(cuIpcOpenEventHandle),
-    P(cuDeviceGetUuid),
+    P(cuDeviceGetUuid), P(cuMemGetAddressRange),
 };
 #undef P
 

@@ -33,8 +33,12 @@ def report(no_peers):
     mostly their import), peers pointed at an empty directory so the run
     does not depend on whether `make bench` built them here."""
     proc = _cli("--quick", "--json", "--peers", no_peers)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)   # --json alone: JSON only on stdout
+    assert proc.returncode in (0, 1), proc.stderr
+    report = json.loads(proc.stdout)   # --json alone: JSON only on stdout
+    # exit status 1 exactly when a dlbridge call failed where the
+    # framework's own way worked
+    assert proc.returncode == (1 if report["defects"] else 0), proc.stderr
+    return report
 
 
 def test_schema(report):
@@ -58,14 +62,19 @@ def test_every_installed_framework_has_the_four_calls(report):
         own = {r["call"]: r for r in report["rows"]
                if r["framework"] == fw and r["reference"]["kind"] == "own"}
         assert set(own) == set(_bench.CALLS), (fw, report["notes"])
-        # dlbridge's own side is measured for every framework, except
-        # convert into a framework convert has no target for yet, and
-        # Function when no kernel library was found (then a note says so).
+        # dlbridge's own side is measured for every framework, or the
+        # failure is listed as a defect, or it is Function without the
+        # kernel library, or convert into PyArrow (no DLPack importer)
+        defects = {(d["framework"], d["call"]) for d in report["defects"]}
         for call, r in own.items():
-            if call == "Function" and report["kernel"] is None:
-                assert r["dlbridge"]["error"]
-            elif call != "convert" or fw in ("numpy", "torch", "jax", "tensorflow"):
-                assert r["dlbridge"]["ns"] is not None, (fw, call, r)
+            assert (r["dlbridge"]["ns"] is not None or (fw, call) in defects
+                    or call == "Function" and report["kernel"] is None
+                    or call == "convert" and fw == "pyarrow"), (fw, call, r)
+        assert own["__dlpack__"]["dlbridge"]["ns"] is not None
+    for fw in ("numpy", "torch", "jax", "tensorflow"):
+        if fw in installed:
+            assert (fw, "convert") not in {(d["framework"], d["call"])
+                                           for d in report["defects"]}
 
 
 def test_figures_are_positive_and_ratios_consistent(report):
@@ -124,7 +133,7 @@ def test_present_peers_are_rows(tmp_path):
         [str(tmp_path / "fake")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
     proc = _cli("--quick", "--json", "--frameworks", "numpy",
                 "--peers", str(tmp_path), env=env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stderr     # numpy: no defect
     rep = json.loads(proc.stdout)
     _doctor.validate(rep, _bench.SCHEMA)
     assert all(p["present"] for p in rep["peers"].values())
@@ -173,6 +182,35 @@ def test_cli_json_file_and_unknown_framework(tmp_path, no_peers):
     proc = _cli("--frameworks", "numpy,abacus")
     assert proc.returncode == 2 and "abacus" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_defects_are_dlbridge_failures_where_the_own_way_works(report):
+    rows = {(r["framework"], r["call"]): r for r in report["rows"]
+            if r["reference"]["kind"] == "own"}
+    for d in report["defects"]:
+        r = rows[d["framework"], d["call"]]
+        assert r["dlbridge"]["error"] == d["error"]
+        assert r["reference"]["ns"] is not None
+    listed = {(d["framework"], d["call"]) for d in report["defects"]}
+    for (fw, call), r in rows.items():
+        if r["dlbridge"]["ns"] is None and r["reference"]["ns"] is not None:
+            # not a defect: PyArrow has no DLPack importer to convert into;
+            # Function without the kernel library
+            assert (fw, call) in listed or fw == "pyarrow" or (
+                call == "Function" and report["kernel"] is None), r
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--json", "/nonexistent-dir/b.json"], "cannot write"),
+    (["--plot", "/"], "is a directory"),
+    (["--frameworks", ","], "no framework named"),
+])
+def test_usage_errors_exit_2_before_measuring(args, why):
+    """gh-15: exit status 2, a message, no traceback, nothing measured."""
+    proc = _cli("--quick", "--frameworks", "numpy", *args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert why in proc.stderr
+    assert "Traceback" not in proc.stderr and "measuring" not in proc.stderr
 
 
 def test_plot_without_matplotlib_is_a_message(tmp_path):
@@ -233,7 +271,7 @@ def test_plot_through_a_fake_matplotlib(report, tmp_path, monkeypatch):
     mpl, plt = _fake_matplotlib(calls)
     monkeypatch.setitem(sys.modules, "matplotlib", mpl)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)
-    monkeypatch.setattr(_bench, "run", lambda *a, **k: report)
+    monkeypatch.setattr(_bench, "run", lambda *a, **k: dict(report, defects=[]))
     png = tmp_path / "chart.png"
     args = types.SimpleNamespace(plot=str(png), frameworks=None, full=False,
                                  quick=True, json="-", plain=True,

@@ -58,7 +58,7 @@ def test_result_specs_refuse_bad_specs(lib):
         mm._result_specs([((2, 3), "float32")])
     with pytest.raises(TypeError, match="pair or None"):
         mm._result_specs([[(2, 3), "float32"], ((3, 5), "float32")])
-    with pytest.raises(TypeError, match="known when it is traced"):
+    with pytest.raises(TypeError, match="an extent is an int, or None"):
         mm._result_specs([(("m", 3), "float32"), ((3, 5), "float32")])
     with pytest.raises(TypeError, match="0-d parameter"):
         mm._result_specs([None, ((3, 5), "float32")])
@@ -130,3 +130,37 @@ def test_placeholder_arguments_hand_the_call_to_the_compiler(lib, monkeypatch):
     assert calls == [(mm, (x, t))]
     assert mm(b=t, a=x) == "compiled result"
     assert calls[-1] == (mm, (x, t))
+
+
+@pytest.mark.parametrize("sig, specs, args", [
+    ("n8(x: float32[n], a: int8)", [((3,), "float32"), 1000], None),
+    ("n8(x: float32[n], a: int8)", [((3,), "float32"), 2.5], None),
+    ("m(x: float32[n], a: mut float32)", [((3,), "float32"), 2.0], None),
+    ("t(x: float32[n], y: float32[n])", [((3,), "float32"), 2.0], None),
+])
+def test_result_specs_check_numbers_as_the_eager_call(lib, sig, specs, args):
+    fn = dlb.load(lib, "dlb_kernel_noop", sig)
+    with pytest.raises(Exception) as traced:
+        fn._result_specs(specs)
+    eager_args = [np.zeros(s[0], s[1]) if isinstance(s, tuple) else s
+                  for s in specs]
+    with pytest.raises(Exception) as eager:
+        fn(*eager_args)
+    assert type(traced.value) is type(eager.value)
+    assert str(traced.value) == str(eager.value)
+
+
+def test_result_specs_take_unknown_extents(lib):
+    mm = dlb.load(lib, "dlb_kernel_matmul", MATMUL)
+    # unknown where bound, known further on: the known extent stands
+    assert mm._result_specs([((None, 3), "float32"), ((3, 5), "float32")]) \
+        == ((((None, 5), "float32"),), ())
+    assert mm._result_specs([((2, None), "float32"), ((4, 5), "float32")]) \
+        == ((((2, 5), "float32"),), ())
+    assert mm._result_specs([((2, 3), "float32"), ((None, None), "float32")]) \
+        == ((((2, None), "float32"),), ())
+    with pytest.raises(ValueError, match="dimension k is 4 here but 3"):
+        mm._result_specs([((None, 3), "float32"), ((4, None), "float32")])
+    assert mm._dims == (("m", "k"), ("k", "n"), ("m", "n"))
+    lit = dlb.load(lib, "dlb_kernel_noop", "l(x: float32[2, n]) -> float32[n, 4]")
+    assert lit._dims == ((2, "n"), ("n", 4))

@@ -259,7 +259,7 @@ def test_dlb_stream_values_nesting_and_restore():
     except KeyError:
         pass
     assert dlb._core._current_stream() == 1
-    for bad, exc in ((0, ValueError), (-1, ValueError), (object(), TypeError),
+    for bad, exc in ((0, ValueError), (-2, OverflowError), (object(), TypeError),
                      (True, TypeError)):
         try:
             dlb.stream(bad)
@@ -617,6 +617,95 @@ print("CHILD-DONE")
         assert "no longer shared" in str(e), e
     else:
         raise AssertionError("stale handle accepted")
+    ''')
+
+
+# dlb_cuda_ipc_handle: memory[64], event[64], uuid[16], base, size, pid
+HANDLE_SIZE_AT = 64 + 64 + 16 + 8
+
+
+def test_cuda_handle_claiming_more_than_its_allocation_is_refused():
+    """A pickled CUDA IPC handle whose size field says 16 MiB over a 64-byte
+    allocation: the driver's extent is asked (cuMemGetAddressRange) and the
+    handle refused, in another process and in the exporter's own (issue 15).
+    Before, the importer mapped a 16 MiB tensor over 64 bytes."""
+    run('''
+    import pickle, struct, subprocess
+    s = dlb.share(dlb.from_dlpack(np.arange(16, dtype=np.float32), device="cuda:0"))
+    fn, args = s.__reduce_ex__(5)
+    h = bytearray(args[0])
+    struct.pack_into("<Q", h, %d, 16 << 20)
+    hostile = (bytes(h), 0, args[2], ((16 << 20) // 4,), (1,), args[5])
+    child = "\\n".join([
+        "import os, pickle, sys",
+        "import numpy as np, dlbridge as dlb",
+        "fn, args = pickle.loads(sys.stdin.buffer.read())",
+        "try:",
+        "    t = fn(*args)",
+        "    print('ACCEPTED', float(np.asarray(t.copy(device='cpu'))[-1]))",
+        "except ValueError as e:",
+        "    print('REFUSED', e)",
+        "good = pickle.loads(bytes.fromhex(os.environ['GOOD']))",  # still loads
+        "print('GOOD', good.tolist()[:3])"])
+    data = pickle.dumps((fn, hostile))
+    env = dict(os.environ, GOOD=pickle.dumps(s).hex())
+    p = subprocess.run([sys.executable, "-c", child], input=data,
+                       capture_output=True, env=env)
+    out = p.stdout.decode()
+    assert p.returncode == 0, (p.returncode, out, p.stderr.decode())
+    assert "REFUSED" in out and "claims 16777216 bytes" in out, out
+    assert "allocation it names has 64" in out, out
+    assert "GOOD [0.0, 1.0, 2.0]" in out, out
+    try:
+        fn(*hostile)            # the exporter's own handle
+    except ValueError as e:
+        assert "claims 16777216 bytes" in str(e), e
+    else:
+        raise AssertionError("own hostile handle accepted")
+    ''' % HANDLE_SIZE_AT)
+
+
+def test_negative_stride_view_of_shared_cuda_tensor_round_trips():
+    """A reversed view of a shared CUDA tensor pickles as a handle whose
+    element 0 is the allocation's last element, and loads in the exporter
+    and in another process; a load that fails on its layout opens nothing
+    and leaves the handle loadable (issue 15)."""
+    run('''
+    import gc, pickle, subprocess
+    s = dlb.share(dlb.from_dlpack(np.arange(8, dtype=np.float32), device="cuda:0"))
+    class Reversed:          # another framework's reversed view, through CAI
+        __cuda_array_interface__ = {
+            "shape": (8,), "typestr": "<f4", "version": 3, "stream": None,
+            "data": (s.data_ptr + 7 * 4, False), "strides": (-4,)}
+    v = dlb.from_dlpack(Reversed())
+    assert v.is_shared and v.strides == (-1,), v.strides
+    data = pickle.dumps(v)
+    u = pickle.loads(data)                         # the exporter itself
+    assert u.data_ptr == v.data_ptr and u.strides == (-1,)
+    assert u.tolist() == list(range(7, -1, -1)), u.tolist()
+    fn, args = v.__reduce_ex__(5)
+    too_long = args[:3] + ((9,), (-1,)) + args[5:]
+    clear()
+    child = "\\n".join([
+        "import ctypes, os, pickle, sys",
+        "import dlbridge as dlb",
+        "fake = ctypes.CDLL(os.environ['DLB_FAKE_LIB'])",
+        "fake.dlb_fake_cuda_log_text.restype = ctypes.c_char_p",
+        "fn, bad, data = pickle.loads(sys.stdin.buffer.read())",
+        "try:",
+        "    fn(*bad)",
+        "except ValueError as e:",
+        "    print('REFUSED', e)",
+        "log = fake.dlb_fake_cuda_log_text().decode()",
+        "print('OPENED-FOR-BAD', 'cuIpcOpenMemHandle' in log)",
+        "t = pickle.loads(data)",
+        "print('LOADED', t.strides, t.tolist())"])
+    p = subprocess.run([sys.executable, "-c", child],
+                       input=pickle.dumps((fn, too_long, data)), capture_output=True)
+    out = p.stdout.decode()
+    assert p.returncode == 0, out + p.stderr.decode()
+    assert "REFUSED" in out and "OPENED-FOR-BAD False" in out, out
+    assert "LOADED (-1,) [7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0]" in out, out
     ''')
 
 

@@ -152,6 +152,101 @@ def test_hostile_handle_layouts():
         _core._rebuild_shared(name, 0)
 
 
+def test_truncated_segment_is_refused_before_mapping():
+    """A segment shrunk by some process of the same user: loading a handle
+    is a ValueError naming the truncation, read from the file before any
+    page is mapped, and the handle stays in flight (docs/decisions.md,
+    section 13: a reader that mapped it before the shrink is not saved)."""
+    s = dlb.share(np.zeros(1 << 16, dtype=np.uint8))
+    name = _core._shm_info(s)[0]
+    h = pickle.dumps(s)
+    size = os.stat(os.path.join(SHM, name)).st_size
+    with open(os.path.join(SHM, name), "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(ValueError, match="was truncated"):
+        pickle.loads(h)
+    assert _core._shm_info(s)[1:] == (1, 1)
+    with open(os.path.join(SHM, name), "r+b") as f:
+        f.truncate(size)  # grown back (zeros past the cut): loads again
+    r = pickle.loads(h)
+    assert r.is_shared and r.nbytes == s.nbytes
+
+
+@pytest.mark.parametrize("index", [
+    np.s_[::-1], np.s_[::-3], np.s_[5:1:-2],
+])
+def test_negative_stride_view_of_shared_tensor_round_trips(index):
+    """A reversed view of a shared tensor is shared, pickles as a handle
+    whose element 0 is not the lowest address, and loads (issue 15)."""
+    s = dlb.share(np.arange(12.0))
+    want = np.from_dlpack(s)[index]
+    v = dlb.from_dlpack(want)
+    assert v.is_shared and v.strides[0] < 0
+    r = pickle.loads(pickle.dumps(v))
+    assert r.is_shared and r.strides == v.strides and r.tolist() == want.tolist()
+    # 2-D, both axes reversed
+    s2 = dlb.share(np.arange(12.0).reshape(3, 4))
+    w = np.from_dlpack(s2)[::-1, ::-2]
+    r2 = pickle.loads(pickle.dumps(dlb.from_dlpack(w)))
+    assert r2.tolist() == w.tolist()
+
+
+def test_failed_load_leaves_the_handle_loadable():
+    """A load that reached the segment and failed gives its handle back: the
+    segment, held only by that handle, stays, and the handle loads
+    afterwards (issue 15; the failed load used to consume it and unlink the
+    segment)."""
+    s = dlb.share(np.arange(8.0))
+    name = _core._shm_info(s)[0]
+    fn, args = s.__reduce_ex__(2)  # one handle in flight
+    del s
+    gc.collect()
+    assert segment_exists(name)
+    too_long = args[:3] + ((9,), (1,)) + args[5:]
+    with pytest.raises(ValueError, match="needs 72 bytes"):
+        fn(*too_long)
+    assert segment_exists(name)
+    t = fn(*args)
+    assert t.tolist() == list(range(8)) and _core._shm_info(t)[1:] == (1, 0)
+    del t
+    gc.collect()
+    assert not segment_exists(name)
+
+
+def test_out_of_file_descriptors_is_an_oserror_that_says_why():
+    """Each live shared tensor keeps one file descriptor open: running out of
+    them in share() or while loading a handle is OSError(EMFILE) saying so,
+    not a RuntimeError (issue 15)."""
+    res = _run("""
+        import errno, os, pickle, resource
+        import numpy as np, dlbridge as dlb
+        h = pickle.dumps(dlb.share(np.arange(4.0)))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (len(os.listdir("/proc/self/fd")) + 8, hard))
+        keep = []
+        try:
+            for _ in range(64):
+                keep.append(dlb.share(np.arange(4.0)))
+        except OSError as e:
+            assert type(e) is OSError and e.errno == errno.EMFILE, repr(e)
+            assert "each live shared tensor holds one" in str(e), e
+            assert str(e).startswith("[Errno 24] share(): "), e
+        else:
+            raise AssertionError("no error")
+        try:
+            pickle.loads(h)
+        except OSError as e:
+            assert e.errno == errno.EMFILE, repr(e)
+        else:
+            raise AssertionError("no error")
+        del keep
+        assert pickle.loads(h).tolist() == [0.0, 1.0, 2.0, 3.0]
+        print("OK")
+    """, env={**os.environ})
+    assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr
+
+
 def test_deepcopy_does_not_alias():
     import copy
     s = dlb.share(np.arange(4.0))
@@ -181,6 +276,115 @@ def _run(code, env=None, timeout=60):
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
                           capture_output=True, text=True, timeout=timeout,
                           env=env)
+
+
+# What a program's module globals hold when it ends normally (issue 15): a
+# shared Tensor, another framework's view of one (the docs' own example
+# keeps both), the view alone.  Each process's segments must be gone from
+# /dev/shm once it has exited.
+EXIT_GLOBALS = {
+    "tensor": "s = dlb.share(np.arange(1000.0))",
+    "numpy-view": "s = dlb.share(np.arange(1000.0)); v = dlb.convert(s, 'numpy')",
+    "numpy-view-only": "v = dlb.convert(dlb.share(np.arange(1000.0)), 'numpy')",
+    "torch-view": "import torch; s = dlb.share(np.arange(1000.0)); "
+                  "v = dlb.convert(s, 'torch')",
+    "torch-view-only": "import torch; "
+                       "v = dlb.convert(dlb.share(np.arange(1000.0)), 'torch')",
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXIT_GLOBALS))
+def test_normal_exit_releases_segments_of_live_globals(case):
+    if "torch" in case:
+        pytest.importorskip("torch")
+    res = _run("""
+        import os, numpy as np, dlbridge as dlb
+        %s
+        prefix = "dlb-%%d-" %% os.getpid()
+        print(" ".join(n for n in os.listdir("/dev/shm") if n.startswith(prefix)))
+    """ % EXIT_GLOBALS[case], env={**os.environ})
+    assert res.returncode == 0, res.stderr
+    names = res.stdout.split()
+    assert len(names) == 1, res.stdout  # the child made one, alive at exit
+    assert not segment_exists(names[0])
+
+
+# A long-lived creator and multiprocessing pools whose workers load shared
+# tensors, keep them, and end with os._exit() -- forkserver and fork pool
+# workers never release what they hold (issue 15).  Each step checks which
+# of the creator's segments are left while it runs; the test then checks
+# that none is left once it has exited.
+POOL_CREATOR = """
+import gc, multiprocessing as mp, os, sys
+import numpy as np, dlbridge as dlb
+from dlbridge import _core
+
+KEEP = []
+
+def keep(t):  # a worker keeps what it loaded until it ends, with os._exit
+    KEEP.append(t)
+    return float(np.from_dlpack(t).sum())
+
+def mine():
+    prefix = "dlb-%d-" % os.getpid()
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+
+def name(t):
+    return _core._shm_info(t)[0]
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    # 1. Workers load and keep the tensor (initializer and tasks); the pool
+    #    ends; the creator's release then finds nobody left: gone at once.
+    s = dlb.share(np.arange(1000.0))
+    pool = ctx.Pool(2, initializer=keep, initargs=(s,))
+    assert pool.map(keep, [s] * 4) == [499500.0] * 4
+    pool.close()
+    pool.join()
+    del pool, s  # the pool keeps its initargs
+    gc.collect()
+    assert mine() == [], ("released after the workers ended", mine())
+    # 2. Released while the workers still hold it: kept; once they are gone,
+    #    the creator's cleanup (share() runs it at most once a second)
+    #    removes it.
+    t = dlb.share(np.arange(10.0))
+    t_name = name(t)
+    pool = ctx.Pool(2)
+    assert pool.map(keep, [t] * 4) == [45.0] * 4
+    del t
+    gc.collect()
+    assert mine() == [t_name], ("held by live workers", mine())
+    pool.close()
+    pool.join()
+    _core._shm_cleanup()
+    assert mine() == [], ("cleanup after the workers ended", mine())
+    # 3. The same, with the workers gone only after the creator's last
+    #    share(): its exit removes it.  And a shared tensor alive at exit.
+    u = dlb.share(np.arange(20.0))
+    pool = ctx.Pool(1)
+    assert pool.map(keep, [u]) == [190.0]
+    names = [name(u)]
+    del u
+    gc.collect()
+    pool.close()
+    pool.join()
+    alive = dlb.share(np.arange(5.0))
+    names.append(name(alive))
+    print(" ".join(names))
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "fork"])
+def test_pool_workers_ending_with_os_exit_leave_no_segment(method, tmp_path):
+    script = tmp_path / "creator.py"
+    script.write_text(POOL_CREATOR)
+    res = subprocess.run([sys.executable, str(script), method],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ})
+    assert res.returncode == 0, res.stdout + res.stderr
+    names = res.stdout.split()
+    assert len(names) == 2, res.stdout
+    assert not any(segment_exists(n) for n in names), names
 
 
 def test_other_process_writes_are_visible():
@@ -256,8 +460,13 @@ def test_allocation_failures_share_and_pickle():
     def share():
         return dlb.share(a)
 
+    pending = []  # pickles whose load failed: still in flight, loadable
+
     def handle_round_trip():
-        r = pickle.loads(pickle.dumps(s))
+        data = pickle.dumps(s)
+        pending.append(data)
+        r = pickle.loads(data)
+        pending.remove(data)
         assert r.tolist() == s.tolist()
         return r
 
@@ -271,9 +480,13 @@ def test_allocation_failures_share_and_pickle():
 
     for op in (share, handle_round_trip, pickle5_round_trip, in_band_round_trip):
         _alloc_sweep(op)
-    # The first pickle's handle is still in flight: load it, and all is freed.
+    # The first pickle's handle is still in flight, and so is each whose
+    # load failed for want of memory: load them, and all is freed.
+    assert pending
     name = _core._shm_info(s)[0]
-    r = pickle.loads(h)
-    del r, s
+    assert _core._shm_info(s)[2] == 1 + len(pending)
+    loaded = [pickle.loads(d) for d in [h] + pending]
+    assert all(r.tolist() == s.tolist() for r in loaded)
+    del loaded, s
     gc.collect()
     assert not segment_exists(name)
