@@ -17,6 +17,9 @@ Decisions:
 * results: the declared results, then the new value of each ``mut``
   parameter (aliased with its input, so XLA updates it in place when it
   can); the caller's array is never written.  None, one array, or a tuple;
+* shapes: concrete, or jax.export's symbolic dimensions, passed to
+  ``_result_specs`` as unknown; a result extent it cannot give is the
+  argument dimension the signature names alike (``Function._dims``);
 * ``vmap``: ``sequential`` for every Function (the signature has no batch
   dimensions): one kernel call per batch element;
 * differentiation: a TypeError naming the Function (a custom JVP rule that
@@ -42,8 +45,8 @@ IDENTITY_ATTR = "dlb_identity"
 _targets_lock = threading.Lock()
 _targets_registered = False
 
-# Python numbers a 0-d parameter takes: the eager call's rule (int, float,
-# complex and their subclasses, bool included).
+# Python numbers (bool included), handed to _result_specs as they are: it
+# applies the eager call's rule, for a 0-d parameter or any other.
 _NUMBERS = (int, float, complex)
 
 
