@@ -423,16 +423,17 @@ def test_nothing_leaks(k, compiled):
     refs = [sys.getrefcount(o) for o in (k.matmul, k.saxpy, a, x, y)]
     tracemalloc.start()
     grown = []
-    for _ in range(2):
+    for _ in range(3):
         base = tracemalloc.get_traced_memory()[0]
-        for _ in range(1000):
+        for _ in range(3000):
             g(a, b, x, y)
         gc.collect()
         grown.append(tracemalloc.get_traced_memory()[0] - base)
     tracemalloc.stop()
     assert [sys.getrefcount(o) for o in (k.matmul, k.saxpy, a, x, y)] == refs
-    # one object kept per call would be > 48 KB in every round
-    assert min(grown) < 16_000, grown
+    # one object kept per call would be > 144 KB in every round; torch's
+    # own bookkeeping moves by ~16 KB now and then
+    assert min(grown) < 48_000, grown
     # per trace: the fake kernel and the hand-over keep nothing
     n_ops = len(_ops_torch._overloads)
     with FakeTensorMode():
