@@ -602,6 +602,33 @@ def test_reimport_chain_through_buffers_freed_by_trashcan():
     """, timeout=120)
 
 
+def test_deep_chain_released_before_del_returns():
+    """Freeing a deep chain defers the inner links (tensor_dealloc nests at
+    most two deep) but releases every one of them before the outermost
+    dealloc returns: once `del t` is done, no link still exports the
+    bytearray at the bottom, so it can be resized.  On a 1 MiB thread stack,
+    which 3.13's trashcan alone overflows."""
+    check("""
+    import threading
+    threading.stack_size(1 << 20)
+    def work():
+        base = bytearray(16)
+        t = dlb.from_dlpack(base)
+        for _ in range(100000):
+            t = dlb.from_dlpack(memoryview(t))
+        try:
+            base.append(0)
+        except BufferError:
+            pass
+        else:
+            raise SystemExit("resized while the chain exports it")
+        del t
+        base.append(0)
+        print("OK")
+    th = threading.Thread(target=work); th.start(); th.join()
+    """, timeout=120)
+
+
 @pytest.mark.parametrize("kw", [{}, {"max_version": (1, 3)}])
 def test_own_export_reimported_as_the_tensor(kw):
     """dlbridge recognises its own exported capsules: from_dlpack of one is
