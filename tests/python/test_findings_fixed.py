@@ -1,5 +1,7 @@
 """Issue 7 findings that are fixed: regression tests moved here from the
 strict-xfail test_findings_*.py files when their fix landed."""
+import sysconfig
+
 import pytest
 
 from _findings_util import CAPSULE, check
@@ -586,8 +588,9 @@ def test_cycle_through_array_interface_import_collected():
 
 def test_reimport_chain_through_buffers_freed_by_trashcan():
     """A chain dlbridge does not collapse (each Tensor keeps a memoryview
-    alive, which keeps the previous Tensor alive) is freed by the trashcan
-    in Tensor's dealloc, without overflowing a 1 MiB stack."""
+    alive, which keeps the previous Tensor alive) is freed without
+    overflowing a 1 MiB stack (tensor.c's list of dying tensors; 3.13's
+    trashcan alone overflowed it)."""
     check("""
     import threading
     threading.stack_size(1 << 20)
@@ -717,6 +720,7 @@ def test_unaligned_to_tensorflow_is_copied_aligned():
 def test_convert_round_trip_does_not_grow_memory():
     """Finding: convert(convert(x, "torch"), "numpy") round trips grow memory
     (~1.3 KB each)."""
+    pytest.importorskip("torch")
     check("""
     import torch
     x = np.arange(16, dtype=np.float32)
@@ -736,6 +740,10 @@ def test_convert_round_trip_does_not_grow_memory():
     """, timeout=120)
 
 
+@pytest.mark.skipif(
+    bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+    reason="the exported-tensor cache is off in free-threaded builds "
+    "(src/python/tensor.c) until issue 18's free-threading audit")
 def test_exported_tensor_recognised_through_other_frameworks():
     """A framework's tensor over exactly an exported Tensor's memory imports
     as that Tensor (no chain of wrappers); a different view, dtype or
