@@ -13,7 +13,8 @@ PYTEST  := $(PY) -m pytest
 TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
 .PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
-        test-install sanitize-python test-py312 demo bench clean
+        test-install sanitize-python demo bench clean test-py312 test-py313 test-ft \
+        wheel wheel-smoke
 
 all: build
 
@@ -25,7 +26,26 @@ build: bootstrap
 	    -Cbuild-dir=$(BUILD) . 2>&1 | grep -v '^$$' || true
 	@$(PY) -c 'import dlbridge' || { echo "build failed: see above"; exit 1; }
 
-test: build test-layering test-c test-valgrind sanitize fuzz-short test-install test-python test-py312 sanitize-python
+# `make test` runs these stages in this order, each in its own make, and
+# prints each stage's wall time as it ends and all of them at the end; the
+# first stage that fails stops the run, as before.  The stages after `build`
+# skip their own `build` prerequisite (STAGED=1): it has just run.
+TEST_STAGES := build test-layering test-c test-valgrind sanitize fuzz-short \
+               test-install test-python test-py312 test-py313 sanitize-python
+BUILT_DEP := $(if $(STAGED),,build)
+test:
+	@times=""; all=$$(date +%s%N); \
+	for stage in $(TEST_STAGES); do \
+	  t0=$$(date +%s%N); \
+	  $(MAKE) --no-print-directory $$stage STAGED=1; rc=$$?; \
+	  ms=$$(( ($$(date +%s%N) - t0) / 1000000 )); \
+	  line=$$(printf '%-16s %5d.%d s' $$stage $$((ms / 1000)) $$((ms % 1000 / 100))); \
+	  echo "== stage $$line$$([ $$rc -eq 0 ] || echo '  FAILED')"; \
+	  times="$$times  $$line\n"; \
+	  [ $$rc -eq 0 ] || { printf "== stage times (stopped at $$stage):\n$$times"; exit $$rc; }; \
+	done; \
+	ms=$$(( ($$(date +%s%N) - all) / 1000000 )); \
+	printf "== stage times:\n$$times  %-16s %5d.%d s\n" total $$((ms / 1000)) $$((ms % 1000 / 100))
 
 # libFuzzer targets (tests/fuzz) built with clang, ASan and UBSan: `make
 # fuzz` runs each for FUZZ_SECONDS (60), `make test` a 10-second pass.
@@ -39,11 +59,11 @@ fuzz-short: bootstrap
 test-layering:
 	@python3 scripts/check-layering
 
-test-c: build
+test-c: $(BUILT_DEP)
 	@$(MESON) test -C $(BUILD) --suite c --print-errorlogs -q
 
 # memcheck: any leak or invalid access fails the run (exit code 99).
-test-valgrind: build
+test-valgrind: $(BUILT_DEP)
 	@$(MESON) test -C $(BUILD) --suite c --setup valgrind --print-errorlogs -q
 	@echo "valgrind memcheck, per C test program:"
 	@grep -h -A1 -E "(ERROR SUMMARY|All heap blocks were freed)" \
@@ -99,38 +119,43 @@ test-install: bootstrap
 	@LD_LIBRARY_PATH=$(INSTALL_PREFIX)/lib build-install/demo_c >/dev/null
 	@echo "install: headers, libdlbridge and dlbridge.pc installed; demo_c built with pkg-config and ran"
 
-test-python: build
+test-python: $(BUILT_DEP)
 	@PYTHONPATH=$(TESTPATH) $(PYTEST) -q tests/python
 
-# The compiled-call tests again on Python 3.12 with the newest JAX
-# (requirements/py312.txt; the .venv's JAX 0.10.2 is the last for 3.11): the
-# extension built for pyenv's newest 3.12 (else python3.12 on PATH) into
-# $(BUILD312), installed into $(VENV312).  Skipped, saying so, without one.
-VENV312  := .venv312
-BUILD312 := build-py312
-PY312_REQ := requirements/build.txt requirements/py312.txt
-test-py312: build
-	@py=$$(ls -d "$$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3 2>/dev/null \
-	       | sort -V | tail -n 1); \
-	 [ -n "$$py" ] || py=$$(command -v python3.12 || true); \
-	 if [ -z "$$py" ]; then \
-	   echo "test-py312: skipped: no Python 3.12 (pyenv install 3.12, or python3.12 on PATH)"; \
-	   exit 0; fi; \
-	 want=$$(cat $(PY312_REQ) | sha256sum | cut -d' ' -f1); \
-	 if [ ! -x $(VENV312)/bin/python ] || \
-	    [ "$$want" != "$$(cat $(VENV312)/.requirements.sha256 2>/dev/null)" ]; then \
-	   echo "test-py312: installing requirements/py312.txt into $(VENV312) ($$($$py --version))"; \
-	   { [ -x $(VENV312)/bin/python ] || $$py -m venv $(VENV312); } && \
-	   if $(VENV312)/bin/python -m pip install -q -r requirements/py312.txt \
-	        >$(VENV312)/.pip.log 2>&1; then echo "$$want" > $(VENV312)/.requirements.sha256; \
-	   else grep -v '^WARNING: Location' $(VENV312)/.pip.log; exit 1; fi; \
-	 fi; \
-	 $(VENV312)/bin/python -m pip install -q --no-build-isolation --no-deps \
-	     -Cbuild-dir=$(BUILD312) . >$(VENV312)/.build.log 2>&1 || \
-	   { grep -v '^WARNING: Location' $(VENV312)/.build.log; exit 1; }; \
-	 echo "test-py312: $$($(VENV312)/bin/python --version), jax $$($(VENV312)/bin/python -c 'import jax; print(jax.__version__)')"; \
-	 PYTHONPATH=$(CURDIR)/$(BUILD312)/src/python $(VENV312)/bin/python -m pytest -q \
-	     -p no:cacheprovider tests/python/test_compiled_jax.py tests/python/test_compiled.py
+# The Python suite on CPython 3.13 (pyenv's) and on the free-threaded 3.13
+# that scripts/python-ft builds: each with its own .venv313[t], build-py313[t]
+# and requirements/py313[t].txt, and the peers that install there; not part
+# of `make test` yet.  test-ft then checks that importing dlbridge leaves the
+# GIL off -- an expected failure until the extension declares
+# Py_MOD_GIL_NOT_USED (issue 18's free-threading audit), reported as XFAIL;
+# once it passes, the check says so and fails until it is made strict here.
+# The Python suite on pyenv's 3.12 and 3.13 (scripts/python-suite: a venv,
+# a build dir and requirements/pyXY.txt each): NumPy, JAX 0.12 (the newest;
+# 3.11's .venv keeps 0.10.2), array-api-strict, ml-dtypes; the heavy peers'
+# tests skip there.
+test-py312:
+	@scripts/python-suite 3.12
+
+test-py313:
+	@scripts/python-suite 3.13
+
+test-ft:
+	@scripts/python-suite 3.13t
+	@.venv313t/bin/python -W ignore -c 'import sys, dlbridge; sys.exit(3 if sys._is_gil_enabled() else 0)'; \
+	case $$? in \
+	  3) echo "test-ft: XFAIL (expected until the free-threading audit): importing dlbridge re-enables the GIL" ;; \
+	  0) echo "test-ft: XPASS: the GIL stays off after importing dlbridge -- make this check strict in the Makefile"; exit 1 ;; \
+	  *) echo "test-ft: importing dlbridge failed"; exit 1 ;; \
+	esac
+
+# Binary wheels (cp311, cp312, cp313, cp313t; manylinux) and the sdist into
+# dist/ (scripts/wheels); wheel-smoke installs each into a fresh environment
+# with no compiler in reach and runs tests/wheel/smoke.py there.
+wheel: bootstrap
+	@scripts/wheels
+
+wheel-smoke:
+	@scripts/wheel-smoke
 
 demo: build
 	@echo "== dlbridge doctor: every installed framework against every other =="
@@ -181,4 +206,4 @@ bench: build
 	@echo; echo "== compiled: a Function as a compiler's op (bench/bench_compiled.py) =="; $(PY) bench/bench_compiled.py
 
 clean:
-	rm -rf $(BUILD) $(ASAN)
+	rm -rf $(BUILD) $(ASAN) build-py3* build-wheel

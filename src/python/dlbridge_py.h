@@ -445,13 +445,16 @@ int dlb__cuda_init(PyObject *module);
 
 /* ---- Tensor (tensor.c) ------------------------------------------------------ */
 
-typedef struct {
+typedef struct dlb_TensorObject {
   PyObject_HEAD
   DLTensor t;                        /* the view; see header comment */
   DLManagedTensorVersioned *managed; /* owner of the memory, never NULL */
   uint64_t flags;                    /* DLPACK_FLAG_BITMASK_* of this view */
   Py_ssize_t buffer_exports;         /* live Py_buffer views of us */
   PyObject *weakreflist;
+  /* Once dead: the next Tensor on its thread's list of tensors waiting to
+   * be released (tensor.c, "destruction"). */
+  struct dlb_TensorObject *next_dying;
 } dlb_TensorObject;
 
 /* Makes the Tensor type with its own methods and attributes followed by

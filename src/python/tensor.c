@@ -17,9 +17,9 @@
  * cycle (o.t = dlb.from_dlpack(o)) is collected; every other Tensor (our
  * own allocations, foreign capsules, NumPy imports: managed_has_owner says
  * why) is a GC type left untracked, which costs the collector nothing.
- * Dealloc uses the trashcan, so freeing a long chain of tensors that keep
- * each other alive (through owners or exports) cannot overflow the C
- * stack.
+ * Dealloc never nests more than two deep, so freeing a long chain of
+ * tensors that keep each other alive (through owners or exports) cannot
+ * overflow the C stack ("destruction" below).
  *
  * Decisions recorded here (DESIGN.md asks that each be written down):
  *
@@ -223,12 +223,12 @@ static int managed_has_owner(const DLManagedTensorVersioned *m) {
 #define EXPORTED_SLOTS 256
 #ifndef Py_GIL_DISABLED
 static dlb_TensorObject *exported[EXPORTED_SLOTS];
-#endif
 
 static size_t exported_slot(const DLTensor *t) {
   uintptr_t a = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
   return (size_t)((a >> 4) ^ (a >> 12) ^ (a >> 20)) & (EXPORTED_SLOTS - 1);
 }
+#endif
 
 static void exported_forget(dlb_TensorObject *self) {
 #ifndef Py_GIL_DISABLED
@@ -249,6 +249,7 @@ void dlb__tensor_note_exported(dlb_TensorObject *self) {
 #endif
 }
 
+#ifndef Py_GIL_DISABLED
 /* Same layout: every dim of extent > 1 has the same stride (the others'
  * strides mean nothing and frameworks normalise them differently). */
 static int same_view(const DLTensor *a, const DLTensor *b) {
@@ -266,6 +267,7 @@ static int same_view(const DLTensor *a, const DLTensor *b) {
   }
   return 1;
 }
+#endif
 
 PyObject *dlb__tensor_find_exported(const DLTensor *t, uint64_t flags) {
 #ifndef Py_GIL_DISABLED
@@ -312,24 +314,66 @@ PyObject *dlb__tensor_from_managed(dlb_module_state *st,
   return (PyObject *)self;
 }
 
-static void tensor_dealloc(PyObject *op) {
-  dlb_TensorObject *self = AS_TENSOR(op);
-  PyTypeObject *tp = Py_TYPE(op);
-  PyObject_GC_UnTrack(op);
-  /* Deleting the managed tensor may drop the last reference to another
-   * Tensor (an owner, an export's source), whose dealloc may do the same:
-   * the trashcan defers the deep end of such a chain instead of recursing. */
-  Py_TRASHCAN_BEGIN(op, tensor_dealloc)
-  exported_forget(self);
-  if (self->weakreflist != NULL) PyObject_ClearWeakRefs(op);
+/* ---- destruction ---------------------------------------------------------------
+ *
+ * Deleting a Tensor's managed tensor may drop the last reference to another
+ * Tensor (the owner of an imported buffer, an export's source), whose
+ * deletion may do the same, down a chain of any length: 100,000 rounds of
+ * t = from_dlpack(memoryview(t)) make one, and each link costs the C stack
+ * a Tensor's, a memoryview's and a managed buffer's dealloc.  CPython's
+ * trashcan does not bound that on every version: 3.13's defers only after
+ * 10,000 nested trashcan deallocs, and with the other frames of each link
+ * that is several MiB of stack (a 1 MiB thread stack overflows).  So the
+ * bound is ours: a Tensor that dies while its thread is already releasing
+ * a Tensor is not released there but put on that thread's list of dying
+ * tensors, and the outermost tensor_dealloc releases them one after
+ * another in a loop.  tensor_dealloc thus nests at most two deep, on every
+ * Python version, whatever the chain.
+ *
+ * A dying Tensor is already dead to everyone else when it is listed: its
+ * refcount is 0, the collector no longer tracks it, its weak references are
+ * cleared and the export cache forgot it; only its managed tensor (and the
+ * reference to its type) is left to release.  The list is per thread: a
+ * deleter may run Python code that lets another thread run (or, without
+ * the GIL, other threads release at the same time), and a thread releases
+ * only what died on it, when its own outermost dealloc returns -- so a
+ * release never waits on another thread's deleter. */
+static _Thread_local struct {
+  bool releasing;               /* a tensor_dealloc on this thread is in a release */
+  dlb_TensorObject *dying;      /* died meanwhile, released before it returns */
+} this_thread;
+
+/* Delete self's managed tensor (which may run Python code and drop other
+ * Tensors) and free self. */
+static void tensor_release(dlb_TensorObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
   if (self->managed != NULL) {
     DLManagedTensorVersioned *m = self->managed;
     self->managed = NULL;
     dlb__delete_keep_error(m);
   }
-  tp->tp_free(op);
+  tp->tp_free(self);
   Py_DECREF(tp);
-  Py_TRASHCAN_END
+}
+
+static void tensor_dealloc(PyObject *op) {
+  dlb_TensorObject *self = AS_TENSOR(op);
+  PyObject_GC_UnTrack(op);
+  exported_forget(self);
+  if (self->weakreflist != NULL) PyObject_ClearWeakRefs(op);
+  if (this_thread.releasing) {
+    self->next_dying = this_thread.dying;
+    this_thread.dying = self;
+    return;
+  }
+  this_thread.releasing = true;
+  tensor_release(self);
+  while (this_thread.dying != NULL) {
+    dlb_TensorObject *next = this_thread.dying;
+    this_thread.dying = next->next_dying;
+    tensor_release(next);
+  }
+  this_thread.releasing = false;
 }
 
 static int tensor_traverse(PyObject *op, visitproc visit, void *arg) {

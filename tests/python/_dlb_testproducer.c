@@ -940,6 +940,20 @@ done:
   return rc;
 }
 
+/* kwargs[key], borrowed, in *v (NULL when absent or kwargs is NULL): 0, or
+ * -1 with an exception.  Not PyDict_GetItemString: it cannot report a
+ * failure to make the key, and 3.13 turns one into an "Exception ignored"
+ * report whose traceback keeps the caller's arguments alive. */
+static int kwarg(PyObject *kwargs, const char *key, PyObject **v) {
+  *v = NULL;
+  if (kwargs == NULL) return 0;
+  PyObject *k = PyUnicode_FromString(key);
+  if (k == NULL) return -1;
+  *v = PyDict_GetItemWithError(kwargs, k); /* kwargs is private to the call */
+  Py_DECREF(k);
+  return *v == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *Producer_dlpack(ProducerObject *self, PyObject *args,
                                  PyObject *kwargs) {
   static const char *const known[] = {"stream", "max_version", "dl_device",
@@ -984,8 +998,11 @@ static PyObject *Producer_dlpack(ProducerObject *self, PyObject *args,
     return NULL;
   }
 
-  PyObject *max_version = kwargs ? PyDict_GetItemString(kwargs, "max_version")
-                                 : NULL;
+  PyObject *max_version, *dl_device, *copy_o;
+  if (kwarg(kwargs, "max_version", &max_version) < 0 ||
+      kwarg(kwargs, "dl_device", &dl_device) < 0 ||
+      kwarg(kwargs, "copy", &copy_o) < 0)
+    return NULL;
   if (max_version != NULL && max_version != Py_None) {
     const int64_t lo[2] = {0, 0}, hi[2] = {UINT32_MAX, UINT32_MAX};
     int64_t mv[2];
@@ -999,8 +1016,6 @@ static PyObject *Producer_dlpack(ProducerObject *self, PyObject *args,
     versioned = mv[0] >= 1;
   }
 
-  PyObject *dl_device = kwargs ? PyDict_GetItemString(kwargs, "dl_device")
-                               : NULL;
   if (dl_device != NULL && dl_device != Py_None) {
     const int64_t lo[2] = {INT32_MIN, INT32_MIN}, hi[2] = {INT32_MAX,
                                                            INT32_MAX};
@@ -1013,7 +1028,6 @@ static PyObject *Producer_dlpack(ProducerObject *self, PyObject *args,
     }
   }
 
-  PyObject *copy_o = kwargs ? PyDict_GetItemString(kwargs, "copy") : NULL;
   if (copy_o != NULL && copy_o != Py_None) {
     if (!PyBool_Check(copy_o)) {
       PyErr_SetString(PyExc_TypeError, "copy must be None or bool");
@@ -1295,7 +1309,8 @@ static PyObject *mod_make_capsule(PyObject *module, PyObject *args,
   }
   kw = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
   if (kw == NULL) goto done;
-  PyObject *v = PyDict_GetItemString(kw, "versioned");  /* borrowed */
+  PyObject *v;
+  if (kwarg(kw, "versioned", &v) < 0) goto done;
   if (v != NULL) {
     versioned = PyObject_IsTrue(v);
     if (versioned < 0 || PyDict_DelItemString(kw, "versioned") < 0) goto done;

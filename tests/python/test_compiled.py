@@ -16,14 +16,8 @@ MATMUL = "matmul(a: float32[m, k], b: float32[k, n]) -> float32[m, n]"
 SAXPY = "saxpy(a: float32, x: float32[n], y: mut float32[n])"
 
 
-@pytest.fixture(scope="module")
-def lib():
-    import os
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(here, "..", "..", "build", "libdlb_example_kernels.so")
-    if not os.path.exists(path):
-        pytest.skip("build/libdlb_example_kernels.so not built")
-    return path
+# `lib`, the example kernels library, is conftest's fixture (the build's,
+# DLB_EXAMPLE_KERNELS', or one it compiles).
 
 
 def test_result_specs_derive_shapes_and_aliases(lib):

@@ -32,6 +32,21 @@ NONE, TENSOR, EXCHANGE, NUMPY, DLPACK, BUFFER, AI, CAI = range(8)
 WRITABLE = 1
 
 
+def skip_unless_dead_classes_are_freed():
+    """Skip a test that checks dlbridge lets dead classes go when this
+    interpreter keeps them whoever held them: on free-threaded 3.13, once
+    JAX (0.10.2) has made an array, gc.collect() frees no dead class at all,
+    even with dlbridge never imported (seen in test-ft's full run)."""
+    class Probe:
+        pass
+    r = weakref.ref(Probe)
+    del Probe
+    gc.collect()
+    if r() is not None:
+        pytest.skip("this interpreter does not free a dead class at "
+                    "gc.collect() here (free-threaded 3.13 after JAX ran)")
+
+
 # ---- reading the capsule with private ctypes prototypes ----------------------
 # Never assign ctypes.pythonapi.X.argtypes: that would change them for every
 # other user in the process.
@@ -211,6 +226,7 @@ def test_handler_follows_class_changes():
     assert Counting.calls == 100
     r = weakref.ref(Counting)
     del Counting
+    skip_unless_dead_classes_are_freed()
     gc.collect()
     assert r() is None, "a reclassified type must still be freed"
 
@@ -345,6 +361,7 @@ def test_parameter_inherits_torch_table():
 
 
 def test_cache_drops_dead_types_and_stays_flat(tp):
+    skip_unless_dead_classes_are_freed()
     cap = tp.exchange_capsule("counting")
 
     def churn(n, use):

@@ -750,12 +750,37 @@ def test_strided_numpy_torch_convert_keeps_layout(torch):
         assert_values(b, want)
 
 
+def _jax_asks_for_versioned_capsules(jax):
+    asked = {}
+
+    class Recorder:
+        a = np.zeros(1, np.float32)
+
+        def __dlpack__(self, **kw):
+            asked.update(kw)
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    jax.dlpack.from_dlpack(Recorder())
+    return asked.get("max_version") is not None
+
+
 def test_readonly_numpy_into_jax_refused(jax):
-    # JAX imports legacy capsules, which cannot say read-only: refused.
     a = ref_values("float32")[:12].copy()
     a.flags.writeable = False
-    with pytest.raises(BufferError, match="read-only"):
-        dlb.convert(a, "jax")
+    if _jax_asks_for_versioned_capsules(jax):
+        # A versioned capsule says READ_ONLY; JAX (0.12 and later) then
+        # copies, so nothing can write through to a's memory.
+        r = dlb.convert(a, "jax")
+        assert_values(np.asarray(r), a)
+        assert r.unsafe_buffer_pointer() != np_ptr(a)
+    else:
+        # Older JAX imports legacy capsules, which cannot say read-only:
+        # refused.
+        with pytest.raises(BufferError, match="read-only"):
+            dlb.convert(a, "jax")
     # the documented way out: copy first
     r = dlb.convert(dlb.from_dlpack(a, copy=True), "jax")
     assert_values(np.asarray(r), a)
