@@ -620,6 +620,9 @@ struct dlb_handler_cache {
   /* Moves whenever an entry is freed (its type died): a memo taken before
    * (dlb_handler_memo) may point at freed memory and is not used. */
   uint64_t generation;
+  /* Moves whenever a type is classified (entry_new: Python code runs), so
+   * a caller can tell whether a lookup ran any. */
+  uint64_t classifications;
   PyObject *callback; /* weakref callback; self = cache_capsule */
   PyObject *cache_capsule;
   int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */

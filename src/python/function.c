@@ -647,8 +647,11 @@ enum {
                       Python code runs, taken again if some does */
   ARG_FOREIGN,     /* the same, from an exchange table: not validated yet
                       (the checking pass does) */
-  ARG_VIEW         /* an owning view, safe across Python code; released at
-                      the end */
+  ARG_VIEW,        /* an owning view, safe across Python code; released at
+                      the end.  Its handler is not: looked up again before
+                      use (resolve_handlers) */
+  ARG_UNREAD       /* Python code ran while it was read, before its view
+                      was taken: the next pass reads it */
 };
 
 /* The per-call arrays.  On the stack for signatures of up to FN_INLINE
@@ -666,20 +669,31 @@ typedef struct {
   DLManagedTensorVersioned **outs; /* [nout] */
 } fn_frame;
 
-/* The handler of argument i's type when its memo does not stand: looked
- * up (and remembered).  A type seen for the first time ran Python code to
- * classify it: *python is set then.  NULL with an exception. */
-static const dlb_handler *arg_handler(fn_object *fn, int i, PyTypeObject *type,
-                                      int *python) {
+/* The handler of obj's type when parameter i's memo does not stand:
+ * looked up (and remembered).  Classifying a type runs Python code
+ * (*python is set then), which may reassign obj's class and free the type
+ * it was classifying, handler and all: the type is held while it is looked
+ * up, and a handler whose type is no longer obj's is not returned (*moved
+ * is set; nothing to use, no exception).  NULL with an exception. */
+static const dlb_handler *arg_handler(fn_object *fn, int i, PyObject *obj,
+                                      int *python, int *moved) {
   dlb_module_state *st = fn->st;
-  size_t classified = st->handlers != NULL ? st->handlers->count : 0;
+  PyTypeObject *type = (PyTypeObject *)Py_NewRef(Py_TYPE(obj));
+  uint64_t classified =
+      st->handlers != NULL ? st->handlers->classifications : 0;
   const dlb_handler *h = dlb__handler_for_memo(st, &fn->memos[i], type);
-  if (h != NULL && st->handlers->count != classified) *python = 1;
+  if (st->handlers != NULL && st->handlers->classifications != classified)
+    *python = 1;
+  if (h != NULL && Py_TYPE(obj) != type) {
+    *moved = 1;
+    *python = 1; /* the release below may free the type: Python again */
+  }
+  Py_DECREF(type);
   return h;
 }
 
 DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
-                 (fn_object *, int, PyTypeObject *, int *));
+                 (fn_object *, int, PyObject *, int *, int *));
 
 /* Read argument i (not a number), looking its handler up.  A NumPy array,
  * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
@@ -698,8 +712,13 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   const dlb_handler *h =
       dlb__handler_memo_get(st, &fn->memos[i], Py_TYPE(obj));
   if (h == NULL) {
-    h = arg_handler_out_of_line(fn, i, Py_TYPE(obj), python);
+    int moved = 0;
+    h = arg_handler_out_of_line(fn, i, obj, python, &moved);
     if (h == NULL) return -1;
+    if (moved) {
+      f->state[i] = ARG_UNREAD;
+      return 0;
+    }
   }
   if (h->traced) {
     f->views[i].handler = h;
@@ -711,8 +730,15 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
       if (!(opts & DLB_VIEW_WRITABLE) && !dlb__bits_maybe_set(st, obj)) {
         /* the common case, a plain read of torch's bits: clear */
       } else if (f->types[i] != Py_TYPE(obj) || dlb__bits_free(st, obj)) {
-        if (dlb__check_bits(st, obj, opts, NULL, python) < 0) return -1;
+        int ran = 0;
+        if (dlb__check_bits(st, obj, opts, NULL, &ran) < 0) return -1;
         f->types[i] = Py_TYPE(obj);
+        if (ran) {
+          /* h may have died with a class the Python code dropped */
+          *python = 1;
+          f->state[i] = ARG_UNREAD;
+          return 0;
+        }
       }
       if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
       f->state[i] = ARG_FOREIGN;
@@ -764,6 +790,34 @@ DLB__OUT_OF_LINE(PyObject *, dispatch_traced,
 DLB__OUT_OF_LINE(int, read_arg_again,
                  (fn_object *, fn_frame *, PyObject *, int, int *));
 
+/* After a pass that ran no Python code: the borrowed views are valid, but
+ * the handler of an argument read owning is not -- Python code run after
+ * its read (a later argument's __dlpack__, gc) may have reassigned its
+ * class and freed the type, and the handler with it.  Each is looked up
+ * again, through its memo (no call) or the cache, which may classify the
+ * type (Python: *python is set, and the caller reads again).  0, or -1 with
+ * an exception. */
+static int resolve_handlers(fn_object *fn, fn_frame *f, PyObject *const *args,
+                            int *python) {
+  for (int i = 0; i < fn->nin; i++) {
+    if (f->state[i] != ARG_VIEW) continue;
+    PyObject *obj = args[i];
+    const dlb_handler *h =
+        dlb__handler_memo_get(fn->st, &fn->memos[i], Py_TYPE(obj));
+    if (h == NULL) {
+      int moved = 0;
+      h = arg_handler(fn, i, obj, python, &moved);
+      if (h == NULL) return -1;
+      if (moved) continue; /* *python is set: looked up next time */
+    }
+    f->views[i].handler = h;
+  }
+  return 0;
+}
+
+DLB__OUT_OF_LINE(int, resolve_handlers,
+                 (fn_object *, fn_frame *, PyObject *const *, int *));
+
 /* The call, with its arrays in f.  The order is what keeps borrowed views
  * valid (a NumPy array's data, a torch tensor's storage: Python code may
  * resize or free them, and a reassigned class may free the handler):
@@ -771,9 +825,12 @@ DLB__OUT_OF_LINE(int, read_arg_again,
  *      run Python code (producers' __dlpack__, torch's checks);
  *   2. if Python code ran, the arguments read borrowed are read again (a
  *      new handler lookup, a new view), until a pass runs none -- so the
- *      views in use were all taken after the last Python code;
+ *      views in use were all taken after the last Python code -- and the
+ *      handlers of the arguments read owning are looked up again;
  *   3. the checks against the signature, the outputs' allocation and the
- *      kernel, with no Python code in between. */
+ *      kernel, with no Python code in between.  The handler that receives
+ *      the results is held (its type is) from then on: the stream query,
+ *      the frameworks' importers and producers' deleters run Python. */
 static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
                                       Py_ssize_t nargs, PyObject *kwnames,
                                       fn_frame *f) {
@@ -783,7 +840,8 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   uint8_t *state = f->state;
   DLTensor **argv = f->argv;
   PyObject *result = NULL, *traced = NULL;
-  int nseen = 0, nalloc = 0, ifirst = -1, python = 0, r;
+  PyObject *held = NULL; /* h's type: a handler lives as long as its type */
+  int nseen = 0, nalloc = 0, ifirst = -1, python = 0, owning = 0, r;
   const dlb_handler *h = NULL;
   DLTensor proto;
   int64_t shape[DLB_MAX_NDIM];
@@ -837,17 +895,26 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
       prefix_error_out_of_line(fn, i);
       goto cleanup;
     }
+    owning |= state[i] == ARG_VIEW;
   }
 
   /* 2.  (Off the fast path: read_arg out of line here.) */
-  for (int round = 0; python; round++) {
+  for (int round = 0;; round++) {
+    if (!python) {
+      if (!owning) break;
+      if (resolve_handlers_out_of_line(fn, f, args, &python) < 0)
+        goto cleanup;
+      if (!python) break;
+    }
     if (round == 4) {
       changing_error_out_of_line(fn);
       goto cleanup;
     }
     python = 0;
     for (int i = 0; i < nin; i++) {
-      if (state[i] != ARG_BORROWED && state[i] != ARG_FOREIGN) continue;
+      if (state[i] != ARG_BORROWED && state[i] != ARG_FOREIGN &&
+          state[i] != ARG_UNREAD)
+        continue;
       r = read_arg_again_out_of_line(fn, f, args[i], i, &python);
       if (r != 0) {
         if (r > 0) {
@@ -857,6 +924,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
         prefix_error_out_of_line(fn, i);
         goto cleanup;
       }
+      owning |= state[i] == ARG_VIEW;
     }
   }
 
@@ -895,6 +963,8 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   if (ifirst >= 0) {
     h = views[ifirst].handler;
     proto.device = views[ifirst].t.device;
+    if (nout > 0 || proto.device.device_type != kDLCPU)
+      held = Py_NewRef((PyObject *)h->type);
     if (proto.device.device_type != kDLCPU &&
         dlb__current_stream(st, h, proto.device, &stream) < 0)
       goto cleanup;
@@ -966,6 +1036,7 @@ cleanup:
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
     if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
+  if (held != NULL) dlb__clear_keep_error(&held);
   if (traced != NULL) {
     /* What was read is let go of; the compiler gets the whole call. */
     result = dispatch_traced_out_of_line(fn, args, traced);

@@ -424,6 +424,7 @@ static int same_answer(const dlb_handler *a, const dlb_handler *b) {
 static const dlb_handler *classify_and_insert(dlb_module_state *st,
                                               struct dlb_handler_cache *c,
                                               PyTypeObject *type) {
+  c->classifications++;
   handler_entry *fresh = entry_new(st, c, type);
   if (fresh == NULL) return NULL;
   /* Python code ran: the table may have changed under us (other types

@@ -168,10 +168,24 @@ static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
  * without a Python call and wrapped with a reference to the array -- no
  * capsule, no __dlpack__ call.  1 with *out set when handled, 0 when
  * another path must handle obj, -1 on error. */
+static int try_handler_held(dlb_module_state *st, PyObject *obj,
+                            const dlb_handler *h, const DLDevice *target,
+                            int copy, PyObject **out);
+
+/* The handler lives as long as its type, held here: torch's checks and the
+ * conversions may run Python code that reassigns obj's class. */
 static int try_handler(dlb_module_state *st, PyObject *obj,
                        const DLDevice *target, int copy, PyObject **out) {
-  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
-  if (h == NULL) return -1;
+  PyObject *type = Py_NewRef((PyObject *)Py_TYPE(obj));
+  const dlb_handler *h = dlb__handler_for(st, (PyTypeObject *)type);
+  int rc = h != NULL ? try_handler_held(st, obj, h, target, copy, out) : -1;
+  dlb__clear_keep_error(&type);
+  return rc;
+}
+
+static int try_handler_held(dlb_module_state *st, PyObject *obj,
+                            const dlb_handler *h, const DLDevice *target,
+                            int copy, PyObject **out) {
   DLManagedTensorVersioned *m = NULL;
   dlb_error err;
   if (h->kind == DLB_KIND_TENSOR) {

@@ -1130,6 +1130,39 @@ def test_handler_not_used_after_class_reassigned_and_freed():
     """)
 
 
+def test_handler_of_owning_argument_not_used_after_its_type_died():
+    """Issue 15: the first argument's producer reassigns its class, a later
+    argument's producer collects the old class: the handler the first
+    argument was read with died with it, and the results' allocation used
+    it (SIGSEGV in alloc_like on main).  The first argument is read owning
+    (through __dlpack__), so it is not read again: its handler is looked up
+    again before use."""
+    check("""
+    f = dlb.load(KERNELS, "dlb_kernel_noop",
+                 "g(x: float32[n], y: float32[n]) -> float32[n]")
+    arr = np.ones(4, np.float32)
+    def make():
+        class B:
+            def __dlpack__(self, **kw): return arr.__dlpack__(**kw)
+            def __dlpack_device__(self): return (1, 0)
+        class A:
+            def __dlpack_device__(self): return (1, 0)
+            def __dlpack__(self, **kw):
+                self.__class__ = B
+                return arr.__dlpack__(**kw)
+        return A()
+    class C:
+        def __dlpack__(self, **kw):
+            gc.collect()
+            return arr.__dlpack__(**kw)
+        def __dlpack_device__(self): return (1, 0)
+    for _ in range(20):
+        r = f(make(), C())
+        assert r.shape == (4,), r.shape
+    print("OK")
+    """)
+
+
 def test_lazy_bit_set_in_place_is_seen():
     """The lazy bits are read where torch keeps them (an offset found once
     by experiment): a bit set in place after the first sight, on a plain
