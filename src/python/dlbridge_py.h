@@ -82,6 +82,16 @@
 #define DLB_N_LEGACY_METHODS 4
 #define DLB_LEGACY_FOR_READ 3 /* index of to_dlpack_for_read */
 
+/* Where torch's lazy conj/neg bits and autograd pointer come from
+ * (torchbits.c): not looked for yet (the first torch tensor runs the
+ * experiment that finds them), read from the TensorImpl at the offsets it
+ * found, or asked of each tensor (it failed, or a test forced it). */
+typedef enum {
+  DLB_TORCH_BITS_ASK = -1,
+  DLB_TORCH_BITS_UNTRIED = 0,
+  DLB_TORCH_BITS_READ = 1
+} dlb_torch_bits;
+
 /* Per-module state: the heap types and interned names.  Reached from a
  * method through PyModule_GetState(module), from a Tensor method through
  * dlb__state_from_type(Py_TYPE(self)). */
@@ -105,11 +115,13 @@ typedef struct {
   PyObject *str_is_conj;           /* "is_conj" */
   PyObject *str_is_neg;            /* "is_neg" */
   PyObject *str_requires_grad;     /* "requires_grad" */
-  /* torchbits.c: where torch keeps the lazy bits, found once by experiment
-   * (torch_bits 0: not tried, 1: usable, -1: ask the tensor instead). */
+  /* torchbits.c: where torch keeps the lazy bits, found once by
+   * experiment (torch_found: it succeeded, so the offsets below are
+   * usable; torch_bits says whether they are used). */
   PyObject *str_torch;             /* "torch" */
   PyTypeObject *torch_base;        /* strong: torch._C.TensorBase */
-  int torch_bits;
+  dlb_torch_bits torch_bits;
+  int torch_found;
   int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
   uint64_t torch_neg_mask, torch_conj_mask;
   /* handlers.c: the per-type handler cache (owned, freed by
@@ -748,21 +760,24 @@ int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
  * table's DLTensor silently drops them) is a BufferError; a tensor that
  * requires grad is read-only to dlbridge: a BufferError when options has
  * DLB_VIEW_WRITABLE (views.c), else *readonly = 1 (not asked when
- * readonly is NULL).  Objects whose type has no such methods pass (0).
+ * readonly is NULL).  dtype is the tensor's as its table described it
+ * (only a complex tensor can be conjugate, so only one is asked
+ * is_conj()).  Objects whose type has no such methods pass (0).
  * *ran_python is set to 1 when Python code may have run (the first torch
  * tensor seen, a subclass's __torch_function__, a Python override).  The
  * answers are read from torch's TensorImpl where an experiment run once
  * found them, else asked.  0 or -1. */
 int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
-                    int *readonly, int *ran_python);
+                    DLDataType dtype, int *readonly, int *ran_python);
 /* The hot path of dlb__check_bits for torch tensors, inline: 0 when
  * the experiment found where torch keeps the lazy bits and both are clear
  * in obj, 1 otherwise (call dlb__check_bits: it reports a set bit,
  * runs the experiment, or asks the tensor). */
 static inline int dlb__bits_maybe_set(const dlb_module_state *st,
                                       PyObject *obj) {
-  if (st->torch_bits <= 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
-                              !PyObject_TypeCheck(obj, st->torch_base)))
+  if (st->torch_bits != DLB_TORCH_BITS_READ ||
+      (Py_TYPE(obj)->tp_base != st->torch_base &&
+       !PyObject_TypeCheck(obj, st->torch_base)))
     return 1;
   const char *o = (const char *)obj, *impl;
   if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return 1;

@@ -697,7 +697,7 @@ DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
 
 /* Read argument i (not a number), looking its handler up.  A NumPy array,
  * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
- * what its exchange table cannot say is checked first
+ * what its exchange table cannot say is checked next, knowing its dtype
  * (dlb__check_bits), which may run Python code (the first torch
  * tensor, subclasses), and is not asked again for the same type unless
  * that is a plain read.  Every other kind is read owning (producers'
@@ -727,20 +727,23 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
+      if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
       if (!(opts & DLB_VIEW_WRITABLE) && !dlb__bits_maybe_set(st, obj)) {
         /* the common case, a plain read of torch's bits: clear */
       } else if (f->types[i] != Py_TYPE(obj) || dlb__bits_free(st, obj)) {
         int ran = 0;
-        if (dlb__check_bits(st, obj, opts, NULL, &ran) < 0) return -1;
+        if (dlb__check_bits(st, obj, opts, f->views[i].t.dtype, NULL, &ran) <
+            0)
+          return -1;
         f->types[i] = Py_TYPE(obj);
         if (ran) {
-          /* h may have died with a class the Python code dropped */
+          /* The view may be stale, h dead with a class the Python code
+           * dropped: the next pass reads it again. */
           *python = 1;
           f->state[i] = ARG_UNREAD;
           return 0;
         }
       }
-      if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
       f->state[i] = ARG_FOREIGN;
       return 0;
     case DLB_KIND_TENSOR:

@@ -193,11 +193,7 @@ static int try_handler_held(dlb_module_state *st, PyObject *obj,
     return *out != NULL ? 1 : -1;
   }
   if (h->kind == DLB_KIND_EXCHANGE) {
-    /* What the table cannot say: lazy conj/neg bits are refused, a tensor
-     * that requires grad is imported read-only (views.c). */
     int readonly = 0, ran_python = 0;
-    if (dlb__check_bits(st, obj, 0, &readonly, &ran_python) < 0)
-      return -1;
     if (h->api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 ||
         m == NULL) {
       dlb__error_exchange_refusal(Py_TYPE(obj), "export");
@@ -211,6 +207,13 @@ static int try_handler_held(dlb_module_state *st, PyObject *obj,
     if (dlb_tensor_validate(&m->dl_tensor, 0, &err) != DLB_OK) {
       dlb__delete_keep_error(m);
       dlb__raise_import("the exchange table's tensor cannot be imported", &err);
+      return -1;
+    }
+    /* What the table cannot say: lazy conj/neg bits are refused, a tensor
+     * that requires grad is imported read-only (views.c). */
+    if (dlb__check_bits(st, obj, 0, m->dl_tensor.dtype, &readonly,
+                        &ran_python) < 0) {
+      dlb__delete_keep_error(m);
       return -1;
     }
     if (readonly) m->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;

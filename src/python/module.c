@@ -111,7 +111,8 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_requires_grad);
   Py_CLEAR(st->str_torch);
   Py_CLEAR(st->torch_base);
-  st->torch_bits = 0;
+  st->torch_bits = DLB_TORCH_BITS_UNTRIED;
+  st->torch_found = 0;
   Py_CLEAR(st->max_version_tuple);
   for (int i = 0; i < DLB_N_LEGACY_METHODS; i++) Py_CLEAR(st->str_legacy[i]);
   Py_CLEAR(st->FunctionType);

@@ -77,7 +77,9 @@ static int ask_bool(PyObject *obj, PyObject *name, int *ran_python) {
  *     only one of a sample to go from 0 to non-zero on requires_grad_();
  *     while it is 0 the tensor does not require grad (asked otherwise).
  * Anything unexpected (another layout, a torch without these functions)
- * leaves torch_bits at -1 and the tensor is asked, slowly but correctly. */
+ * leaves torch_bits at DLB_TORCH_BITS_ASK and the tensor is asked, slowly
+ * but correctly (a test can force that too: testing.c's _torch_bits_force,
+ * so the checks are tested both ways). */
 #define TORCH_SCAN 32 /* at most this many words of a TensorImpl looked at */
 
 static const char torch_samples[] =
@@ -133,7 +135,8 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
                            PyObject *obj) {
   PyObject *g = NULL, *r = NULL, *cd = NULL;
   int ok = 0;
-  st->torch_bits = -1; /* unless everything below holds */
+  st->torch_bits = DLB_TORCH_BITS_ASK; /* unless everything below holds */
+  st->torch_found = 0;
 #ifndef DLB_HAVE_MALLOC_USABLE_SIZE
   (void)base;
   (void)obj;
@@ -225,7 +228,8 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
   }
   Py_INCREF(base);
   Py_XSETREF(st->torch_base, base);
-  st->torch_bits = 1;
+  st->torch_bits = DLB_TORCH_BITS_READ;
+  st->torch_found = 1;
   ok = 1;
 done:
   /* A failed experiment is not an error: the tensor is asked instead. */
@@ -240,7 +244,7 @@ done:
  * be asked.  The first torch tensor seen runs the experiment (Python). */
 static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
                            int *conj, int *ran_python) {
-  if (st->torch_bits == 0) {
+  if (st->torch_bits == DLB_TORCH_BITS_UNTRIED) {
     /* Only for torch's own base type, and only once torch is imported: the
      * experiment must never import it (nor judge another library). */
     PyObject *descr = _PyType_Lookup(Py_TYPE(obj), st->str_is_neg);
@@ -257,8 +261,9 @@ static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
     torch_calibrate(st, PyDescr_TYPE(descr), obj);
   }
   /* torch.Tensor itself derives from the base directly: one compare. */
-  if (st->torch_bits < 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
-                             !PyObject_TypeCheck(obj, st->torch_base)))
+  if (st->torch_bits != DLB_TORCH_BITS_READ ||
+      (Py_TYPE(obj)->tp_base != st->torch_base &&
+       !PyObject_TypeCheck(obj, st->torch_base)))
     return 0;
   const char *impl = torch_impl_of(st, obj);
   if (impl == NULL) return 0;
@@ -272,7 +277,7 @@ static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
 /* Whether obj is a torch tensor autograd never touched (its
  * autograd_meta_ is NULL): then it does not require grad. */
 static int torch_no_autograd(const dlb_module_state *st, PyObject *obj) {
-  if (st->torch_bits <= 0 || st->torch_meta_off < 0 ||
+  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0 ||
       (Py_TYPE(obj)->tp_base != st->torch_base &&
        !PyObject_TypeCheck(obj, st->torch_base)))
     return 0;
@@ -284,17 +289,22 @@ static int torch_no_autograd(const dlb_module_state *st, PyObject *obj) {
 }
 
 int dlb__bits_free(const dlb_module_state *st, PyObject *obj) {
-  return st->torch_bits > 0 && Py_TYPE(obj)->tp_base == st->torch_base &&
+  return st->torch_bits == DLB_TORCH_BITS_READ &&
+         Py_TYPE(obj)->tp_base == st->torch_base &&
          torch_impl_of(st, obj) != NULL;
 }
 
 int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
-                         int *readonly, int *ran_python) {
+                    DLDataType dtype, int *readonly, int *ran_python) {
   int neg = 0, conj = 0;
   if (!torch_bits_read(st, obj, &neg, &conj, ran_python)) {
     neg = ask_bool(obj, st->str_is_neg, ran_python);
     if (neg < 0) return -1;
-    conj = neg ? 0 : ask_bool(obj, st->str_is_conj, ran_python);
+    /* torch.conj() of a real tensor is the tensor itself: only a complex
+     * one can carry the bit, so only one is asked. */
+    conj = neg || dtype.code != kDLComplex
+               ? 0
+               : ask_bool(obj, st->str_is_conj, ran_python);
     if (conj < 0) return -1;
   }
   if (neg || conj) {

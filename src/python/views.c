@@ -116,16 +116,23 @@ static int view_buffer(PyObject *obj, unsigned options, dlb_view *v) {
 }
 
 /* Through the table: the borrowed entry when it has one, else an owning
- * export (both validated by the caller). */
-static int view_exchange(dlb_module_state *st, const dlb_handler *h,
-                         PyObject *obj, unsigned options, dlb_view *v) {
+ * export (both validated by the caller); then what the table cannot say
+ * (dlb__check_bits), once its dtype is known.  The check may run Python
+ * code (the first torch tensor's experiment), after which a borrowed view
+ * is taken again -- through h, whose type is held meanwhile (a handler
+ * lives as long as its type). */
+static int view_exchange_held(dlb_module_state *st, const dlb_handler *h,
+                              PyObject *obj, unsigned options, dlb_view *v) {
   const DLPackExchangeAPI *api = h->api;
   int readonly = 0, ran_python = 0;
-  if (!(options & DLB_VIEW_BITS_CHECKED) &&
-      dlb__check_bits(st, obj, options, &readonly, &ran_python) < 0)
-    return -1;
   if (api->dltensor_from_py_object_no_sync != NULL) {
     if (dlb__view_exchange_borrowed(h, obj, v) < 0) return -1;
+    if (!(options & DLB_VIEW_BITS_CHECKED)) {
+      if (dlb__check_bits(st, obj, options, v->t.dtype, &readonly,
+                          &ran_python) < 0)
+        return -1;
+      if (ran_python && dlb__view_exchange_borrowed(h, obj, v) < 0) return -1;
+    }
     v->flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
     return 0;
   }
@@ -135,10 +142,23 @@ static int view_exchange(dlb_module_state *st, const dlb_handler *h,
     return -1;
   }
   if (dlb__check_owned(m, "exchange API export") < 0) return -1;
-  v->owned = m;
+  v->owned = m; /* released by the caller on failure too */
   v->t = m->dl_tensor;
-  v->flags = m->flags | (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0);
+  v->flags = m->flags;
+  if (!(options & DLB_VIEW_BITS_CHECKED) &&
+      dlb__check_bits(st, obj, options, v->t.dtype, &readonly, &ran_python) <
+          0)
+    return -1;
+  if (readonly) v->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   return 0;
+}
+
+static int view_exchange(dlb_module_state *st, const dlb_handler *h,
+                         PyObject *obj, unsigned options, dlb_view *v) {
+  PyObject *type = Py_NewRef((PyObject *)Py_TYPE(obj));
+  int rc = view_exchange_held(st, h, obj, options, v);
+  dlb__clear_keep_error(&type);
+  return rc;
 }
 
 /* No fast path for obj's type: the ladder's owning rungs, the same

@@ -655,3 +655,22 @@ def test_torch_lazy_bits_read_on_the_fast_path(k):
     a = torch.ones(4)
     k.saxpy(1.0, a, torch.zeros(4))
     assert dlbridge._core._torch_bits_state() == 1
+
+
+def test_torch_bits_force_hook():
+    """The private hook the tests use to run torch's checks both ways: -1
+    asks every tensor; 1 only where the experiment found the bits."""
+    torch = pytest.importorskip("torch")
+    from dlbridge import _core
+    dlbridge.from_dlpack(torch.zeros(1))
+    found = _core._torch_bits_state()
+    try:
+        assert _core._torch_bits_force(-1) == found
+        assert _core._torch_bits_state() == -1
+        with pytest.raises(BufferError, match="negative"):
+            dlbridge.from_dlpack(torch._neg_view(torch.ones(2)))
+        with pytest.raises(ValueError):
+            _core._torch_bits_force(2)
+    finally:
+        _core._torch_bits_force(found)
+    assert _core._torch_bits_state() == found
