@@ -119,11 +119,18 @@ typedef struct {
    * experiment (torch_found: it succeeded, so the offsets below are
    * usable; torch_bits says whether they are used). */
   PyObject *str_torch;             /* "torch" */
-  PyTypeObject *torch_base;        /* strong: torch._C.TensorBase */
+  PyTypeObject *torch_base;        /* strong: torch._C.TensorBase, set by
+                                      the first torch tensor seen */
   dlb_torch_bits torch_bits;
   int torch_found;
   int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
   uint64_t torch_neg_mask, torch_conj_mask;
+  /* torchbits.c: what asking calls (strong; NULL when torch has no such
+   * thing): TensorBase's is_neg, is_conj and requires_grad descriptors,
+   * and torch._C.DisableTorchFunction() with its __enter__ and __exit__
+   * descriptors. */
+  PyObject *torch_ask[3];
+  PyObject *torch_quiet[3];
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -769,28 +776,39 @@ int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
  * found them, else asked.  0 or -1. */
 int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
                     DLDataType dtype, int *readonly, int *ran_python);
-/* The hot path of dlb__check_bits for torch tensors, inline: 0 when
- * the experiment found where torch keeps the lazy bits and both are clear
- * in obj, 1 otherwise (call dlb__check_bits: it reports a set bit,
- * runs the experiment, or asks the tensor). */
+/* obj's TensorImpl *, read at the offset torchbits.c's experiment found
+ * (torch_bits is DLB_TORCH_BITS_READ and obj a torch tensor), or NULL when
+ * the object holds none. */
+static inline const char *dlb__torch_impl(const dlb_module_state *st,
+                                          PyObject *obj) {
+  const char *o = (const char *)obj, *impl;
+  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return NULL;
+  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
+  return impl;
+}
+/* The hot path of dlb__check_bits for torch tensors, inline: 0 when the
+ * experiment found where torch keeps its lazy bits and autograd's pointer,
+ * obj is a torch tensor, both bits are clear and autograd never touched
+ * it (so it cannot require grad): nothing to check.  1 otherwise (call
+ * dlb__check_bits: it reports a set bit, runs the experiment, or asks the
+ * tensor). */
 static inline int dlb__bits_maybe_set(const dlb_module_state *st,
                                       PyObject *obj) {
-  if (st->torch_bits != DLB_TORCH_BITS_READ ||
+  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0 ||
       (Py_TYPE(obj)->tp_base != st->torch_base &&
        !PyObject_TypeCheck(obj, st->torch_base)))
     return 1;
-  const char *o = (const char *)obj, *impl;
-  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return 1;
-  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
+  const char *impl = dlb__torch_impl(st, obj);
   if (impl == NULL) return 1;
-  uint64_t key;
+  uint64_t key, meta;
   memcpy(&key, impl + st->torch_key_off, sizeof key);
-  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0;
+  memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
+  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0 || meta != 0;
 }
-/* Whether dlb__check_bits on obj is certain to run no Python code: a
- * plain torch.Tensor (not a subclass) once torch's bits can be read
- * directly. */
-int dlb__bits_free(const dlb_module_state *st, PyObject *obj);
+/* What torchbits.c keeps of torch in module state, for module.c's
+ * traverse and clear. */
+int dlb__torch_traverse(dlb_module_state *st, visitproc visit, void *arg);
+void dlb__torch_clear(dlb_module_state *st);
 
 /* ---- Borrowed views (views.c) ----------------------------------------------- */
 

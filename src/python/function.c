@@ -662,7 +662,6 @@ enum {
 typedef struct {
   dlb_view *views;                 /* [nin] */
   dlb_scalar *scalars;             /* [nin] */
-  PyTypeObject **types;            /* [nin]: type whose bits were checked */
   PyObject **ordered;              /* [nin], keyword calls */
   uint8_t *state;                  /* [nin], ARG_* */
   DLTensor **argv;                 /* [nin + nout] */
@@ -698,9 +697,11 @@ DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
 /* Read argument i (not a number), looking its handler up.  A NumPy array,
  * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
  * what its exchange table cannot say is checked next, knowing its dtype
- * (dlb__check_bits), which may run Python code (the first torch
- * tensor, subclasses), and is not asked again for the same type unless
- * that is a plain read.  Every other kind is read owning (producers'
+ * (dlb__check_bits: inline when torch's bits can be read and say nothing
+ * is set) -- on every pass, so the views the kernel gets were all checked
+ * after the last Python code ran: the check runs none but for the first
+ * torch tensor of the process (the argument is then read again).  Every
+ * other kind is read owning (producers'
  * __dlpack__ run Python code).  *python is set when Python code may have
  * run.  0, -1 (the caller names the argument), or 1 when obj is a graph
  * compiler's placeholder (nothing read; views[i].handler is its handler):
@@ -728,14 +729,11 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
       if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
-      if (!(opts & DLB_VIEW_WRITABLE) && !dlb__bits_maybe_set(st, obj)) {
-        /* the common case, a plain read of torch's bits: clear */
-      } else if (f->types[i] != Py_TYPE(obj) || dlb__bits_free(st, obj)) {
+      if (dlb__bits_maybe_set(st, obj)) {
         int ran = 0;
         if (dlb__check_bits(st, obj, opts, f->views[i].t.dtype, NULL, &ran) <
             0)
           return -1;
-        f->types[i] = Py_TYPE(obj);
         if (ran) {
           /* The view may be stale, h dead with a class the Python code
            * dropped: the next pass reads it again. */
@@ -864,7 +862,6 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     const fn_param *p = &fn->params[i];
     PyObject *obj = args[i];
     state[i] = ARG_PENDING;
-    f->types[i] = NULL;
     nseen = i + 1;
     argv[i] = &views[i].t;
     if (p->ndim == 0 &&
@@ -1054,7 +1051,7 @@ cleanup:
 static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   size_t nin = (size_t)fn->nin, n = nin + (size_t)fn->nout;
   size_t bytes = nin * (sizeof(dlb_view) + sizeof(dlb_scalar) +
-                        sizeof(PyTypeObject *) + sizeof(PyObject *)) +
+                        sizeof(PyObject *)) +
                  n * sizeof(DLTensor *) +
                  (n - nin) * sizeof(DLManagedTensorVersioned *) + nin;
   char *block = PyMem_Malloc(bytes);
@@ -1067,8 +1064,6 @@ static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   q += nin * sizeof(dlb_view);
   f->scalars = (dlb_scalar *)q;
   q += nin * sizeof(dlb_scalar);
-  f->types = (PyTypeObject **)q;
-  q += nin * sizeof(PyTypeObject *);
   f->ordered = (PyObject **)q;
   q += nin * sizeof(PyObject *);
   f->argv = (DLTensor **)q;
@@ -1086,12 +1081,11 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   fn_object *fn = (fn_object *)self;
   dlb_view views[FN_INLINE];
   dlb_scalar scalars[FN_INLINE];
-  PyTypeObject *types[FN_INLINE];
   PyObject *ordered[FN_INLINE];
   uint8_t state[FN_INLINE];
   DLTensor *argv[FN_INLINE];
   DLManagedTensorVersioned *outs[FN_INLINE];
-  fn_frame f = {views, scalars, types, ordered, state, argv, outs};
+  fn_frame f = {views, scalars, ordered, state, argv, outs};
   void *block = NULL;
   if (fn->nin + fn->nout > FN_INLINE) {
     block = frame_alloc_out_of_line(fn, &f);
