@@ -131,6 +131,11 @@ typedef struct {
    * descriptors. */
   PyObject *torch_ask[3];
   PyObject *torch_quiet[3];
+  /* torchbits.c: torch.is_grad_enabled, and what tells autograd that
+   * tensors were written in place (torch._C._increment_version, behind
+   * torch.autograd.graph.increment_version); strong, set with torch_base. */
+  PyObject *torch_grad_enabled;
+  PyObject *torch_bump;
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -767,7 +772,7 @@ int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
  * table's DLTensor silently drops them) is a BufferError; a tensor that
  * requires grad is read-only to dlbridge: a BufferError when options has
  * DLB_VIEW_WRITABLE (views.c), else *readonly = 1 (not asked when
- * readonly is NULL).  dtype is the tensor's as its table described it
+ * readonly is NULL; Function reads it as "requires grad").  dtype is the tensor's as its table described it
  * (only a complex tensor can be conjugate, so only one is asked
  * is_conj()).  Objects whose type has no such methods pass (0).
  * *ran_python is set to 1 when Python code may have run (the first torch
@@ -805,6 +810,20 @@ static inline int dlb__bits_maybe_set(const dlb_module_state *st,
   memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
   return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0 || meta != 0;
 }
+/* BufferError: obj requires grad, and writing into it would go behind
+ * autograd's back.  Returns -1. */
+int dlb__refuse_grad_write(PyObject *obj);
+/* Whether torch's grad mode is on (torch.is_grad_enabled(): off under
+ * torch.no_grad() and in inference mode): 1, 0, or -1 with an exception.
+ * Only once a torch tensor was seen (dlb__check_bits); runs no Python. */
+int dlb__torch_grad_enabled(dlb_module_state *st);
+/* Tell autograd that the torch tensors among objs[0..n) were written in
+ * place: their version counters move (views share their base's), so a
+ * backward that saved one raises as after torch's own in-place ops;
+ * inference tensors have none and are skipped, as torch does.  Other
+ * objects are ignored.  0, or -1 with an exception. */
+int dlb__torch_bump_versions(dlb_module_state *st, PyObject *const *objs,
+                             int n);
 /* What torchbits.c keeps of torch in module state, for module.c's
  * traverse and clear. */
 int dlb__torch_traverse(dlb_module_state *st, visitproc visit, void *arg);

@@ -101,6 +101,7 @@ typedef struct {
   dlb_kernel kernel;
   dlb_module_state *st; /* alive as long as our type, which we hold */
   int32_t nin, nout;
+  int32_t nmut;         /* inputs declared `mut` */
   fn_param *params;     /* nin inputs then nout outputs; owns dims too */
   fn_dim *dims;
   /* [nin]: the last handler each input's type had (the common call passes
@@ -205,6 +206,7 @@ static int compile_signature(fn_object *fn, PyObject *sig) {
   }
   fn->nin = p->nin;
   fn->nout = p->nparams - p->nin;
+  for (int i = 0; i < p->nin; i++) fn->nmut += p->params[i].mut;
   fn->name = PyUnicode_FromStringAndSize(p->name, (Py_ssize_t)p->name_len);
   if (fn->name == NULL) goto cleanup;
   fn->cname = (char *)PyMem_Malloc(p->name_len + 1);
@@ -765,6 +767,22 @@ static int read_arg_again(fn_object *fn, fn_frame *f, PyObject *obj, int i,
   return read_arg(fn, f, obj, i, python);
 }
 
+/* After the kernel ran (or failed: it may have written first): torch counts
+ * in-place writes -- autograd's version counters -- so a backward that
+ * saved a `mut` torch argument raises instead of using the new values,
+ * as after torch's own in-place ops.  0, or -1 with an exception. */
+static int tell_written(const fn_object *fn, const fn_frame *f,
+                        PyObject *const *args) {
+  PyObject *written[FN_MAX_PARAMS];
+  int n = 0;
+  for (int i = 0; i < fn->nin; i++)
+    if (fn->params[i].mut && f->state[i] != ARG_SCALAR) written[n++] = args[i];
+  return dlb__torch_bump_versions(fn->st, written, n);
+}
+
+DLB__OUT_OF_LINE(int, tell_written,
+                 (const fn_object *, const fn_frame *, PyObject *const *));
+
 /* The call with a compiler's placeholder among args (nin of them, in
  * parameter order), handed to python/dlbridge/_compiled.py's dispatch with
  * the framework whose placeholder it is.  Off the fast path. */
@@ -997,6 +1015,10 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   err.code = DLB_OK;
   err.message[0] = '\0';
   int rc = fn->kernel(argv, nin + nout, stream, &err);
+  if (fn->nmut > 0 && tell_written_out_of_line(fn, f, args) < 0) {
+    if (rc == 0) goto cleanup;
+    PyErr_Clear(); /* the kernel's own error says more */
+  }
   if (rc != 0) {
     kernel_error_out_of_line(fn, rc, &err);
     goto cleanup;

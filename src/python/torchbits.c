@@ -286,7 +286,7 @@ done:
 /* What asking needs, looked up once: TensorBase's descriptors and torch's
  * switch for __torch_function__ (each NULL when torch has no usable one:
  * that question is then asked the ordinary way). */
-static void torch_keep_ask(dlb_module_state *st, PyTypeObject *base) {
+static void torch_keep_calls(dlb_module_state *st, PyTypeObject *base) {
   PyObject *names[3] = {st->str_is_neg, st->str_is_conj, st->str_requires_grad};
   for (int q = 0; q < 3; q++)
     st->torch_ask[q] = c_callable(PyObject_GetAttr((PyObject *)base, names[q]),
@@ -309,6 +309,22 @@ static void torch_keep_ask(dlb_module_state *st, PyTypeObject *base) {
   }
   Py_XDECREF(quiet);
   Py_XDECREF(cls);
+  /* Grad mode, and the version counters: torch.autograd.graph's public
+   * increment_version is a Python wrapper (~0.5 us) around the C function
+   * behind it, which is used when there is one. */
+  PyObject *torch = PyImport_GetModule(st->str_torch);
+  st->torch_grad_enabled =
+      torch ? PyObject_GetAttrString(torch, "is_grad_enabled") : NULL;
+  PyErr_Clear();
+  st->torch_bump = c ? PyObject_GetAttrString(c, "_increment_version") : NULL;
+  if (st->torch_bump == NULL) {
+    PyErr_Clear();
+    PyObject *graph = PyImport_ImportModule("torch.autograd.graph");
+    st->torch_bump =
+        graph ? PyObject_GetAttrString(graph, "increment_version") : NULL;
+    Py_XDECREF(graph);
+  }
+  Py_XDECREF(torch);
   Py_XDECREF(c);
   PyErr_Clear(); /* whatever is missing is asked the ordinary way */
 }
@@ -346,7 +362,7 @@ static int is_torch(dlb_module_state *st, PyObject *obj, int *ran_python) {
   Py_DECREF(torch);
   *ran_python = 1;
   st->torch_base = (PyTypeObject *)Py_NewRef((PyObject *)base);
-  torch_keep_ask(st, base);
+  torch_keep_calls(st, base);
   return 1;
 }
 
@@ -408,15 +424,56 @@ int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
   if (torch_no_autograd(st, obj)) return 0;
   int grad = torch_ask(st, obj, ASK_GRAD, ran_python);
   if (grad < 0) return -1;
-  if (grad && (options & DLB_VIEW_WRITABLE)) {
-    PyErr_Format(PyExc_BufferError,
-                 "the '%.200s' requires grad: writing into it would go behind "
-                 "autograd's back; pass .detach() (or a tensor that does not "
-                 "require grad) to write into its memory",
-                 Py_TYPE(obj)->tp_name);
+  if (grad && (options & DLB_VIEW_WRITABLE)) return dlb__refuse_grad_write(obj);
+  if (grad && readonly != NULL) *readonly = 1;
+  return 0;
+}
+
+int dlb__refuse_grad_write(PyObject *obj) {
+  PyErr_Format(PyExc_BufferError,
+               "the '%.200s' requires grad: writing into it would go behind "
+               "autograd's back; pass .detach() (or a tensor that does not "
+               "require grad) to write into its memory",
+               Py_TYPE(obj)->tp_name);
+  return -1;
+}
+
+/* ---- grad mode and version counters ------------------------------------------ */
+
+int dlb__torch_grad_enabled(dlb_module_state *st) {
+  if (st->torch_grad_enabled == NULL) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "dlbridge cannot ask torch whether grad mode is on "
+                    "(torch.is_grad_enabled is missing)");
     return -1;
   }
-  if (grad && readonly != NULL) *readonly = 1;
+  PyObject *r = PyObject_CallNoArgs(st->torch_grad_enabled);
+  if (r == NULL) return -1;
+  int on = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return on;
+}
+
+int dlb__torch_bump_versions(dlb_module_state *st, PyObject *const *objs,
+                             int n) {
+  int ntorch = 0, unused = 0;
+  for (int i = 0; i < n; i++) ntorch += is_torch(st, objs[i], &unused);
+  if (ntorch == 0) return 0;
+  if (st->torch_bump == NULL) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "dlbridge cannot tell autograd about an in-place write "
+                    "(torch.autograd.graph.increment_version is missing)");
+    return -1;
+  }
+  PyObject *written = PyTuple_New(ntorch);
+  if (written == NULL) return -1;
+  for (int i = 0, k = 0; i < n; i++)
+    if (is_torch(st, objs[i], &unused))
+      PyTuple_SET_ITEM(written, k++, Py_NewRef(objs[i]));
+  PyObject *r = PyObject_CallOneArg(st->torch_bump, written);
+  Py_DECREF(written);
+  if (r == NULL) return -1;
+  Py_DECREF(r);
   return 0;
 }
 
@@ -426,6 +483,8 @@ int dlb__torch_traverse(dlb_module_state *st, visitproc visit, void *arg) {
     Py_VISIT(st->torch_ask[i]);
     Py_VISIT(st->torch_quiet[i]);
   }
+  Py_VISIT(st->torch_grad_enabled);
+  Py_VISIT(st->torch_bump);
   return 0;
 }
 
@@ -435,6 +494,8 @@ void dlb__torch_clear(dlb_module_state *st) {
     Py_CLEAR(st->torch_ask[i]);
     Py_CLEAR(st->torch_quiet[i]);
   }
+  Py_CLEAR(st->torch_grad_enabled);
+  Py_CLEAR(st->torch_bump);
   st->torch_bits = DLB_TORCH_BITS_UNTRIED;
   st->torch_found = 0;
 }

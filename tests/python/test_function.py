@@ -674,3 +674,49 @@ def test_torch_bits_force_hook():
     finally:
         _core._torch_bits_force(found)
     assert _core._torch_bits_state() == found
+
+
+# ---- torch autograd: in-place writes are counted -------------------------------
+
+def test_mut_write_moves_torch_version_counter(k):
+    """Issue 15: a `mut` write into a tensor autograd saved went unseen:
+    backward() silently used the new values (a wrong w.grad), where torch's
+    own in-place write makes backward raise.  The version counter of every
+    `mut` torch argument now moves; inputs that are only read keep theirs."""
+    torch = pytest.importorskip("torch")
+    w = torch.ones(3, requires_grad=True)
+    x = torch.tensor([1.0, 2.0, 3.0])
+    y = x * w                          # saves x for w's gradient
+    v0 = x._version
+    k.saxpy(1.0, torch.ones(3), x)     # x += 1, behind autograd's back
+    assert x._version > v0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    # read, not written: no version change, backward works
+    w.grad = None
+    x = torch.tensor([1.0, 2.0, 3.0])
+    y = x * w
+    k.saxpy(1.0, x, torch.zeros(3))
+    assert x._version == 0
+    y.sum().backward()
+    assert w.grad.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_mut_write_moves_view_base_and_failed_kernel_counts(lib, k):
+    """A view shares its base's counter; a kernel that failed may have
+    written first, so its `mut` arguments count as written too; an
+    inference tensor has no counter and is written as before."""
+    torch = pytest.importorskip("torch")
+    base = torch.zeros(8)
+    k.saxpy(1.0, torch.ones(4), base[::2])
+    assert base._version == 1
+    assert base.tolist() == [1, 0, 1, 0, 1, 0, 1, 0]
+    fail = load(lib, "dlb_kernel_fail", SAXPY)
+    y = torch.zeros(2)
+    with pytest.raises(ValueError, match="fail was given"):
+        fail(1.0, torch.ones(2), y)
+    assert y._version == 1
+    with torch.inference_mode():
+        inf = torch.zeros(2)
+    k.saxpy(2.0, torch.ones(2), inf)
+    assert inf.tolist() == [2.0, 2.0]
