@@ -40,7 +40,11 @@
  *    (OverflowError out of range, TypeError for a float into an integer).  A kernel's negative status maps
  *    as dlb__raise does (DLB_EINVAL -> ValueError, ...) with message
  *    "<name>: <kernel message>"; a positive return is a broken kernel and
- *    raises RuntimeError (never a silently accepted result).
+ *    raises RuntimeError (never a silently accepted result).  A torch
+ *    argument that requires grad, with grad mode on -> RuntimeError "<name>:
+ *    dlbridge Function has no backward" (before the other checks, as the
+ *    compiled routes' autograd kernel raises before their shape function);
+ *    with it off, only writing into one is refused.
  *  - The kernel runs with the GIL held: the views are borrowed, not
  *    exported, and another thread could otherwise free an array's memory
  *    under the kernel (ndarray.resize, torch's resize_).  For the same
@@ -661,11 +665,17 @@ enum {
  * 46 KB frame), in one heap block for larger ones. */
 #define FN_INLINE 8
 
+/* What the reading found out about an argument (fn_frame.marks). */
+enum {
+  MARK_GRAD = 1u << 0 /* a torch tensor that requires grad */
+};
+
 typedef struct {
   dlb_view *views;                 /* [nin] */
   dlb_scalar *scalars;             /* [nin] */
   PyObject **ordered;              /* [nin], keyword calls */
   uint8_t *state;                  /* [nin], ARG_* */
+  uint8_t *marks;                  /* [nin], MARK_*, set by each read */
   DLTensor **argv;                 /* [nin + nout] */
   DLManagedTensorVersioned **outs; /* [nout] */
 } fn_frame;
@@ -712,6 +722,7 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
                                   int i, int *python) {
   dlb_module_state *st = fn->st;
   unsigned opts = fn->params[i].mut ? DLB_VIEW_WRITABLE : 0;
+  f->marks[i] = 0;
   const dlb_handler *h =
       dlb__handler_memo_get(st, &fn->memos[i], Py_TYPE(obj));
   if (h == NULL) {
@@ -732,10 +743,13 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
       if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
       if (dlb__bits_maybe_set(st, obj)) {
-        int ran = 0;
-        if (dlb__check_bits(st, obj, opts, f->views[i].t.dtype, NULL, &ran) <
-            0)
+        /* Not refused here when it requires grad and is written: with grad
+         * mode on, having no backward is the first thing to say
+         * (refuse_grad). */
+        int ran = 0, grad = 0;
+        if (dlb__check_bits(st, obj, 0, f->views[i].t.dtype, &grad, &ran) < 0)
           return -1;
+        if (grad) f->marks[i] = MARK_GRAD;
         if (ran) {
           /* The view may be stale, h dead with a class the Python code
            * dropped: the next pass reads it again. */
@@ -781,6 +795,32 @@ static int tell_written(const fn_object *fn, const fn_frame *f,
 }
 
 DLB__OUT_OF_LINE(int, tell_written,
+                 (const fn_object *, const fn_frame *, PyObject *const *));
+
+/* An argument requires grad (marks): with grad mode on, the result would
+ * have no grad_fn and a loss using it a silently wrong gradient -- the call
+ * is refused (the compiled routes raise the same); with it off (no_grad,
+ * inference mode) reading is fine, writing is not.  0, or -1 with an
+ * exception. */
+static int refuse_grad(const fn_object *fn, const fn_frame *f,
+                       PyObject *const *args) {
+  int on = dlb__torch_grad_enabled(fn->st);
+  if (on < 0) return -1;
+  if (on) {
+    PyErr_Format(PyExc_RuntimeError, "%U: dlbridge Function has no backward",
+                 fn->name);
+    return -1;
+  }
+  for (int i = 0; i < fn->nin; i++)
+    if ((f->marks[i] & MARK_GRAD) && fn->params[i].mut) {
+      dlb__refuse_grad_write(args[i]);
+      prefix_error(fn, i);
+      return -1;
+    }
+  return 0;
+}
+
+DLB__OUT_OF_LINE(int, refuse_grad,
                  (const fn_object *, const fn_frame *, PyObject *const *));
 
 /* The call with a compiler's placeholder among args (nin of them, in
@@ -880,6 +920,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     const fn_param *p = &fn->params[i];
     PyObject *obj = args[i];
     state[i] = ARG_PENDING;
+    f->marks[i] = 0;
     nseen = i + 1;
     argv[i] = &views[i].t;
     if (p->ndim == 0 &&
@@ -947,6 +988,12 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   }
 
   /* 3.  From here to the kernel no Python code runs. */
+  {
+    uint8_t marked = 0;
+    for (int i = 0; i < nin; i++) marked |= f->marks[i];
+    if ((marked & MARK_GRAD) && refuse_grad_out_of_line(fn, f, args) < 0)
+      goto cleanup;
+  }
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     DLTensor *t = &views[i].t;
@@ -1075,7 +1122,7 @@ static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   size_t bytes = nin * (sizeof(dlb_view) + sizeof(dlb_scalar) +
                         sizeof(PyObject *)) +
                  n * sizeof(DLTensor *) +
-                 (n - nin) * sizeof(DLManagedTensorVersioned *) + nin;
+                 (n - nin) * sizeof(DLManagedTensorVersioned *) + 2 * nin;
   char *block = PyMem_Malloc(bytes);
   if (block == NULL) {
     PyErr_NoMemory();
@@ -1093,6 +1140,8 @@ static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   f->outs = (DLManagedTensorVersioned **)q;
   q += (n - nin) * sizeof(DLManagedTensorVersioned *);
   f->state = (uint8_t *)q;
+  q += nin;
+  f->marks = (uint8_t *)q;
   return block;
 }
 
@@ -1104,10 +1153,10 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   dlb_view views[FN_INLINE];
   dlb_scalar scalars[FN_INLINE];
   PyObject *ordered[FN_INLINE];
-  uint8_t state[FN_INLINE];
+  uint8_t state[FN_INLINE], marks[FN_INLINE];
   DLTensor *argv[FN_INLINE];
   DLManagedTensorVersioned *outs[FN_INLINE];
-  fn_frame f = {views, scalars, ordered, state, argv, outs};
+  fn_frame f = {views, scalars, ordered, state, marks, argv, outs};
   void *block = NULL;
   if (fn->nin + fn->nout > FN_INLINE) {
     block = frame_alloc_out_of_line(fn, &f);

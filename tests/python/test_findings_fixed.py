@@ -1362,5 +1362,43 @@ def test_requires_grad_imports_read_only(lib, torch_bits):
     assert not dlb.from_dlpack(y.detach()).readonly
     fn = dlb.load(lib, "dlb_kernel_saxpy",
                   "saxpy(a: float32, x: float32[n], y: mut float32[n])")
-    fn(1.0, y, np.zeros(3, np.float32))      # an input: read as it is
+    with torch.no_grad():     # (with grad mode on: no backward, refused)
+        fn(1.0, y, np.zeros(3, np.float32))  # an input: read as it is
+    assert dlb._core._torch_bits_state() == (-1 if torch_bits == "ask" else 1)
+
+
+def test_function_has_no_backward(lib, torch_bits):
+    """Issue 16 (item 5, eager): saxpy_out(2.0, x.requires_grad_(), y)
+    returned a tensor with no grad_fn, so a loss using it got a silently
+    wrong x.grad.  With grad mode on and an argument that requires grad the
+    call raises; under no_grad and inference mode it reads as before, and a
+    write into a tensor that requires grad stays a BufferError."""
+    torch = pytest.importorskip("torch")
+    import dlbridge as dlb
+    so = dlb.load(lib, "dlb_kernel_saxpy_out",
+                  "saxpy_out(a: float32, x: float32[n], y: float32[n]) "
+                  "-> float32[n]")
+    s = dlb.load(lib, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    x = torch.ones(3).requires_grad_()
+    y = torch.ones(3)
+    message = "^saxpy_out: dlbridge Function has no backward$"
+    with pytest.raises(RuntimeError, match=message):
+        so(2.0, x, y)
+    with pytest.raises(RuntimeError, match=message):
+        so(2.0, y, x[:])               # a view that requires grad, 2nd input
+    with torch.no_grad():
+        assert so(2.0, x, y).tolist() == [3.0] * 3
+    with torch.inference_mode():
+        assert so(2.0, x, y).tolist() == [3.0] * 3
+    assert so(2.0, x.detach(), y).tolist() == [3.0] * 3
+    v = torch.ones(6)[::2]             # autograd metadata, no grad
+    assert so(2.0, v, y).tolist() == [3.0] * 3
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(RuntimeError, match="^saxpy: dlbridge Function has no "
+                       "backward$"):
+        s(1.0, y, p)
+    with torch.no_grad(), pytest.raises(BufferError, match="requires grad"):
+        s(1.0, y, p)
+    assert p.tolist() == [0.0] * 3
     assert dlb._core._torch_bits_state() == (-1 if torch_bits == "ask" else 1)
