@@ -54,12 +54,12 @@ class Framework:
 
     __slots__ = ("name", "roots", "dist", "target", "tensor_type",
                  "readonly", "negative_strides", "compact_only", "dtypes",
-                 "alignment", "devices")
+                 "alignment", "devices", "immutable")
 
     def __init__(self, name, roots=None, dist=None, target=True,
                  tensor_type=None, readonly=True, negative_strides=True,
                  compact_only=False, dtypes=None, alignment=None,
-                 devices=None):
+                 devices=None, immutable=False):
         self.name = name
         #: root module names whose types belong to it
         self.roots = roots or (name,)
@@ -86,6 +86,9 @@ class Framework:
         #: (None: always); any other device is refused before the
         #: framework sees it.  None: no restriction known.
         self.devices = devices
+        #: whether its arrays are immutable: a Function never writes into
+        #: one (a ``mut`` argument's new value is returned instead)
+        self.immutable = immutable
 
     def __repr__(self):
         return f"<dlbridge framework {self.name!r}>"
@@ -123,12 +126,12 @@ REGISTRY = {fw.name: fw for fw in (
               negative_strides=False, dtypes=_TORCH_DTYPES,
               devices={1: None, 2: "cuda", 10: "hip"}),
     Framework("cupy", roots=("cupy", "cupyx"), readonly=False),
-    Framework("jax", roots=("jax", "jaxlib")),
+    Framework("jax", roots=("jax", "jaxlib"), immutable=True),
     # TensorFlow's importer accepts data at any address, but its kernels
     # check Tensor::IsAligned() (64 bytes) and abort the process on the
     # first op over unaligned data; NumPy's small arrays are 16-byte aligned.
     Framework("tensorflow", dist="tensorflow-cpu", compact_only=True,
-              alignment=64),
+              alignment=64, immutable=True),
     # CUDA only: numba's device arrays (read over __cuda_array_interface__)
     # and cuda.core's StridedMemoryView (types under the "cuda" package)
     Framework("numba"),
@@ -573,6 +576,14 @@ def convert(obj, to):
 
 
 # ---- what the C extension asks (answers cached on the C side) ----------------
+
+def _c_immutable(name):
+    """Whether framework ``name``'s arrays are immutable (asked by the C
+    handler cache once per type): a Function copies such a ``mut`` argument
+    and returns its new value."""
+    fw = REGISTRY.get(name)
+    return fw is not None and fw.immutable
+
 
 def _c_converter(name):
     """For results handed back to framework ``name`` (Function outputs, the

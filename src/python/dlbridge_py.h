@@ -612,6 +612,10 @@ typedef struct dlb_handler {
    * hands such a call to the compiler (python/dlbridge/_compiled.py); every
    * other reader treats the type by its kind as before. */
   int traced;
+  /* The framework's arrays are immutable (JAX, TensorFlow: the registry's
+   * Framework.immutable): Function never writes into one -- a `mut`
+   * argument is copied and its new value returned. */
+  int immutable;
 } dlb_handler;
 
 /* NumPy's array struct, mirrored.  The leading fields of NumPy's
@@ -662,6 +666,7 @@ struct dlb_handler_cache {
   PyObject *str_registry;        /* "dlbridge._frameworks" */
   PyObject *str_type_framework;  /* "_type_framework" */
   PyObject *str_is_traced;       /* "_is_traced" */
+  PyObject *str_immutable;       /* "_c_immutable" */
 };
 
 /* The handler for type (borrowed; lives as long as the type).  Never NULL

@@ -667,7 +667,9 @@ enum {
 
 /* What the reading found out about an argument (fn_frame.marks). */
 enum {
-  MARK_GRAD = 1u << 0 /* a torch tensor that requires grad */
+  MARK_GRAD = 1u << 0, /* a torch tensor that requires grad */
+  MARK_COPY = 1u << 1  /* `mut`, of a framework whose arrays are immutable:
+                          the kernel writes a copy, returned as a result */
 };
 
 typedef struct {
@@ -677,7 +679,11 @@ typedef struct {
   uint8_t *state;                  /* [nin], ARG_* */
   uint8_t *marks;                  /* [nin], MARK_*, set by each read */
   DLTensor **argv;                 /* [nin + nout] */
-  DLManagedTensorVersioned **outs; /* [nout] */
+  /* [nout + copies]: the results, then the copies of MARK_COPY arguments */
+  DLManagedTensorVersioned **outs;
+  /* [nin + 1]: types held while their handlers are in use (a handler
+   * lives as long as its type) */
+  PyObject **pins;
 } fn_frame;
 
 /* The handler of obj's type when parameter i's memo does not stand:
@@ -721,7 +727,7 @@ DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
 static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
                                   int i, int *python) {
   dlb_module_state *st = fn->st;
-  unsigned opts = fn->params[i].mut ? DLB_VIEW_WRITABLE : 0;
+  unsigned opts = 0;
   f->marks[i] = 0;
   const dlb_handler *h =
       dlb__handler_memo_get(st, &fn->memos[i], Py_TYPE(obj));
@@ -738,6 +744,13 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
     f->views[i].handler = h;
     return 1;
   }
+  if (fn->params[i].mut) {
+    /* An immutable framework's array is only read: its copy is written. */
+    if (h->immutable)
+      f->marks[i] = MARK_COPY;
+    else
+      opts = DLB_VIEW_WRITABLE;
+  }
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
@@ -749,7 +762,7 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
         int ran = 0, grad = 0;
         if (dlb__check_bits(st, obj, 0, f->views[i].t.dtype, &grad, &ran) < 0)
           return -1;
-        if (grad) f->marks[i] = MARK_GRAD;
+        if (grad) f->marks[i] |= MARK_GRAD;
         if (ran) {
           /* The view may be stale, h dead with a class the Python code
            * dropped: the next pass reads it again. */
@@ -790,7 +803,9 @@ static int tell_written(const fn_object *fn, const fn_frame *f,
   PyObject *written[FN_MAX_PARAMS];
   int n = 0;
   for (int i = 0; i < fn->nin; i++)
-    if (fn->params[i].mut && f->state[i] != ARG_SCALAR) written[n++] = args[i];
+    if (fn->params[i].mut && f->state[i] != ARG_SCALAR &&
+        !(f->marks[i] & MARK_COPY))
+      written[n++] = args[i];
   return dlb__torch_bump_versions(fn->st, written, n);
 }
 
@@ -812,7 +827,8 @@ static int refuse_grad(const fn_object *fn, const fn_frame *f,
     return -1;
   }
   for (int i = 0; i < fn->nin; i++)
-    if ((f->marks[i] & MARK_GRAD) && fn->params[i].mut) {
+    if ((f->marks[i] & (MARK_GRAD | MARK_COPY)) == MARK_GRAD &&
+        fn->params[i].mut) {
       dlb__refuse_grad_write(args[i]);
       prefix_error(fn, i);
       return -1;
@@ -822,6 +838,79 @@ static int refuse_grad(const fn_object *fn, const fn_frame *f,
 
 DLB__OUT_OF_LINE(int, refuse_grad,
                  (const fn_object *, const fn_frame *, PyObject *const *));
+
+/* The copies of the MARK_COPY arguments, for the kernel to write: each
+ * allocated by its own framework's allocation path, like a result
+ * (dlb__alloc_like, with its handler, whose type the caller holds), filled
+ * from the argument (on stream for device memory) and put in its place in
+ * the kernel's arguments; outs[*nalloc..] receives them, *nalloc counting
+ * what is there to free.  0, or -1 with an exception. */
+static int copy_immutable(const fn_object *fn, fn_frame *f, void *stream,
+                          int *nalloc) {
+  dlb_module_state *st = fn->st;
+  for (int i = 0; i < fn->nin; i++) {
+    if (!(f->marks[i] & MARK_COPY)) continue;
+    const DLTensor *src = &f->views[i].t;
+    DLTensor proto = *src;
+    DLManagedTensorVersioned **out = &f->outs[*nalloc];
+    dlb_error err;
+    proto.data = NULL;
+    proto.strides = NULL;
+    proto.byte_offset = 0;
+    if (dlb__alloc_like(st, f->views[i].handler, &proto, out) < 0) return -1;
+    (*nalloc)++;
+    DLTensor *dst = &(*out)->dl_tensor;
+    if ((*out)->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+      PyErr_Format(PyExc_BufferError,
+                   "%U(): the framework allocated a read-only copy of "
+                   "argument '%U'",
+                   fn->name, pname(fn, i));
+      return -1;
+    }
+    int rc = dlb__is_cuda_device(src->device)
+                 ? dlb_cuda_copy(dst, src, stream, &err)
+                 : dlb_copy(dst, src, &err);
+    if (rc != DLB_OK) {
+      dlb__raise(&err);
+      prefix_error(fn, i);
+      return -1;
+    }
+    f->argv[i] = dst;
+  }
+  return 0;
+}
+
+/* What the call returns: the declared results (h's framework), then the new
+ * values of the MARK_COPY arguments (each its own framework's) -- one
+ * alone, several as a tuple.  Each of f->outs[0..nres) is stolen (and
+ * NULLed) as it is handed over; what a failure leaves is the caller's to
+ * free.  NULL with an exception. */
+static PyObject *hand_back(const fn_object *fn, fn_frame *f,
+                           const dlb_handler *h, int nres) {
+  PyObject *tuple = NULL, *obj;
+  if (nres > 1 && (tuple = PyTuple_New(nres)) == NULL) return NULL;
+  for (int k = 0, i = 0; k < nres; k++) {
+    const dlb_handler *hk = h;
+    if (k >= fn->nout) {
+      while (!(f->marks[i] & MARK_COPY)) i++;
+      hk = f->views[i++].handler;
+    }
+    DLManagedTensorVersioned *m = f->outs[k];
+    f->outs[k] = NULL; /* stolen whatever happens */
+    if (dlb__to_framework(fn->st, hk, m, &obj) < 0) {
+      Py_XDECREF(tuple);
+      return NULL;
+    }
+    if (tuple == NULL) return obj;
+    PyTuple_SET_ITEM(tuple, k, obj);
+  }
+  return tuple;
+}
+
+DLB__OUT_OF_LINE(int, copy_immutable,
+                 (const fn_object *, fn_frame *, void *, int *));
+DLB__OUT_OF_LINE(PyObject *, hand_back,
+                 (const fn_object *, fn_frame *, const dlb_handler *, int));
 
 /* The call with a compiler's placeholder among args (nin of them, in
  * parameter order), handed to python/dlbridge/_compiled.py's dispatch with
@@ -899,8 +988,8 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   uint8_t *state = f->state;
   DLTensor **argv = f->argv;
   PyObject *result = NULL, *traced = NULL;
-  PyObject *held = NULL; /* h's type: a handler lives as long as its type */
-  int nseen = 0, nalloc = 0, ifirst = -1, python = 0, owning = 0, r;
+  int nseen = 0, nalloc = 0, npins = 0, ncopy = 0, ifirst = -1, python = 0,
+      owning = 0, r;
   const dlb_handler *h = NULL;
   DLTensor proto;
   int64_t shape[DLB_MAX_NDIM];
@@ -990,7 +1079,10 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   /* 3.  From here to the kernel no Python code runs. */
   {
     uint8_t marked = 0;
-    for (int i = 0; i < nin; i++) marked |= f->marks[i];
+    for (int i = 0; i < nin; i++) {
+      marked |= f->marks[i];
+      ncopy += (f->marks[i] & MARK_COPY) != 0;
+    }
     if ((marked & MARK_GRAD) && refuse_grad_out_of_line(fn, f, args) < 0)
       goto cleanup;
   }
@@ -1029,7 +1121,10 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     h = views[ifirst].handler;
     proto.device = views[ifirst].t.device;
     if (nout > 0 || proto.device.device_type != kDLCPU)
-      held = Py_NewRef((PyObject *)h->type);
+      f->pins[npins++] = Py_NewRef((PyObject *)h->type);
+    for (int i = 0; ncopy > 0 && i < nin; i++)
+      if (f->marks[i] & MARK_COPY)
+        f->pins[npins++] = Py_NewRef((PyObject *)views[i].handler->type);
     if (proto.device.device_type != kDLCPU &&
         dlb__current_stream(st, h, proto.device, &stream) < 0)
       goto cleanup;
@@ -1058,6 +1153,8 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     }
     argv[nin + o] = &f->outs[o]->dl_tensor;
   }
+  if (ncopy > 0 && copy_immutable_out_of_line(fn, f, stream, &nalloc) < 0)
+    goto cleanup;
 
   err.code = DLB_OK;
   err.message[0] = '\0';
@@ -1077,35 +1174,17 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   nseen = 0;
 
-  if (nout == 0) {
+  if (nout + ncopy == 0)
     result = Py_NewRef(Py_None);
-  } else if (nout == 1) {
-    DLManagedTensorVersioned *m = f->outs[0];
-    nalloc = 0; /* stolen whatever happens */
-    if (dlb__to_framework(st, h, m, &result) < 0) result = NULL;
-  } else {
-    PyObject *tuple = PyTuple_New(nout);
-    if (tuple == NULL) goto cleanup;
-    for (int o = 0; o < nout; o++) {
-      PyObject *obj;
-      DLManagedTensorVersioned *m = f->outs[o];
-      f->outs[o] = NULL; /* stolen whatever happens */
-      if (dlb__to_framework(st, h, m, &obj) < 0) {
-        Py_DECREF(tuple);
-        goto cleanup;
-      }
-      PyTuple_SET_ITEM(tuple, o, obj);
-    }
-    nalloc = 0;
-    result = tuple;
-  }
+  else
+    result = hand_back_out_of_line(fn, f, h, nout + ncopy);
 
 cleanup:
   for (int i = 0; i < nseen; i++)
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
     if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
-  if (held != NULL) dlb__clear_keep_error(&held);
+  while (npins > 0) dlb__clear_keep_error(&f->pins[--npins]);
   if (traced != NULL) {
     /* What was read is let go of; the compiler gets the whole call. */
     result = dispatch_traced_out_of_line(fn, args, traced);
@@ -1122,7 +1201,8 @@ static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   size_t bytes = nin * (sizeof(dlb_view) + sizeof(dlb_scalar) +
                         sizeof(PyObject *)) +
                  n * sizeof(DLTensor *) +
-                 (n - nin) * sizeof(DLManagedTensorVersioned *) + 2 * nin;
+                 n * sizeof(DLManagedTensorVersioned *) +
+                 (nin + 1) * sizeof(PyObject *) + 2 * nin;
   char *block = PyMem_Malloc(bytes);
   if (block == NULL) {
     PyErr_NoMemory();
@@ -1138,7 +1218,9 @@ static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   f->argv = (DLTensor **)q;
   q += n * sizeof(DLTensor *);
   f->outs = (DLManagedTensorVersioned **)q;
-  q += (n - nin) * sizeof(DLManagedTensorVersioned *);
+  q += n * sizeof(DLManagedTensorVersioned *);
+  f->pins = (PyObject **)q;
+  q += (nin + 1) * sizeof(PyObject *);
   f->state = (uint8_t *)q;
   q += nin;
   f->marks = (uint8_t *)q;
@@ -1156,7 +1238,8 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   uint8_t state[FN_INLINE], marks[FN_INLINE];
   DLTensor *argv[FN_INLINE];
   DLManagedTensorVersioned *outs[FN_INLINE];
-  fn_frame f = {views, scalars, ordered, state, marks, argv, outs};
+  PyObject *pins[FN_INLINE + 1];
+  fn_frame f = {views, scalars, ordered, state, marks, argv, outs, pins};
   void *block = NULL;
   if (fn->nin + fn->nout > FN_INLINE) {
     block = frame_alloc_out_of_line(fn, &f);

@@ -253,6 +253,20 @@ static int is_traced(struct dlb_handler_cache *c, PyTypeObject *type,
   return traced;
 }
 
+/* Whether framework's arrays are immutable: the registry's answer.  1, 0,
+ * or -1 with an exception. */
+static int is_immutable(struct dlb_handler_cache *c, PyObject *framework) {
+  PyObject *registry = PyImport_Import(c->str_registry);
+  if (registry == NULL) return -1;
+  PyObject *answer =
+      PyObject_CallMethodOneArg(registry, c->str_immutable, framework);
+  Py_DECREF(registry);
+  if (answer == NULL) return -1;
+  int immutable = PyObject_IsTrue(answer);
+  Py_DECREF(answer);
+  return immutable;
+}
+
 /* Special methods are looked up on the type, as Python does for its own
  * protocols: no bound method is created and a miss raises nothing. */
 int dlb__type_has(PyTypeObject *type, PyObject *name) {
@@ -392,6 +406,8 @@ static handler_entry *entry_new(dlb_module_state *st, struct dlb_handler_cache *
   if (e->h.framework == NULL) goto error;
   e->h.traced = is_traced(c, type, e->h.framework);
   if (e->h.traced < 0) goto error;
+  e->h.immutable = is_immutable(c, e->h.framework);
+  if (e->h.immutable < 0) goto error;
   classify(st, c, type, &e->h);
   if (PyErr_Occurred()) goto error; /* classify's numpy check failed */
   /* Read last: the classification's own lookups may have tagged it. */
@@ -415,7 +431,8 @@ static handler_entry *cache_find(struct dlb_handler_cache *c, PyTypeObject *type
 }
 
 static int same_answer(const dlb_handler *a, const dlb_handler *b) {
-  return a->kind == b->kind && a->traced == b->traced && a->api == b->api &&
+  return a->kind == b->kind && a->traced == b->traced &&
+         a->immutable == b->immutable && a->api == b->api &&
          a->api_owner == b->api_owner &&
          PyUnicode_Compare(a->framework, b->framework) == 0;
 }
@@ -538,9 +555,11 @@ int dlb__handlers_init(dlb_module_state *st) {
   c->str_registry = PyUnicode_InternFromString("dlbridge._frameworks");
   c->str_type_framework = PyUnicode_InternFromString("_type_framework");
   c->str_is_traced = PyUnicode_InternFromString("_is_traced");
+  c->str_immutable = PyUnicode_InternFromString("_c_immutable");
   if (c->converters == NULL || c->targets == NULL || c->str_module == NULL || c->str_exchange == NULL ||
       c->str_exchange_legacy == NULL || c->str_registry == NULL ||
-      c->str_type_framework == NULL || c->str_is_traced == NULL)
+      c->str_type_framework == NULL || c->str_is_traced == NULL ||
+      c->str_immutable == NULL)
     return -1;
   /* The weakref callback reaches the cache through a capsule's context,
    * not the module: no reference cycle through module state. */
@@ -579,5 +598,6 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->str_registry);
   Py_CLEAR(c->str_type_framework);
   Py_CLEAR(c->str_is_traced);
+  Py_CLEAR(c->str_immutable);
   PyMem_Free(c);
 }

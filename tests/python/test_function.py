@@ -720,3 +720,74 @@ def test_mut_write_moves_view_base_and_failed_kernel_counts(lib, k):
         inf = torch.zeros(2)
     k.saxpy(2.0, torch.ones(2), inf)
     assert inf.tolist() == [2.0, 2.0]
+
+
+# ---- mut on frameworks whose arrays are immutable --------------------------------
+
+def _immutable(name):
+    if name == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        return lambda a: jnp.asarray(np.asarray(a, np.float32)), np.asarray
+    tf = pytest.importorskip("tensorflow")
+    return (lambda a: tf.constant(np.asarray(a, np.float32)),
+            lambda t: t.numpy())
+
+
+@pytest.mark.parametrize("framework", ["jax", "tensorflow"])
+def test_mut_on_immutable_framework_returns_new_value(k, lib, framework):
+    """Issue 16 (item 5, eager): an eager `mut` call wrote into a JAX (or
+    TensorFlow) array, whose arrays are immutable.  The caller's array is
+    never written: the kernel writes a copy its framework allocated, whose
+    value comes back after the declared results."""
+    make, host = _immutable(framework)
+    x, y = make([0, 1, 2, 3]), make([1, 1, 1, 1])
+    r = k.saxpy(2.0, x, y)                       # no declared result
+    assert type(r) is type(y)
+    np.testing.assert_array_equal(host(r), [1, 3, 5, 7])
+    np.testing.assert_array_equal(host(y), [1, 1, 1, 1])   # not written
+    z = make([0, 0, 0, 0])
+    r = k.add3(x, y, z)
+    np.testing.assert_array_equal(host(r), [1, 2, 3, 4])
+    np.testing.assert_array_equal(host(z), [0, 0, 0, 0])
+    # declared results first, then the new values, in parameter order
+    both = load(lib, "dlb_kernel_noop",
+                "g(x: float32[n], y: mut float32[n], z: mut float32[n]) "
+                "-> float32[n]")
+    out, new_y, new_z = both(x, y, z)
+    assert type(out) is type(new_y) is type(new_z) is type(y)
+    np.testing.assert_array_equal(host(new_y), [1, 1, 1, 1])
+    np.testing.assert_array_equal(host(new_z), [0, 0, 0, 0])
+    # a NumPy first argument: results in NumPy, the new value in its own
+    # framework; a NumPy `mut` argument is still written in place
+    out, new_y = both(np.zeros(4, np.float32), y, np.zeros(4, np.float32))
+    assert type(out) is np.ndarray and type(new_y) is type(y)
+    yn = np.ones(4, np.float32)
+    assert k.saxpy(2.0, x, yn) is None
+    np.testing.assert_array_equal(yn, [1, 3, 5, 7])
+
+
+def test_mut_on_immutable_framework_kernel_failure(lib):
+    """A failing kernel leaves the caller's JAX array as it was, and the
+    copy is freed."""
+    jnp = pytest.importorskip("jax.numpy")
+    fail = load(lib, "dlb_kernel_fail", SAXPY)
+    y = jnp.ones(4, jnp.float32)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="fail was given"):
+            fail(1.0, jnp.ones(4, jnp.float32), y)
+    np.testing.assert_array_equal(np.asarray(y), [1, 1, 1, 1])
+
+
+def test_mut_on_immutable_framework_no_leak(k):
+    """Each call's copy becomes its result or is freed: no growth over many
+    calls, the arguments' reference counts unchanged."""
+    jnp = pytest.importorskip("jax.numpy")
+    x, y, z = (jnp.ones(256, jnp.float32) for _ in range(3))
+    refs = [sys.getrefcount(o) for o in (x, y, z)]
+    for _ in range(500):
+        k.add3(x, y, z)
+    before = _rss()
+    for _ in range(5000):
+        k.add3(x, y, z)
+    assert _rss() - before < 4 << 20        # 5000 leaked copies: 5 MB
+    assert [sys.getrefcount(o) for o in (x, y, z)] == refs
