@@ -54,12 +54,12 @@ class Framework:
 
     __slots__ = ("name", "roots", "dist", "target", "tensor_type",
                  "readonly", "negative_strides", "compact_only", "dtypes",
-                 "alignment", "devices", "immutable")
+                 "alignment", "devices", "immutable", "read_buffer")
 
     def __init__(self, name, roots=None, dist=None, target=True,
                  tensor_type=None, readonly=True, negative_strides=True,
                  compact_only=False, dtypes=None, alignment=None,
-                 devices=None, immutable=False):
+                 devices=None, immutable=False, read_buffer=False):
         self.name = name
         #: root module names whose types belong to it
         self.roots = roots or (name,)
@@ -89,6 +89,11 @@ class Framework:
         #: whether its arrays are immutable: a Function never writes into
         #: one (a ``mut`` argument's new value is returned instead)
         self.immutable = immutable
+        #: whether a Function reads its arrays through their buffer protocol
+        #: before ``__dlpack__``: zero-copy and read-only, on the host, and
+        #: several times cheaper; what the buffer refuses (other devices,
+        #: dtypes it has no format for) goes through ``__dlpack__``
+        self.read_buffer = read_buffer
 
     def __repr__(self):
         return f"<dlbridge framework {self.name!r}>"
@@ -126,7 +131,12 @@ REGISTRY = {fw.name: fw for fw in (
               negative_strides=False, dtypes=_TORCH_DTYPES,
               devices={1: None, 2: "cuda", 10: "hip"}),
     Framework("cupy", roots=("cupy", "cupyx"), readonly=False),
-    Framework("jax", roots=("jax", "jaxlib"), immutable=True),
+    # jax.Array's buffer export (jaxlib's PyArray_bf_getbuffer) is
+    # read-only, waits for the array to be ready, holds the buffer against
+    # deletion and donation while exported, and refuses GPU arrays, bfloat16,
+    # fp8 and sub-byte types with BufferError.
+    Framework("jax", roots=("jax", "jaxlib"), immutable=True,
+              read_buffer=True),
     # TensorFlow's importer accepts data at any address, but its kernels
     # check Tensor::IsAligned() (64 bytes) and abort the process on the
     # first op over unaligned data; NumPy's small arrays are 16-byte aligned.
@@ -577,12 +587,15 @@ def convert(obj, to):
 
 # ---- what the C extension asks (answers cached on the C side) ----------------
 
-def _c_immutable(name):
-    """Whether framework ``name``'s arrays are immutable (asked by the C
-    handler cache once per type): a Function copies such a ``mut`` argument
-    and returns its new value."""
+def _c_traits(name):
+    """``(immutable, read_buffer)`` of framework ``name`` (asked by the C
+    handler cache once per type): whether a Function copies its ``mut``
+    arguments and returns their new values, and whether it reads its arrays
+    through their buffer protocol first."""
     fw = REGISTRY.get(name)
-    return fw is not None and fw.immutable
+    if fw is None:
+        return False, False
+    return fw.immutable, fw.read_buffer
 
 
 def _c_converter(name):

@@ -592,7 +592,10 @@ typedef enum {
   DLB_KIND_DLPACK,     /* __dlpack__ only: owning export per view */
   DLB_KIND_BUFFER,     /* buffer protocol */
   DLB_KIND_ARRAY_INTERFACE,      /* __array_interface__ */
-  DLB_KIND_CUDA_ARRAY_INTERFACE  /* __cuda_array_interface__ */
+  DLB_KIND_CUDA_ARRAY_INTERFACE, /* __cuda_array_interface__ */
+  DLB_KIND_BUFFER_DLPACK /* the buffer protocol, cheaper, then __dlpack__
+                            for what it refuses (the registry's
+                            Framework.read_buffer: JAX) */
 } dlb_kind;
 
 typedef struct dlb_handler {
@@ -666,7 +669,7 @@ struct dlb_handler_cache {
   PyObject *str_registry;        /* "dlbridge._frameworks" */
   PyObject *str_type_framework;  /* "_type_framework" */
   PyObject *str_is_traced;       /* "_is_traced" */
-  PyObject *str_immutable;       /* "_c_immutable" */
+  PyObject *str_traits;          /* "_c_traits" */
 };
 
 /* The handler for type (borrowed; lives as long as the type).  Never NULL

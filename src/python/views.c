@@ -215,6 +215,15 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
     case DLB_KIND_BUFFER:
       rc = view_buffer(obj, options, v);
       break;
+    case DLB_KIND_BUFFER_DLPACK:
+      /* Several times cheaper than a __dlpack__ round trip; what the
+       * buffer refuses (BufferError: another device, a dtype with no
+       * format, a write) is asked of __dlpack__, whose answer stands. */
+      rc = view_buffer(obj, options, v);
+      if (rc == 0 || !PyErr_ExceptionMatches(PyExc_BufferError)) break;
+      dlb__view_release(v);
+      PyErr_Clear();
+      /* fall through */
     case DLB_KIND_DLPACK:
       /* A view that will be written must not be a copy: ask for none
        * (copy=False), and refuse one the producer says it made anyway

@@ -791,3 +791,52 @@ def test_mut_on_immutable_framework_no_leak(k):
         k.add3(x, y, z)
     assert _rss() - before < 4 << 20        # 5000 leaked copies: 5 MB
     assert [sys.getrefcount(o) for o in (x, y, z)] == refs
+
+
+# ---- JAX arrays through their buffer protocol ------------------------------------
+
+def test_jax_read_through_buffer_then_dlpack(lib):
+    """Issue 16 (item 9): a JAX array is read through its buffer protocol
+    (zero-copy, read-only, several times cheaper than __dlpack__); what the
+    buffer refuses -- bfloat16, fp8, sub-byte types; arrays off the host --
+    is read through __dlpack__, with the same values."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    BUFFER_DLPACK = 8
+    assert _core._exchange_handler(jnp.ones(1))[:2] == (BUFFER_DLPACK, "jax")
+    for dtype in ("float32", "float16", "complex64", "int8", "bool",
+                  "bfloat16", "float8_e4m3fn"):
+        copy = load(lib, "dlb_kernel_copy",
+                    "copy(x: %s[n, m]) -> %s[n, m]" % (dtype, dtype))
+        x = jnp.arange(6).reshape(2, 3).astype(dtype)
+        y = copy(x)
+        assert type(y) is type(x) and y.dtype == x.dtype
+        assert (y == x).all(), (dtype, y, x)
+        # read zero-copy, through the buffer where it can: the array's own
+        # memory (the address its __dlpack__ gives), read-only
+        v = _core._exchange_view(x, 0, 0)
+        assert v["buffer"] == (dtype not in ("bfloat16", "float8_e4m3fn"))
+        assert v["data"] == dlbridge.from_dlpack(x).data_ptr
+        assert v["flags"] & 1 == v["buffer"]       # READ_ONLY
+
+
+def test_jax_buffer_kept_alive_for_the_call(k):
+    """The buffer export holds the array's memory for the call: a later
+    argument's producer that deletes the array and allocates over its
+    memory does not change what the kernel reads."""
+    jnp = pytest.importorskip("jax.numpy")
+    x = jnp.arange(1 << 16, dtype=jnp.float32)
+    yb = np.zeros(1 << 16, np.float32)
+    junk = []
+
+    class Later:
+        def __dlpack__(self, **kw):
+            x.delete()
+            junk.extend(jnp.full(1 << 16, 7.0) for _ in range(8))
+            return yb.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    k.saxpy(1.0, x, Later())
+    np.testing.assert_array_equal(yb, np.arange(1 << 16, dtype=np.float32))
