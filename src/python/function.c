@@ -105,7 +105,6 @@ typedef struct {
   dlb_kernel kernel;
   dlb_module_state *st; /* alive as long as our type, which we hold */
   int32_t nin, nout;
-  int32_t nmut;         /* inputs declared `mut` */
   fn_param *params;     /* nin inputs then nout outputs; owns dims too */
   fn_dim *dims;
   /* [nin]: the last handler each input's type had (the common call passes
@@ -210,7 +209,6 @@ static int compile_signature(fn_object *fn, PyObject *sig) {
   }
   fn->nin = p->nin;
   fn->nout = p->nparams - p->nin;
-  for (int i = 0; i < p->nin; i++) fn->nmut += p->params[i].mut;
   fn->name = PyUnicode_FromStringAndSize(p->name, (Py_ssize_t)p->name_len);
   if (fn->name == NULL) goto cleanup;
   fn->cname = (char *)PyMem_Malloc(p->name_len + 1);
@@ -572,7 +570,6 @@ static int changing_error(const fn_object *fn) {
 DLB__OUT_OF_LINE(PyObject *, nargs_error,
                  (const fn_object *, Py_ssize_t));
 DLB__OUT_OF_LINE(int, mut_number_error, (const fn_object *, int, PyObject *));
-DLB__OUT_OF_LINE(int, changing_error, (const fn_object *));
 DLB__OUT_OF_LINE(int, invalid_error,
                  (const fn_object *, int, PyObject *, const DLTensor *));
 DLB__OUT_OF_LINE(void, prefix_error, (const fn_object *, int));
@@ -668,8 +665,11 @@ enum {
 /* What the reading found out about an argument (fn_frame.marks). */
 enum {
   MARK_GRAD = 1u << 0, /* a torch tensor that requires grad */
-  MARK_COPY = 1u << 1  /* `mut`, of a framework whose arrays are immutable:
+  MARK_COPY = 1u << 1, /* `mut`, of a framework whose arrays are immutable:
                           the kernel writes a copy, returned as a result */
+  MARK_WRITTEN = 1u << 2, /* `mut`, a torch tensor: its version counter
+                             moves after the kernel (tell_written) */
+  MARK_OWNING = 1u << 3 /* read owning (ARG_VIEW); in fn_frame.marked only */
 };
 
 typedef struct {
@@ -678,12 +678,19 @@ typedef struct {
   PyObject **ordered;              /* [nin], keyword calls */
   uint8_t *state;                  /* [nin], ARG_* */
   uint8_t *marks;                  /* [nin], MARK_*, set by each read */
+  uint8_t marked;                  /* every mark set in this call (some may
+                                      have been read again since): the
+                                      fast path looks at nothing else */
   DLTensor **argv;                 /* [nin + nout] */
   /* [nout + copies]: the results, then the copies of MARK_COPY arguments */
   DLManagedTensorVersioned **outs;
   /* [nin + 1]: types held while their handlers are in use (a handler
    * lives as long as its type) */
   PyObject **pins;
+  /* In the frame, not locals of function_call, which they would crowd for
+   * the sake of the rare calls that use them. */
+  int npins;                       /* pins[0..npins) */
+  int ncopy;                       /* MARK_COPY arguments */
 } fn_frame;
 
 /* The handler of obj's type when parameter i's memo does not stand:
@@ -746,10 +753,12 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   }
   if (fn->params[i].mut) {
     /* An immutable framework's array is only read: its copy is written. */
-    if (h->immutable)
+    if (h->immutable) {
       f->marks[i] = MARK_COPY;
-    else
+      f->marked |= MARK_COPY;
+    } else {
       opts = DLB_VIEW_WRITABLE;
+    }
   }
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
@@ -762,7 +771,10 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
         int ran = 0, grad = 0;
         if (dlb__check_bits(st, obj, 0, f->views[i].t.dtype, &grad, &ran) < 0)
           return -1;
-        if (grad) f->marks[i] |= MARK_GRAD;
+        if (grad) {
+          f->marks[i] |= MARK_GRAD;
+          f->marked |= MARK_GRAD;
+        }
         if (ran) {
           /* The view may be stale, h dead with a class the Python code
            * dropped: the next pass reads it again. */
@@ -770,6 +782,13 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
           f->state[i] = ARG_UNREAD;
           return 0;
         }
+      }
+      /* A torch tensor (torch's base type is known once one was checked,
+       * as every one read here was) written in place: autograd is told. */
+      if ((opts & DLB_VIEW_WRITABLE) && st->torch_base != NULL &&
+          PyObject_TypeCheck(obj, st->torch_base)) {
+        f->marks[i] |= MARK_WRITTEN;
+        f->marked |= MARK_WRITTEN;
       }
       f->state[i] = ARG_FOREIGN;
       return 0;
@@ -786,27 +805,28 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   *python = 1;
   if (dlb__view_get_with(st, h, obj, opts, &f->views[i]) < 0) return -1;
   f->state[i] = ARG_VIEW;
+  f->marked |= MARK_OWNING;
+  if ((opts & DLB_VIEW_WRITABLE) && h->framework == st->str_torch) {
+    /* torch's, read another way (its __dlpack__): told as well */
+    f->marks[i] |= MARK_WRITTEN;
+    f->marked |= MARK_WRITTEN;
+  }
   return 0;
 }
 
-static int read_arg_again(fn_object *fn, fn_frame *f, PyObject *obj, int i,
-                          int *python) {
-  return read_arg(fn, f, obj, i, python);
-}
 
 /* After the kernel ran (or failed: it may have written first): torch counts
  * in-place writes -- autograd's version counters -- so a backward that
- * saved a `mut` torch argument raises instead of using the new values,
- * as after torch's own in-place ops.  0, or -1 with an exception. */
+ * saved a `mut` torch argument (MARK_WRITTEN) raises instead of using the
+ * new values, as after torch's own in-place ops.  0, or -1 with an
+ * exception. */
 static int tell_written(const fn_object *fn, const fn_frame *f,
                         PyObject *const *args) {
   PyObject *written[FN_MAX_PARAMS];
   int n = 0;
   for (int i = 0; i < fn->nin; i++)
-    if (fn->params[i].mut && f->state[i] != ARG_SCALAR &&
-        !(f->marks[i] & MARK_COPY))
-      written[n++] = args[i];
-  return dlb__torch_bump_versions(fn->st, written, n);
+    if (f->marks[i] & MARK_WRITTEN) written[n++] = args[i];
+  return n > 0 ? dlb__torch_bump_versions(fn->st, written, n) : 0;
 }
 
 DLB__OUT_OF_LINE(int, tell_written,
@@ -819,6 +839,9 @@ DLB__OUT_OF_LINE(int, tell_written,
  * exception. */
 static int refuse_grad(const fn_object *fn, const fn_frame *f,
                        PyObject *const *args) {
+  int any = 0;
+  for (int i = 0; i < fn->nin; i++) any |= f->marks[i] & MARK_GRAD;
+  if (!any) return 0; /* marked once, read again since */
   int on = dlb__torch_grad_enabled(fn->st);
   if (on < 0) return -1;
   if (on) {
@@ -836,8 +859,24 @@ static int refuse_grad(const fn_object *fn, const fn_frame *f,
   return 0;
 }
 
-DLB__OUT_OF_LINE(int, refuse_grad,
-                 (const fn_object *, const fn_frame *, PyObject *const *));
+/* What the marks ask for, before the signature's checks: the refusal of
+ * an argument that requires grad (refuse_grad); the copies of the
+ * MARK_COPY arguments counted (f->ncopy) and their handlers held
+ * (f->pins) for the copies' allocation and hand-over.  0, or -1 with an
+ * exception. */
+static int marked(const fn_object *fn, fn_frame *f, PyObject *const *args) {
+  if ((f->marked & MARK_GRAD) && refuse_grad(fn, f, args) < 0) return -1;
+  for (int i = 0; i < fn->nin; i++)
+    if (f->marks[i] & MARK_COPY) {
+      f->ncopy++;
+      f->pins[f->npins++] =
+          Py_NewRef((PyObject *)f->views[i].handler->type);
+    }
+  return 0;
+}
+
+DLB__OUT_OF_LINE(int, marked,
+                 (const fn_object *, fn_frame *, PyObject *const *));
 
 /* The copies of the MARK_COPY arguments, for the kernel to write: each
  * allocated by its own framework's allocation path, like a result
@@ -935,8 +974,6 @@ cleanup:
 DLB__OUT_OF_LINE(PyObject *, dispatch_traced,
                  (const fn_object *, PyObject *const *, PyObject *));
 
-DLB__OUT_OF_LINE(int, read_arg_again,
-                 (fn_object *, fn_frame *, PyObject *, int, int *));
 
 /* After a pass that ran no Python code: the borrowed views are valid, but
  * the handler of an argument read owning is not -- Python code run after
@@ -963,8 +1000,41 @@ static int resolve_handlers(fn_object *fn, fn_frame *f, PyObject *const *args,
   return 0;
 }
 
-DLB__OUT_OF_LINE(int, resolve_handlers,
-                 (fn_object *, fn_frame *, PyObject *const *, int *));
+
+/* Step 2 of function_call, off its fast path: python says whether Python
+ * code ran in the first pass.  0; -1 with an exception; 1 with *traced
+ * set when an argument turned out to be a compiler's placeholder. */
+static int read_again(fn_object *fn, fn_frame *f, PyObject *const *args,
+                      int python, PyObject **traced) {
+  for (int round = 0;; round++) {
+    if (!python) {
+      if (!(f->marked & MARK_OWNING)) return 0;
+      if (resolve_handlers(fn, f, args, &python) < 0) return -1;
+      if (!python) return 0;
+    }
+    if (round == 4) return changing_error(fn);
+    python = 0;
+    for (int i = 0; i < fn->nin; i++) {
+      uint8_t state = f->state[i];
+      if (state != ARG_BORROWED && state != ARG_FOREIGN &&
+          state != ARG_UNREAD)
+        continue;
+      int r = read_arg(fn, f, args[i], i, &python);
+      if (r > 0) {
+        *traced = Py_NewRef(f->views[i].handler->framework);
+        return 1;
+      }
+      if (r < 0) {
+        prefix_error(fn, i);
+        return -1;
+      }
+    }
+  }
+}
+
+DLB__OUT_OF_LINE(int, read_again,
+                 (fn_object *, fn_frame *, PyObject *const *, int,
+                  PyObject **));
 
 /* The call, with its arrays in f.  The order is what keeps borrowed views
  * valid (a NumPy array's data, a torch tensor's storage: Python code may
@@ -988,8 +1058,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   uint8_t *state = f->state;
   DLTensor **argv = f->argv;
   PyObject *result = NULL, *traced = NULL;
-  int nseen = 0, nalloc = 0, npins = 0, ncopy = 0, ifirst = -1, python = 0,
-      owning = 0, r;
+  int nseen = 0, nalloc = 0, ifirst = -1, python = 0, r;
   const dlb_handler *h = NULL;
   DLTensor proto;
   int64_t shape[DLB_MAX_NDIM];
@@ -1005,11 +1074,11 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   }
 
   /* 1. */
+  f->marked = 0;
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     PyObject *obj = args[i];
     state[i] = ARG_PENDING;
-    f->marks[i] = 0;
     nseen = i + 1;
     argv[i] = &views[i].t;
     if (p->ndim == 0 &&
@@ -1031,6 +1100,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
       t->strides = NULL;
       t->byte_offset = 0;
       state[i] = ARG_SCALAR;
+      f->marks[i] = 0;
       continue;
     }
     r = read_arg(fn, f, obj, i, &python);
@@ -1043,49 +1113,19 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
       prefix_error_out_of_line(fn, i);
       goto cleanup;
     }
-    owning |= state[i] == ARG_VIEW;
   }
 
-  /* 2.  (Off the fast path: read_arg out of line here.) */
-  for (int round = 0;; round++) {
-    if (!python) {
-      if (!owning) break;
-      if (resolve_handlers_out_of_line(fn, f, args, &python) < 0)
-        goto cleanup;
-      if (!python) break;
-    }
-    if (round == 4) {
-      changing_error_out_of_line(fn);
-      goto cleanup;
-    }
-    python = 0;
-    for (int i = 0; i < nin; i++) {
-      if (state[i] != ARG_BORROWED && state[i] != ARG_FOREIGN &&
-          state[i] != ARG_UNREAD)
-        continue;
-      r = read_arg_again_out_of_line(fn, f, args[i], i, &python);
-      if (r != 0) {
-        if (r > 0) {
-          traced = Py_NewRef(views[i].handler->framework);
-          goto cleanup;
-        }
-        prefix_error_out_of_line(fn, i);
-        goto cleanup;
-      }
-      owning |= state[i] == ARG_VIEW;
-    }
+  /* 2. */
+  if (python || (f->marked & MARK_OWNING)) {
+    r = read_again_out_of_line(fn, f, args, python, &traced);
+    if (r != 0) goto cleanup;
   }
 
   /* 3.  From here to the kernel no Python code runs. */
-  {
-    uint8_t marked = 0;
-    for (int i = 0; i < nin; i++) {
-      marked |= f->marks[i];
-      ncopy += (f->marks[i] & MARK_COPY) != 0;
-    }
-    if ((marked & MARK_GRAD) && refuse_grad_out_of_line(fn, f, args) < 0)
-      goto cleanup;
-  }
+  const uint8_t marked = f->marked; /* read once: the fast path has none */
+  if ((marked & (MARK_GRAD | MARK_COPY)) &&
+      marked_out_of_line(fn, f, args) < 0)
+    goto cleanup;
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     DLTensor *t = &views[i].t;
@@ -1121,10 +1161,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     h = views[ifirst].handler;
     proto.device = views[ifirst].t.device;
     if (nout > 0 || proto.device.device_type != kDLCPU)
-      f->pins[npins++] = Py_NewRef((PyObject *)h->type);
-    for (int i = 0; ncopy > 0 && i < nin; i++)
-      if (f->marks[i] & MARK_COPY)
-        f->pins[npins++] = Py_NewRef((PyObject *)views[i].handler->type);
+      f->pins[f->npins++] = Py_NewRef((PyObject *)h->type);
     if (proto.device.device_type != kDLCPU &&
         dlb__current_stream(st, h, proto.device, &stream) < 0)
       goto cleanup;
@@ -1153,13 +1190,14 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     }
     argv[nin + o] = &f->outs[o]->dl_tensor;
   }
-  if (ncopy > 0 && copy_immutable_out_of_line(fn, f, stream, &nalloc) < 0)
+  if ((marked & MARK_COPY) &&
+      copy_immutable_out_of_line(fn, f, stream, &nalloc) < 0)
     goto cleanup;
 
   err.code = DLB_OK;
   err.message[0] = '\0';
   int rc = fn->kernel(argv, nin + nout, stream, &err);
-  if (fn->nmut > 0 && tell_written_out_of_line(fn, f, args) < 0) {
+  if ((marked & MARK_WRITTEN) && tell_written_out_of_line(fn, f, args) < 0) {
     if (rc == 0) goto cleanup;
     PyErr_Clear(); /* the kernel's own error says more */
   }
@@ -1174,17 +1212,17 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   nseen = 0;
 
-  if (nout + ncopy == 0)
+  if (nout + f->ncopy == 0)
     result = Py_NewRef(Py_None);
   else
-    result = hand_back_out_of_line(fn, f, h, nout + ncopy);
+    result = hand_back_out_of_line(fn, f, h, nout + f->ncopy);
 
 cleanup:
   for (int i = 0; i < nseen; i++)
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
     if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
-  while (npins > 0) dlb__clear_keep_error(&f->pins[--npins]);
+  while (f->npins > 0) dlb__clear_keep_error(&f->pins[--f->npins]);
   if (traced != NULL) {
     /* What was read is let go of; the compiler gets the whole call. */
     result = dispatch_traced_out_of_line(fn, args, traced);
@@ -1239,7 +1277,8 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   DLTensor *argv[FN_INLINE];
   DLManagedTensorVersioned *outs[FN_INLINE];
   PyObject *pins[FN_INLINE + 1];
-  fn_frame f = {views, scalars, ordered, state, marks, argv, outs, pins};
+  fn_frame f = {views, scalars, ordered, state, marks, 0, argv, outs, pins,
+                0, 0};
   void *block = NULL;
   if (fn->nin + fn->nout > FN_INLINE) {
     block = frame_alloc_out_of_line(fn, &f);

@@ -188,6 +188,37 @@ static int (*const volatile view_ladder_out_of_line)(dlb_module_state *,
                                                      PyObject *, dlb_view *) =
     view_ladder;
 
+/* An owning export through obj.__dlpack__.  A view that will be written
+ * must not be a copy: ask for none (copy=False), and refuse one the
+ * producer says it made anyway (IS_COPIED, dlb__view_fill) -- the writes
+ * would be lost. */
+static int view_dlpack(dlb_module_state *st, PyObject *obj, unsigned options,
+                       dlb_view *v) {
+  int rc = dlb__dunder_dlpack_managed(
+      st, obj, NULL, (options & DLB_VIEW_WRITABLE) ? 0 : -1, &v->owned);
+  if (rc == 0) {
+    v->t = v->owned->dl_tensor;
+    v->flags = v->owned->flags;
+  }
+  return rc;
+}
+
+/* The buffer protocol, several times cheaper than a __dlpack__ round trip;
+ * what the buffer refuses (BufferError: another device, a dtype with no
+ * format, a write) is asked of __dlpack__, whose answer stands. */
+static int view_buffer_dlpack(dlb_module_state *st, PyObject *obj,
+                              unsigned options, dlb_view *v) {
+  if (view_buffer(obj, options, v) == 0) return 0;
+  if (!PyErr_ExceptionMatches(PyExc_BufferError)) return -1;
+  dlb__view_release(v);
+  PyErr_Clear();
+  return view_dlpack(st, obj, options, v);
+}
+
+/* Out of line, as view_ladder: the NumPy and Tensor views stay as fast. */
+static int (*const volatile view_buffer_dlpack_out_of_line)(
+    dlb_module_state *, PyObject *, unsigned, dlb_view *) = view_buffer_dlpack;
+
 /* Fill v reading obj as kind (h's own kind, or a forced one for the
  * benchmarks). */
 int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
@@ -215,25 +246,11 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
     case DLB_KIND_BUFFER:
       rc = view_buffer(obj, options, v);
       break;
-    case DLB_KIND_BUFFER_DLPACK:
-      /* Several times cheaper than a __dlpack__ round trip; what the
-       * buffer refuses (BufferError: another device, a dtype with no
-       * format, a write) is asked of __dlpack__, whose answer stands. */
-      rc = view_buffer(obj, options, v);
-      if (rc == 0 || !PyErr_ExceptionMatches(PyExc_BufferError)) break;
-      dlb__view_release(v);
-      PyErr_Clear();
-      /* fall through */
     case DLB_KIND_DLPACK:
-      /* A view that will be written must not be a copy: ask for none
-       * (copy=False), and refuse one the producer says it made anyway
-       * (IS_COPIED, below) -- the writes would be lost. */
-      rc = dlb__dunder_dlpack_managed(
-          st, obj, NULL, (options & DLB_VIEW_WRITABLE) ? 0 : -1, &v->owned);
-      if (rc == 0) {
-        v->t = v->owned->dl_tensor;
-        v->flags = v->owned->flags;
-      }
+      rc = view_dlpack(st, obj, options, v);
+      break;
+    case DLB_KIND_BUFFER_DLPACK:
+      rc = view_buffer_dlpack_out_of_line(st, obj, options, v);
       break;
     case DLB_KIND_ARRAY_INTERFACE:
     case DLB_KIND_CUDA_ARRAY_INTERFACE:
