@@ -818,6 +818,28 @@ static inline int dlb__bits_maybe_set(const dlb_module_state *st,
   memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
   return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0 || meta != 0;
 }
+/* Whether obj is a torch tensor autograd may have touched (its
+ * autograd_meta_ is set, or cannot be read): whether it requires grad is
+ * then a question (dlb__torch_requires_grad).  0 for anything else.
+ * Inline, for Function's reading of its arguments. */
+static inline int dlb__torch_autograd_touched(const dlb_module_state *st,
+                                              PyObject *obj) {
+  if (st->torch_base == NULL || (Py_TYPE(obj)->tp_base != st->torch_base &&
+                                 !PyObject_TypeCheck(obj, st->torch_base)))
+    return 0;
+  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0)
+    return 1;
+  const char *impl = dlb__torch_impl(st, obj);
+  if (impl == NULL) return 1;
+  uint64_t meta;
+  memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
+  return meta != 0;
+}
+/* Whether obj, a torch tensor seen by dlb__check_bits, requires grad: no
+ * question for one autograd never touched, else asked of torch (no Python
+ * code runs where torch has DisableTorchFunction, every supported torch).
+ * 1, 0, or -1 with an exception. */
+int dlb__torch_requires_grad(dlb_module_state *st, PyObject *obj);
 /* BufferError: obj requires grad, and writing into it would go behind
  * autograd's back.  Returns -1. */
 int dlb__refuse_grad_write(PyObject *obj);

@@ -664,7 +664,9 @@ enum {
 
 /* What the reading found out about an argument (fn_frame.marks). */
 enum {
-  MARK_GRAD = 1u << 0, /* a torch tensor that requires grad */
+  MARK_AUTOGRAD = 1u << 0, /* a torch tensor autograd may have touched:
+                              whether it requires grad is asked in step 3
+                              (refuse_grad) */
   MARK_COPY = 1u << 1, /* `mut`, of a framework whose arrays are immutable:
                           the kernel writes a copy, returned as a result */
   MARK_WRITTEN = 1u << 2, /* `mut`, a torch tensor: its version counter
@@ -765,15 +767,14 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
       if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
       if (dlb__bits_maybe_set(st, obj)) {
-        /* Not refused here when it requires grad and is written: with grad
-         * mode on, having no backward is the first thing to say
-         * (refuse_grad). */
-        int ran = 0, grad = 0;
-        if (dlb__check_bits(st, obj, 0, f->views[i].t.dtype, &grad, &ran) < 0)
+        /* Whether it requires grad is not asked here: only when it matters
+         * -- grad mode on, or a write -- in step 3 (refuse_grad). */
+        int ran = 0;
+        if (dlb__check_bits(st, obj, 0, f->views[i].t.dtype, NULL, &ran) < 0)
           return -1;
-        if (grad) {
-          f->marks[i] |= MARK_GRAD;
-          f->marked |= MARK_GRAD;
+        if (dlb__torch_autograd_touched(st, obj)) {
+          f->marks[i] |= MARK_AUTOGRAD;
+          f->marked |= MARK_AUTOGRAD;
         }
         if (ran) {
           /* The view may be stale, h dead with a class the Python code
@@ -832,30 +833,39 @@ static int tell_written(const fn_object *fn, const fn_frame *f,
 DLB__OUT_OF_LINE(int, tell_written,
                  (const fn_object *, const fn_frame *, PyObject *const *));
 
-/* An argument requires grad (marks): with grad mode on, the result would
- * have no grad_fn and a loss using it a silently wrong gradient -- the call
- * is refused (the compiled routes raise the same); with it off (no_grad,
- * inference mode) reading is fine, writing is not.  0, or -1 with an
- * exception. */
+/* The arguments autograd may have touched (MARK_AUTOGRAD): one that
+ * requires grad, with grad mode on, would give a result with no grad_fn and
+ * a loss using it a silently wrong gradient -- the call is refused (the
+ * compiled routes raise the same); with it off (no_grad, inference mode)
+ * reading is fine, writing is not.  Each question only when its answer
+ * matters: grad mode once, before the first read-only argument is asked
+ * whether it requires grad (a view of a tensor autograd never touched has
+ * autograd metadata, so reads under no_grad ask nothing else).  No Python
+ * code runs.  0, or -1 with an exception. */
 static int refuse_grad(const fn_object *fn, const fn_frame *f,
                        PyObject *const *args) {
-  int any = 0;
-  for (int i = 0; i < fn->nin; i++) any |= f->marks[i] & MARK_GRAD;
-  if (!any) return 0; /* marked once, read again since */
-  int on = dlb__torch_grad_enabled(fn->st);
-  if (on < 0) return -1;
-  if (on) {
-    PyErr_Format(PyExc_RuntimeError, "%U: dlbridge Function has no backward",
-                 fn->name);
-    return -1;
-  }
-  for (int i = 0; i < fn->nin; i++)
-    if ((f->marks[i] & (MARK_GRAD | MARK_COPY)) == MARK_GRAD &&
-        fn->params[i].mut) {
-      dlb__refuse_grad_write(args[i]);
-      prefix_error(fn, i);
+  dlb_module_state *st = fn->st;
+  int on = -1; /* grad mode, once asked */
+  for (int i = 0; i < fn->nin; i++) {
+    if (!(f->marks[i] & MARK_AUTOGRAD)) continue;
+    int written = fn->params[i].mut && !(f->marks[i] & MARK_COPY);
+    if (!written) {
+      if (on < 0 && (on = dlb__torch_grad_enabled(st)) < 0) return -1;
+      if (!on) continue;
+    }
+    int grad = dlb__torch_requires_grad(st, args[i]);
+    if (grad < 0) return -1;
+    if (!grad) continue;
+    if (on < 0 && (on = dlb__torch_grad_enabled(st)) < 0) return -1;
+    if (on) {
+      PyErr_Format(PyExc_RuntimeError, "%U: dlbridge Function has no backward",
+                   fn->name);
       return -1;
     }
+    dlb__refuse_grad_write(args[i]);
+    prefix_error(fn, i);
+    return -1;
+  }
   return 0;
 }
 
@@ -865,7 +875,7 @@ static int refuse_grad(const fn_object *fn, const fn_frame *f,
  * (f->pins) for the copies' allocation and hand-over.  0, or -1 with an
  * exception. */
 static int marked(const fn_object *fn, fn_frame *f, PyObject *const *args) {
-  if ((f->marked & MARK_GRAD) && refuse_grad(fn, f, args) < 0) return -1;
+  if ((f->marked & MARK_AUTOGRAD) && refuse_grad(fn, f, args) < 0) return -1;
   for (int i = 0; i < fn->nin; i++)
     if (f->marks[i] & MARK_COPY) {
       f->ncopy++;
@@ -1123,7 +1133,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
 
   /* 3.  From here to the kernel no Python code runs. */
   const uint8_t marked = f->marked; /* read once: the fast path has none */
-  if ((marked & (MARK_GRAD | MARK_COPY)) &&
+  if ((marked & (MARK_AUTOGRAD | MARK_COPY)) &&
       marked_out_of_line(fn, f, args) < 0)
     goto cleanup;
   for (int i = 0; i < nin; i++) {

@@ -89,11 +89,11 @@ static int torch_ask(dlb_module_state *st, PyObject *obj, int question,
     r = call_c(st->torch_ask[question], obj);
     /* Back on whatever the answer: the question's error, if any, kept. */
     dlb__saved_error e;
-    dlb__error_save(&e);
+    if (r == NULL) dlb__error_save(&e);
     PyObject *off = call_c(st->torch_quiet[2], quiet);
     if (off == NULL) PyErr_Clear();
     Py_XDECREF(off);
-    dlb__error_restore(&e);
+    if (r == NULL) dlb__error_restore(&e);
   } else {
     PyObject *name = question == ASK_NEG    ? st->str_is_neg
                      : question == ASK_CONJ ? st->str_is_conj
@@ -427,6 +427,12 @@ int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
   if (grad && (options & DLB_VIEW_WRITABLE)) return dlb__refuse_grad_write(obj);
   if (grad && readonly != NULL) *readonly = 1;
   return 0;
+}
+
+int dlb__torch_requires_grad(dlb_module_state *st, PyObject *obj) {
+  int unused = 0;
+  if (torch_no_autograd(st, obj)) return 0;
+  return torch_ask(st, obj, ASK_GRAD, &unused);
 }
 
 int dlb__refuse_grad_write(PyObject *obj) {
