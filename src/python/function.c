@@ -1222,17 +1222,30 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   nseen = 0;
 
-  if (nout + f->ncopy == 0)
+  if (nout + f->ncopy == 0) {
     result = Py_NewRef(Py_None);
-  else
+  } else if (nout + f->ncopy == 1 && nout == 1) {
+    DLManagedTensorVersioned *m = f->outs[0];
+    f->outs[0] = NULL; /* stolen whatever happens */
+    if (dlb__to_framework(st, h, m, &result) < 0) result = NULL;
+  } else {
     result = hand_back_out_of_line(fn, f, h, nout + f->ncopy);
+  }
 
 cleanup:
   for (int i = 0; i < nseen; i++)
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
     if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
-  while (f->npins > 0) dlb__clear_keep_error(&f->pins[--f->npins]);
+  while (f->npins > 0) {
+    /* Dropping a reference that is not the last runs no code: only the
+     * last one needs the pending exception kept from the type's dealloc. */
+    PyObject **pin = &f->pins[--f->npins];
+    if (Py_REFCNT(*pin) > 1)
+      Py_DECREF(*pin);
+    else
+      dlb__clear_keep_error(pin);
+  }
   if (traced != NULL) {
     /* What was read is let go of; the compiler gets the whole call. */
     result = dispatch_traced_out_of_line(fn, args, traced);
