@@ -587,3 +587,46 @@ def test_nomemory_first_sight_of_a_type(tp):
                    sources=[p])
     nomemory_sweep(dlb.from_dlpack, fresh(bytearray, b"abcd"))
     sweep(dlb.from_dlpack, fresh(ArrayInterface, a), sources=[a])
+
+
+def test_function_mut_copies_of_immutable_arrays(tp, lib):
+    # A `mut` JAX argument is copied into memory dlbridge allocates for JAX:
+    # a failure at the output, at the copy or at the first hand-over frees
+    # what was made, and the caller's array is never written.  Not swept
+    # further: an export JAX took keeps its small block counted live for
+    # ever -- jaxlib clears the capsule's destructor (PyCapsule_SetDestructor
+    # (capsule, nullptr)), which export.c waits for to free it.
+    jnp = pytest.importorskip("jax.numpy")
+    f = dlb.load(lib, "dlb_kernel_noop",
+                 "f(x: float32[n], y: mut float32[n]) -> float32[n]")
+    x, y = jnp.ones(3, jnp.float32), jnp.zeros(3, jnp.float32)
+    f(x, y)
+    _settle()
+    base, refcounts = _live(), _refcounts([x, y])
+    for k in range(3):    # the output, the copy, the first export
+        _core._fail_allocations(k)
+        try:
+            with pytest.raises(MemoryError):
+                f(x, y)
+        finally:
+            stats = _core._reset_allocations()
+        assert stats["attempts"] == k + 1
+        _check_clean(base, [], [x, y], refcounts, "allocation %d refused" % k)
+    assert np.asarray(y).tolist() == [0.0] * 3
+
+
+@needs_torch
+def test_nomemory_function_mut_torch(tp, lib):
+    # After the kernel, the version counters of the `mut` torch arguments
+    # move (a tuple of them handed to torch): a failure there raises.
+    # torch's _increment_version reports a failed iter() of the tuple as
+    # RuntimeError "increment_version expect a Iterable[Tensor] as input".
+    s = dlb.load(lib, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    x, y = torch.ones(4), torch.zeros(4)
+
+    def foreign(exc):
+        return _torch_oom(exc) or (isinstance(exc, RuntimeError) and
+                                   "expect a Iterable[Tensor]" in str(exc))
+    assert nomemory_sweep(s, lambda: (2.0, x, y), sources=[x, y],
+                          foreign=foreign) > 0
