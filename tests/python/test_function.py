@@ -817,7 +817,8 @@ def test_jax_read_through_buffer_then_dlpack(lib):
         v = _core._exchange_view(x, 0, 0)
         assert v["buffer"] == (dtype not in ("bfloat16", "float8_e4m3fn"))
         assert v["data"] == dlbridge.from_dlpack(x).data_ptr
-        assert v["flags"] & 1 == v["buffer"]       # READ_ONLY
+        if v["buffer"]:   # the buffer export is read-only (READ_ONLY);
+            assert v["flags"] & 1   # __dlpack__'s says what JAX says
 
 
 def test_jax_buffer_kept_alive_for_the_call(k):
