@@ -14,7 +14,7 @@ TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
 .PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
         test-install sanitize-python demo bench clean test-py312 test-py313 test-ft \
-        wheel wheel-smoke
+        test-tsan test-pycompat wheel wheel-smoke
 
 all: build
 
@@ -104,6 +104,31 @@ sanitize-python: bootstrap
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    PYTHONPATH=$(SANPY)/stage:$(SANPY)/src/python:$(SANPY)/examples/extension \
 	    $(PYTEST) -q -p no:cacheprovider --capture=sys tests/python -k "not paddle"
+
+# The extension built with the public fallback of every private CPython API
+# it uses (src/python/pycompat.h, -Dpycompat_public_only=true), and the
+# tests that reach those fallbacks run against it: test_pycompat checks the
+# build is that one and pins the fallbacks' answers; the export (deleters on
+# threads without Python), exchange and import (type lookups, version tags,
+# optional attributes) and Function (torch's descriptors) suites use them.
+PCBUILD := build-pycompat
+PYCOMPAT_TESTS := tests/python/test_pycompat.py tests/python/test_export.py \
+                  tests/python/test_exchange.py tests/python/test_import.py \
+                  tests/python/test_function.py
+test-pycompat: bootstrap
+	@[ -f $(PCBUILD)/build.ninja ] || $(MESON) setup $(PCBUILD) \
+	    -Dpycompat_public_only=true -Dbuildtype=release >/dev/null
+	@$(VENV)/bin/ninja -C $(PCBUILD) >/dev/null
+	@rm -rf $(PCBUILD)/stage && mkdir -p $(PCBUILD)/stage/dlbridge/include
+	@cp python/dlbridge/*.py python/dlbridge/*.pyi $(PCBUILD)/stage/dlbridge/
+	@cp -r include/dlbridge include/dlpack $(PCBUILD)/stage/dlbridge/include/
+	@ln -s $(CURDIR)/$(PCBUILD)/src/python/$$(cd $(PCBUILD)/src/python && ls _core*.so) \
+	    $(PCBUILD)/stage/dlbridge/
+	@echo "pytest against the extension built with pycompat.h's public fallbacks:"
+	@DLB_EXPECT_PYCOMPAT_PUBLIC_ONLY=1 \
+	    DLB_EXAMPLE_KERNELS=$(CURDIR)/$(PCBUILD)/libdlb_example_kernels.so \
+	    PYTHONPATH=$(PCBUILD)/stage:$(PCBUILD)/src/python:$(PCBUILD)/examples/extension \
+	    $(PYTEST) -q -p no:cacheprovider $(PYCOMPAT_TESTS)
 
 # Install libdlbridge into a scratch prefix and build the C demo against it
 # through pkg-config, as a C user would; then run it against the shared lib.
@@ -206,4 +231,4 @@ bench: build
 	@echo; echo "== compiled: a Function as a compiler's op (bench/bench_compiled.py) =="; $(PY) bench/bench_compiled.py
 
 clean:
-	rm -rf $(BUILD) $(ASAN) build-py3* build-wheel
+	rm -rf $(BUILD) $(ASAN) build-py3* build-wheel $(PCBUILD) build-tsan

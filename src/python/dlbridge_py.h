@@ -69,6 +69,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "pycompat.h"
 #include "dlbridge/dlbridge.h"
 
 #include <string.h>
@@ -207,22 +208,12 @@ void dlb__error_exchange_refusal(PyTypeObject *type, const char *what);
 int dlb__read_int64(PyObject *o, const char *what, int64_t *out);
 
 /* Whether the calling thread holds the GIL (of the interpreter it is
- * attached to).  Not PyGILState_Check(): on 3.11 that answers 1 for every
+ * attached to) -- on a free-threaded build, whether it has an attached
+ * thread state.  Not PyGILState_Check(): on 3.11 that answers 1 for every
  * thread once any subinterpreter has been created, which would let a
- * deleter on a foreign thread DECREF without the GIL.  The thread state says
- * it exactly: on 3.12+ the current thread state is thread-local and non-NULL
- * only while this thread is attached; on 3.11 it is the process-wide GIL
- * holder, compared with this thread's own state (a thread-local read). */
-static inline int dlb__gil_held(void) {
-#if PY_VERSION_HEX >= 0x030D0000
-  return PyThreadState_GetUnchecked() != NULL;
-#elif PY_VERSION_HEX >= 0x030C0000
-  return _PyThreadState_UncheckedGet() != NULL;
-#else
-  PyThreadState *ts = _PyThreadState_UncheckedGet();
-  return ts != NULL && ts == PyGILState_GetThisThreadState();
-#endif
-}
+ * deleter on a foreign thread DECREF without the GIL.  The thread state
+ * says it exactly (pycompat.h, dlb__py_attached). */
+static inline int dlb__gil_held(void) { return dlb__py_attached(); }
 
 /* True when a deleter must not touch Python and should leak instead: this
  * thread does not hold the GIL and cannot take it, because the interpreter
@@ -236,11 +227,7 @@ static inline int dlb__gil_held(void) {
  * whatever this says. */
 static inline int dlb__python_gone(void) {
   if (dlb__gil_held()) return 0;
-#if PY_VERSION_HEX >= 0x030D0000
-  return !Py_IsInitialized() || Py_IsFinalizing();
-#else
-  return !Py_IsInitialized() || _Py_IsFinalizing();
-#endif
+  return dlb__py_finalizing();
 }
 
 /* Drop a reference from a deleter: safe on any thread, with or without the
@@ -666,7 +653,8 @@ struct dlb_handler_cache {
   PyObject *framework_stream;
   PyObject *targets;    /* dict framework name -> the registry's
                            (tensor_type, check, convert), capi.c */
-  PyObject *str_module; /* "__module__" */
+  PyObject *str_tag_probe; /* an interned name no class defines: looking
+                              it up tags a type on 3.11 (pycompat.h) */
   PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
   PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
   PyObject *str_registry;        /* "dlbridge._frameworks" */

@@ -280,7 +280,9 @@ static int framework_traits(struct dlb_handler_cache *c, PyObject *framework,
 /* Special methods are looked up on the type, as Python does for its own
  * protocols: no bound method is created and a miss raises nothing. */
 int dlb__type_has(PyTypeObject *type, PyObject *name) {
-  return _PyType_Lookup(type, name) != NULL;
+  PyObject *attr = dlb__py_type_lookup(type, name);
+  Py_XDECREF(attr);
+  return attr != NULL;
 }
 
 /* numpy.ndarray from the numpy module, or NULL when it has none (0), or -1
@@ -329,19 +331,22 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
     return;
   }
   if (!c->skip_exchange) {
-    /* On the type, through its MRO (torch.nn.Parameter inherits it). */
-    PyObject *attr = _PyType_Lookup(type, c->str_exchange);
+    /* On the type, through its MRO (torch.nn.Parameter inherits it); held,
+     * as another thread may replace the attribute meanwhile. */
+    PyObject *attr = dlb__py_type_lookup(type, c->str_exchange);
     const DLPackExchangeAPI *api = attr ? table_from_attr(attr, 0) : NULL;
     if (api == NULL) {
-      attr = _PyType_Lookup(type, c->str_exchange_legacy);
+      Py_XDECREF(attr);
+      attr = dlb__py_type_lookup(type, c->str_exchange_legacy);
       api = attr ? table_from_attr(attr, 1) : NULL;
     }
     if (api != NULL) {
       h->kind = DLB_KIND_EXCHANGE;
       h->api = api;
-      h->api_owner = Py_NewRef(attr);
+      h->api_owner = attr; /* the lookup's reference */
       return;
     }
+    Py_XDECREF(attr);
   }
   int numpy = is_numpy_ndarray(type);
   if (numpy < 0) return;
@@ -379,16 +384,8 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
 /* type's version tag, assigned if it has none yet; 0 when CPython will not
  * tag it (the entry is then checked again on every lookup). */
 static unsigned int version_of(struct dlb_handler_cache *c, PyTypeObject *type) {
-#if PY_VERSION_HEX >= 0x030C0000
-  (void)c;
-  if (!PyUnstable_Type_AssignVersionTag(type)) return 0;
-#else
-  /* A lookup through the method cache tags the type (3.11 has no call for
-   * it); the name must be an interned str for the cache to be used. */
-  (void)_PyType_Lookup(type, c->str_module);
-  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
-#endif
-  return type->tp_version_tag;
+  if (!dlb__py_type_tag(type, c->str_tag_probe)) return 0;
+  return DLB_FT_LOAD_UINT(&type->tp_version_tag);
 }
 
 /* Whether type and every class on its MRO refuse attribute assignment. */
@@ -563,14 +560,14 @@ int dlb__handlers_init(dlb_module_state *st) {
   c->skip_exchange = skip != NULL && skip[0] != '\0' && strcmp(skip, "0") != 0;
   c->converters = PyDict_New();
   c->targets = PyDict_New();
-  c->str_module = PyUnicode_InternFromString("__module__");
+  c->str_tag_probe = PyUnicode_InternFromString("__dlbridge_tag_probe__");
   c->str_exchange = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
   c->str_exchange_legacy = PyUnicode_InternFromString("__c_dlpack_exchange_api__");
   c->str_registry = PyUnicode_InternFromString("dlbridge._frameworks");
   c->str_type_framework = PyUnicode_InternFromString("_type_framework");
   c->str_is_traced = PyUnicode_InternFromString("_is_traced");
   c->str_traits = PyUnicode_InternFromString("_c_traits");
-  if (c->converters == NULL || c->targets == NULL || c->str_module == NULL || c->str_exchange == NULL ||
+  if (c->converters == NULL || c->targets == NULL || c->str_tag_probe == NULL || c->str_exchange == NULL ||
       c->str_exchange_legacy == NULL || c->str_registry == NULL ||
       c->str_type_framework == NULL || c->str_is_traced == NULL ||
       c->str_traits == NULL)
@@ -606,7 +603,7 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->converters);
   Py_CLEAR(c->framework_stream);
   Py_CLEAR(c->targets);
-  Py_CLEAR(c->str_module);
+  Py_CLEAR(c->str_tag_probe);
   Py_CLEAR(c->str_exchange);
   Py_CLEAR(c->str_exchange_legacy);
   Py_CLEAR(c->str_registry);

@@ -369,5 +369,10 @@ int dlb__testing_init(PyObject *module, dlb_module_state *st) {
   if (atomic_load(&counters.attempts) == 0 && atomic_load(&counters.live) == 0)
     atomic_store(&counters.budget, -1);
   if (PyModule_AddFunctions(module, testing_methods) < 0) return -1;
+  /* 1 in the build whose private CPython API is replaced by the public
+   * fallbacks (pycompat.h; make test-pycompat checks it is that build). */
+  if (PyModule_AddIntConstant(module, "_PYCOMPAT_PUBLIC_ONLY",
+                              !DLB_PYCOMPAT_PRIVATE) < 0)
+    return -1;
   return PyModule_AddFunctions(module, private_methods);
 }

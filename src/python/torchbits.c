@@ -38,36 +38,16 @@
  * METH_NOARGS or METH_VARARGS method (called with no arguments) or a
  * getter, of a C type obj is an instance of; NULL with an exception.  The
  * descriptors are checked to be of these shapes when they are kept
- * (c_callable). */
+ * (c_callable).  How the function is reached is pycompat.h's business
+ * (descriptor internals, with a public fallback). */
 static PyObject *call_c(PyObject *descr, PyObject *obj) {
-  if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
-    PyGetSetDef *gs = ((PyGetSetDescrObject *)descr)->d_getset;
-    return gs->get(obj, gs->closure);
-  }
-  PyMethodDef *m = ((PyMethodDescrObject *)descr)->d_method;
-  if ((m->ml_flags & ~(unsigned)METH_COEXIST) == METH_NOARGS)
-    return m->ml_meth(obj, NULL);
-  PyObject *none = PyTuple_New(0); /* the shared empty tuple */
-  if (none == NULL) return NULL;
-  PyObject *r = m->ml_meth(obj, none);
-  Py_DECREF(none);
-  return r;
+  return dlb__py_c_descr_call(descr, obj);
 }
 
 /* Whether descr (a new reference, consumed) can be called by call_c on
  * instances of type: returned, else NULL (and it is released). */
 static PyObject *c_callable(PyObject *descr, PyTypeObject *type) {
-  int ok = 0;
-  if (descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
-    ok = ((PyGetSetDescrObject *)descr)->d_getset->get != NULL &&
-         PyType_IsSubtype(type, PyDescr_TYPE(descr));
-  } else if (descr != NULL && Py_IS_TYPE(descr, &PyMethodDescr_Type)) {
-    unsigned flags = (unsigned)((PyMethodDescrObject *)descr)->d_method->ml_flags &
-                     ~(unsigned)METH_COEXIST;
-    ok = (flags == METH_NOARGS || flags == METH_VARARGS) &&
-         PyType_IsSubtype(type, PyDescr_TYPE(descr));
-  }
-  if (!ok) Py_CLEAR(descr);
+  if (descr != NULL && !dlb__py_c_descr_usable(descr, type)) Py_CLEAR(descr);
   return descr;
 }
 
