@@ -134,9 +134,9 @@ static PyObject *export_target(dlb_module_state *st, PyObject *name) {
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
-  target = PyDict_GetItemWithError(c->targets, name);
-  if (target != NULL) return Py_NewRef(target);
-  if (PyErr_Occurred()) return NULL;
+  /* Strong references: the dict is shared by every thread. */
+  int found = dlb__dict_get_ref(c->targets, name, &target);
+  if (found != 0) return found > 0 ? target : NULL;
   registry = PyImport_Import(c->str_registry);
   if (registry == NULL) return NULL;
   target = PyObject_CallMethod(registry, "_c_target", "O", name);
@@ -151,10 +151,12 @@ static PyObject *export_target(dlb_module_state *st, PyObject *name) {
     return NULL;
   }
   /* st->handlers may have gone while Python ran; the answer is then just
-   * not cached. */
-  if (st->handlers == c && PyDict_SetItem(c->targets, name, target) < 0) {
+   * not cached.  Another thread's answer, put there first, is kept. */
+  if (st->handlers == c) {
+    PyObject *kept = NULL;
+    int rc = dlb__dict_setdefault_ref(c->targets, name, target, &kept);
     Py_DECREF(target);
-    return NULL;
+    return rc < 0 ? NULL : kept;
   }
   return target;
 }

@@ -121,9 +121,18 @@ typedef struct {
    * usable; torch_bits says whether they are used). */
   PyObject *str_torch;             /* "torch" */
   PyTypeObject *torch_base;        /* strong: torch._C.TensorBase, set by
-                                      the first torch tensor seen */
-  dlb_torch_bits torch_bits;
+                                      the first torch tensor seen, once
+                                      what asking needs (torch_ask, ...) is
+                                      in place */
+  int torch_bits;                  /* a dlb_torch_bits; offsets and masks
+                                      are written before it says READ */
   int torch_found;
+  /* torchbits.c: meeting torch and the experiment are done by one thread
+   * at a time on free-threaded builds (torch_owner: which, so that Python
+   * code they run cannot wait for itself); no Python code runs while the
+   * lock is waited for by its owner. */
+  dlb_ft_mutex torch_lock;
+  unsigned long torch_owner;
   int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
   uint64_t torch_neg_mask, torch_conj_mask;
   /* torchbits.c: what asking calls (strong; NULL when torch has no such
@@ -145,8 +154,10 @@ typedef struct {
   /* types.c: DType objects already made, direct-mapped by a hash of
    * (code, bits, lanes).  Reading t.dtype is common and a DType is
    * immutable, so handing out the same object saves an allocation and a
-   * name lookup each time. */
+   * name lookup each time.  Free-threaded builds read and write it under
+   * dtype_lock (an entry replaced by a collision is freed). */
   PyObject *dtype_cache[64];
+  dlb_ft_mutex dtype_lock;
 } dlb_module_state;
 
 extern PyModuleDef dlb__module_def;
@@ -639,11 +650,14 @@ struct dlb_handler_cache {
   size_t mask;   /* capacity - 1, capacity a power of two */
   size_t count;
   /* Moves whenever an entry is freed (its type died): a memo taken before
-   * (dlb_handler_memo) may point at freed memory and is not used. */
+   * (dlb_handler_memo) may point at freed memory and is not used.  Starts
+   * at a value no other cache of the process started at. */
   uint64_t generation;
-  /* Moves whenever a type is classified (entry_new: Python code runs), so
-   * a caller can tell whether a lookup ran any. */
-  uint64_t classifications;
+  /* Free-threaded builds: guards slots, mask, count and the entries'
+   * versions; generation is also read without it (atomically).  Held for
+   * a few loads and stores, never while Python code runs, and waited for
+   * attached (pycompat.h: dlb_ft_lock).  Nothing on GIL builds. */
+  dlb_ft_lock lock;
   PyObject *callback; /* weakref callback; self = cache_capsule */
   PyObject *cache_capsule;
   int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */
@@ -683,23 +697,41 @@ typedef struct {
   unsigned int tag; /* never 0 in a filled memo */
 } dlb_handler_memo;
 
+#ifdef Py_GIL_DISABLED
+/* Free-threaded builds: the handler this thread last found for type, if it
+ * still stands (handlers.c, "each thread's front of the cache"), else NULL.
+ * No lock. */
+const dlb_handler *dlb__handler_front(const dlb_module_state *st,
+                                      PyTypeObject *type);
+#endif
+
 /* The memo's handler for type, or NULL when it does not stand (call
- * dlb__handler_for_memo). */
+ * dlb__handler_for_memo).  Without the GIL a memo shared by the threads
+ * calling one Function would be torn by their writes: the thread's own
+ * front of the cache answers instead, and memos stay empty. */
 static inline const dlb_handler *dlb__handler_memo_get(
     const dlb_module_state *st, const dlb_handler_memo *m,
     PyTypeObject *type) {
+#ifdef Py_GIL_DISABLED
+  (void)m;
+  return dlb__handler_front(st, type);
+#else
   const struct dlb_handler_cache *c = st->handlers;
   if (m->type != type || m->cache != c || m->tag != type->tp_version_tag ||
       m->generation != c->generation)
     return NULL;
   return m->handler;
+#endif
 }
 
 /* dlb__handler_for, refilling m from the answer when the type's version
- * tag still matches the classification (else m is left empty). */
+ * tag still matches the classification (else m is left empty; always on
+ * free-threaded builds).  *ran_python is set when Python code may have run
+ * (the type was classified): what the caller holds borrowed must be read
+ * again. */
 const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
                                          dlb_handler_memo *m,
-                                         PyTypeObject *type);
+                                         PyTypeObject *type, int *ran_python);
 
 /* _core._type_framework(type): the framework name cached in type's handler
  * (the registry's answer), for dlbridge.convert. */
@@ -798,7 +830,10 @@ static inline const char *dlb__torch_impl(const dlb_module_state *st,
  * tensor). */
 static inline int dlb__bits_maybe_set(const dlb_module_state *st,
                                       PyObject *obj) {
-  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0 ||
+  /* torch_bits first (an acquire load without the GIL): READ means
+   * torch_base and the offsets are in place. */
+  if (DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ ||
+      st->torch_meta_off < 0 ||
       (Py_TYPE(obj)->tp_base != st->torch_base &&
        !PyObject_TypeCheck(obj, st->torch_base)))
     return 1;
@@ -815,10 +850,12 @@ static inline int dlb__bits_maybe_set(const dlb_module_state *st,
  * Inline, for Function's reading of its arguments. */
 static inline int dlb__torch_autograd_touched(const dlb_module_state *st,
                                               PyObject *obj) {
-  if (st->torch_base == NULL || (Py_TYPE(obj)->tp_base != st->torch_base &&
-                                 !PyObject_TypeCheck(obj, st->torch_base)))
+  PyTypeObject *base = DLB_FT_LOAD_PTR(&st->torch_base);
+  if (base == NULL ||
+      (Py_TYPE(obj)->tp_base != base && !PyObject_TypeCheck(obj, base)))
     return 0;
-  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0)
+  if (DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ ||
+      st->torch_meta_off < 0)
     return 1;
   const char *impl = dlb__torch_impl(st, obj);
   if (impl == NULL) return 1;

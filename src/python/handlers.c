@@ -140,19 +140,24 @@ static int cache_insert(struct dlb_handler_cache *c, handler_entry *e) {
   return 0;
 }
 
-/* The weakref callback: a cached type is being destroyed. */
+/* The weakref callback: a cached type is being destroyed.  The entry is
+ * unlinked under the cache's lock and freed after it (its references may
+ * run code). */
 static PyObject *on_type_dead(PyObject *capsule, PyObject *wr) {
   struct dlb_handler_cache *c = PyCapsule_GetContext(capsule);
   if (c == NULL) {
     PyErr_Clear();
     Py_RETURN_NONE; /* the cache is gone already */
   }
+  handler_entry *dead = NULL;
+  DLB_FT_LOCK(&c->lock);
   for (size_t i = 0; i <= c->mask; i++) {
     handler_entry *e = c->slots[i];
     if (e != NULL && e->weakref == wr) {
       cache_remove_at(c, i);
-      c->generation++; /* before the free: no memo may use e again */
-      entry_free(e);
+      /* before the free: no memo (and no thread's front) may use e again */
+      DLB_FT_ADD_U64(&c->generation, 1);
+      dead = e;
       break;
     }
   }
@@ -165,6 +170,8 @@ static PyObject *on_type_dead(PyObject *capsule, PyObject *wr) {
     while (ncap > CACHE_MIN_CAPACITY && c->count * 4 < ncap / 2) ncap /= 2;
     (void)cache_resize(c, ncap);
   }
+  DLB_FT_UNLOCK(&c->lock);
+  entry_free(dead);
   Py_RETURN_NONE;
 }
 
@@ -430,7 +437,7 @@ error:
   return NULL;
 }
 
-/* The live entry of type, or NULL (no exception). */
+/* The live entry of type, or NULL (no exception).  Lock held. */
 static handler_entry *cache_find(struct dlb_handler_cache *c, PyTypeObject *type) {
   size_t i = hash_type(type) & c->mask;
   for (;;) {
@@ -441,6 +448,14 @@ static handler_entry *cache_find(struct dlb_handler_cache *c, PyTypeObject *type
   }
 }
 
+/* Whether e's answer stands for type now: the class cannot change, or it
+ * has the version tag it was classified under (a moved tag means the class
+ * changed since). */
+static int entry_current(const handler_entry *e, PyTypeObject *type) {
+  return e->immutable ||
+         (e->version != 0 && e->version == DLB_FT_LOAD_UINT(&type->tp_version_tag));
+}
+
 static int same_answer(const dlb_handler *a, const dlb_handler *b) {
   return a->kind == b->kind && a->traced == b->traced &&
          a->immutable == b->immutable && a->api == b->api &&
@@ -448,72 +463,187 @@ static int same_answer(const dlb_handler *a, const dlb_handler *b) {
          PyUnicode_Compare(a->framework, b->framework) == 0;
 }
 
-/* Classify type (new, or stale: its tag moved) and return its live entry. */
+/* ---- free-threaded builds: each thread's front of the cache ----------------------
+ *
+ * Without the GIL the table is read and changed under its lock (c->lock).
+ * The answers a thread uses call after call are remembered in front of it,
+ * per thread: a direct-mapped array of (type, cache, generation, handler,
+ * tag), read with no lock and no write to shared memory.  A remembered
+ * answer stands while the cache has freed no entry since (generation: an
+ * entry is freed only when its type died, so a type at a reused address
+ * never finds another's handler) and the type has the tag it was
+ * classified under -- the checks a Function's per-parameter memo makes on
+ * GIL builds (dlb_handler_memo), which on these builds would be shared
+ * mutable memory and are not used.  The handler itself lives as long as
+ * its type, which the caller holds. */
+#ifdef Py_GIL_DISABLED
+/* Pairs of entries, the pair chosen by the type's hash, the most recently
+ * remembered first: two types a call keeps meeting do not evict each
+ * other when they hash alike. */
+#define FRONT_PAIRS 32
+typedef struct {
+  PyTypeObject *type;
+  const struct dlb_handler_cache *cache;
+  uint64_t generation;
+  const dlb_handler *h;
+  unsigned int tag; /* 0: the type cannot change, no tag to check */
+} front_entry;
+static _Thread_local front_entry front[FRONT_PAIRS][2];
+
+static inline int front_stands(const front_entry *f,
+                               const struct dlb_handler_cache *c,
+                               PyTypeObject *type) {
+  return f->type == type && f->cache == c && c != NULL &&
+         f->generation == DLB_FT_LOAD_U64(&c->generation) &&
+         (f->tag == 0 || f->tag == DLB_FT_LOAD_UINT(&type->tp_version_tag));
+}
+
+const dlb_handler *dlb__handler_front(const dlb_module_state *st,
+                                      PyTypeObject *type) {
+  const struct dlb_handler_cache *c = st->handlers;
+  const front_entry *pair = front[hash_type(type) & (FRONT_PAIRS - 1)];
+  if (front_stands(&pair[0], c, type)) return pair[0].h;
+  if (front_stands(&pair[1], c, type)) return pair[1].h;
+  return NULL;
+}
+
+/* Remember e (current for type, found under the lock, with the cache's
+ * generation then) in this thread's front. */
+static void front_remember(const struct dlb_handler_cache *c,
+                           PyTypeObject *type, const handler_entry *e,
+                           uint64_t generation) {
+  front_entry *pair = front[hash_type(type) & (FRONT_PAIRS - 1)];
+  if (pair[0].type != type) pair[1] = pair[0];
+  pair[0].type = type;
+  pair[0].cache = c;
+  pair[0].generation = generation;
+  pair[0].h = &e->h;
+  pair[0].tag = e->immutable ? 0 : e->version;
+}
+#define FRONT_REMEMBER(c, type, e) \
+  front_remember((c), (type), (e), DLB_FT_LOAD_U64(&(c)->generation))
+#else
+#define FRONT_REMEMBER(c, type, e) ((void)0)
+#endif
+
+/* Classify type (new, or stale: its tag moved) and return its live entry.
+ * Runs Python code (*ran_python is set). */
 static const dlb_handler *classify_and_insert(dlb_module_state *st,
                                               struct dlb_handler_cache *c,
-                                              PyTypeObject *type) {
-  c->classifications++;
+                                              PyTypeObject *type,
+                                              int *ran_python) {
+  *ran_python = 1;
   handler_entry *fresh = entry_new(st, c, type);
   if (fresh == NULL) return NULL;
   /* Python code ran: the table may have changed under us (other types
-   * added or dropped, this one classified by a re-entrant call). */
+   * added or dropped, this one classified by a re-entrant call or, without
+   * the GIL, by another thread). */
   if (st->handlers != c) {
     entry_free(fresh);
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
+  /* Made before the lock is taken (it allocates); dropped unused when the
+   * type turns out to have an entry already. */
+  PyObject *weakref = PyWeakref_NewRef((PyObject *)type, c->callback);
+  if (weakref == NULL) {
+    entry_free(fresh);
+    return NULL;
+  }
+  handler_entry *unused = NULL, *answer;
+  int failed = 0;
+  DLB_FT_LOCK(&c->lock);
   handler_entry *old = cache_find(c, type);
   if (old == NULL) {
-    fresh->weakref = PyWeakref_NewRef((PyObject *)type, c->callback);
-    if (fresh->weakref == NULL || cache_insert(c, fresh) < 0) {
-      entry_free(fresh);
-      return NULL;
+    fresh->weakref = weakref;
+    weakref = NULL;
+    if (cache_insert(c, fresh) < 0) {
+      failed = 1;
+      unused = fresh;
     }
-    return &fresh->h;
-  }
-  if (same_answer(&old->h, &fresh->h)) {
+    answer = fresh;
+  } else if (same_answer(&old->h, &fresh->h)) {
     old->version = fresh->version;
     old->immutable = fresh->immutable;
-    entry_free(fresh);
-    return &old->h;
+    unused = fresh;
+    answer = old;
+  } else {
+    /* A new answer: fresh takes old's slot and weakref; old is retired (a
+     * caller may still hold it) and freed with fresh, when the type dies. */
+    size_t i = hash_type(type) & c->mask;
+    while (c->slots[i] != old) i = (i + 1) & c->mask;
+    fresh->weakref = old->weakref;
+    old->weakref = NULL;
+    fresh->retired = old;
+    c->slots[i] = fresh;
+    answer = fresh;
   }
-  /* A new answer: fresh takes old's slot and weakref; old is retired (a
-   * caller may still hold it) and freed with fresh, when the type dies. */
-  size_t i = hash_type(type) & c->mask;
-  while (c->slots[i] != old) i = (i + 1) & c->mask;
-  fresh->weakref = old->weakref;
-  old->weakref = NULL;
-  fresh->retired = old;
-  c->slots[i] = fresh;
-  return &fresh->h;
+  if (!failed && entry_current(answer, type)) FRONT_REMEMBER(c, type, answer);
+  DLB_FT_UNLOCK(&c->lock);
+  entry_free(unused);
+  Py_XDECREF(weakref);
+  return failed ? NULL : &answer->h;
 }
 
-const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
+/* dlb__handler_for, saying in *ran_python whether Python code may have run
+ * (a classification).  Without the GIL the table's lock is waited for
+ * attached (dlb_ft_lock): the thread is not stopped there, so another
+ * thread cannot change the class of an object the caller holds meanwhile
+ * -- that needs every thread stopped. */
+static const dlb_handler *handler_for(dlb_module_state *st,
+                                      PyTypeObject *type, int *ran_python) {
   struct dlb_handler_cache *c = st->handlers;
   if (c == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
+#ifdef Py_GIL_DISABLED
+  const dlb_handler *h = dlb__handler_front(st, type);
+  if (h != NULL) return h;
+  DLB_FT_LOCK(&c->lock);
+  handler_entry *e = cache_find(c, type);
+  if (e != NULL && entry_current(e, type)) {
+    FRONT_REMEMBER(c, type, e);
+    h = &e->h;
+  }
+  DLB_FT_UNLOCK(&c->lock);
+  if (h != NULL) return h;
+  /* Held while Python code classifies it: that code, or another thread
+   * meanwhile, may change the class of the object the caller read type
+   * from, and only this reference then keeps type alive. */
+  Py_INCREF(type);
+  h = classify_and_insert(st, c, type, ran_python);
+  dlb__clear_keep_error((PyObject **)&type);
+  return h;
+#else
   size_t i = hash_type(type) & c->mask;
   for (;;) {
     handler_entry *e = c->slots[i];
     if (e == NULL) break;
-    /* A moved tag means the class changed since it was classified. */
     if (e->h.type == type) {
-      if (e->immutable ||
-          (e->version != 0 && e->version == type->tp_version_tag))
-        return &e->h;
+      if (entry_current(e, type)) return &e->h;
       break;
     }
     i = (i + 1) & c->mask;
   }
-  return classify_and_insert(st, c, type);
+  return classify_and_insert(st, c, type, ran_python);
+#endif
+}
+
+const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
+  int ran_python = 0;
+  return handler_for(st, type, &ran_python);
 }
 
 const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
                                          dlb_handler_memo *m,
-                                         PyTypeObject *type) {
-  const dlb_handler *h = dlb__handler_for(st, type);
+                                         PyTypeObject *type, int *ran_python) {
+  const dlb_handler *h = handler_for(st, type, ran_python);
+#ifdef Py_GIL_DISABLED
+  /* Left alone: the memo is the Function's, shared by every thread that
+   * calls it, and never read on these builds (dlb__handler_memo_get). */
+  (void)m;
+#else
   memset(m, 0, sizeof *m);
   if (h == NULL) return NULL;
   /* The entry dlb__handler_for answered from: its version is the tag the
@@ -527,6 +657,7 @@ const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
     m->handler = h;
     m->tag = e->version;
   }
+#endif
   return h;
 }
 
@@ -550,6 +681,12 @@ int dlb__handlers_init(dlb_module_state *st) {
     return -1;
   }
   st->handlers = c;
+  DLB_FT_LOCK_INIT(&c->lock);
+  /* Distinct from every other cache of the process, so that a memo of a
+   * cache freed since (at the same address) can never match. */
+  static uint64_t caches_made;
+  DLB_FT_ADD_U64(&caches_made, 1);
+  c->generation = DLB_FT_LOAD_U64(&caches_made) << 40;
   c->mask = CACHE_MIN_CAPACITY - 1;
   c->slots = PyMem_Calloc(c->mask + 1, sizeof *c->slots);
   if (c->slots == NULL) {
@@ -610,5 +747,6 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->str_type_framework);
   Py_CLEAR(c->str_is_traced);
   Py_CLEAR(c->str_traits);
+  DLB_FT_LOCK_DESTROY(&c->lock);
   PyMem_Free(c);
 }

@@ -331,6 +331,10 @@ static inline int dlb__dict_setdefault_ref(PyObject *dict, PyObject *key,
   atomic_load_explicit(DLB__A(int, p), memory_order_acquire)
 #define DLB_FT_STORE_INT(p, v) \
   atomic_store_explicit(DLB__A(int, p), (v), memory_order_release)
+#define DLB_FT_LOAD_ULONG(p) \
+  atomic_load_explicit(DLB__A(unsigned long, p), memory_order_relaxed)
+#define DLB_FT_STORE_ULONG(p, v) \
+  atomic_store_explicit(DLB__A(unsigned long, p), (v), memory_order_relaxed)
 #define DLB_FT_ADD_SSIZE(p, v) \
   ((void)atomic_fetch_add_explicit(DLB__A(Py_ssize_t, p), (v), \
                                    memory_order_relaxed))
@@ -343,21 +347,41 @@ static inline int dlb__ft_set_once(void *slot, void *v) {
       DLB__A(void *, slot), &expected, v, memory_order_acq_rel,
       memory_order_acquire);
 }
-/* A lock for what threads share.  Taking it may detach the thread state
- * while it waits (so a stop-the-world pause can proceed): a caller holding
- * borrowed views or handlers treats it as Python code having run. */
+/* Two kinds of lock for what threads share.
+ *
+ * dlb_ft_mutex, a PyMutex: may be held while Python code runs.  A thread
+ * that waits for one detaches its thread state meanwhile (so a
+ * stop-the-world pause, which the holder's Python code may need, can
+ * proceed); zero-initialised.
+ *
+ * dlb_ft_lock, a pthread mutex: held only around a few loads and stores --
+ * never while Python code runs, an object is freed or anything else waits.
+ * A thread waits for it attached, so it cannot be stopped there: a caller
+ * holding borrowed views or handlers, which stay valid only while it does
+ * not detach (an object's class changes only while every thread is
+ * stopped), keeps them valid across it.  Initialised and destroyed
+ * explicitly (DLB_FT_LOCK_INIT), or statically (DLB_FT_LOCK_STATIC). */
 typedef PyMutex dlb_ft_mutex;
-#define DLB_FT_LOCK(m) PyMutex_Lock(m)
-#define DLB_FT_UNLOCK(m) PyMutex_Unlock(m)
+#define DLB_FT_MUTEX_LOCK(m) PyMutex_Lock(m)
+#define DLB_FT_MUTEX_UNLOCK(m) PyMutex_Unlock(m)
+#include <pthread.h>
+typedef pthread_mutex_t dlb_ft_lock;
+#define DLB_FT_LOCK_STATIC PTHREAD_MUTEX_INITIALIZER
+#define DLB_FT_LOCK_INIT(m) ((void)pthread_mutex_init((m), NULL))
+#define DLB_FT_LOCK_DESTROY(m) ((void)pthread_mutex_destroy(m))
+#define DLB_FT_LOCK(m) ((void)pthread_mutex_lock(m))
+#define DLB_FT_UNLOCK(m) ((void)pthread_mutex_unlock(m))
 #else
 #define DLB_FT_LOAD_PTR(p) ((void *)*(p))
-#define DLB_FT_STORE_PTR(p, v) ((void)(*(p) = (v)))
+#define DLB_FT_STORE_PTR(p, v) ((void)(*(p) = (void *)(v)))
 #define DLB_FT_LOAD_U64(p) (*(p))
 #define DLB_FT_STORE_U64(p, v) ((void)(*(p) = (v)))
 #define DLB_FT_ADD_U64(p, v) ((void)(*(p) += (v)))
 #define DLB_FT_LOAD_UINT(p) (*(p))
 #define DLB_FT_LOAD_INT(p) (*(p))
 #define DLB_FT_STORE_INT(p, v) ((void)(*(p) = (v)))
+#define DLB_FT_LOAD_ULONG(p) (*(p))
+#define DLB_FT_STORE_ULONG(p, v) ((void)(*(p) = (v)))
 #define DLB_FT_ADD_SSIZE(p, v) ((void)(*(p) += (v)))
 #define DLB_FT_LOAD_SSIZE(p) (*(p))
 static inline int dlb__ft_set_once(void *slot, void *v) {
@@ -367,6 +391,12 @@ static inline int dlb__ft_set_once(void *slot, void *v) {
   return 1;
 }
 typedef char dlb_ft_mutex; /* unused: the GIL serialises */
+#define DLB_FT_MUTEX_LOCK(m) ((void)(m))
+#define DLB_FT_MUTEX_UNLOCK(m) ((void)(m))
+typedef char dlb_ft_lock;
+#define DLB_FT_LOCK_STATIC 0
+#define DLB_FT_LOCK_INIT(m) ((void)(m))
+#define DLB_FT_LOCK_DESTROY(m) ((void)(m))
 #define DLB_FT_LOCK(m) ((void)(m))
 #define DLB_FT_UNLOCK(m) ((void)(m))
 #endif

@@ -160,7 +160,8 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
                            PyObject *obj) {
   PyObject *g = NULL, *r = NULL, *cd = NULL;
   int ok = 0;
-  st->torch_bits = DLB_TORCH_BITS_ASK; /* unless everything below holds */
+  /* Asked, unless everything below holds: other threads ask meanwhile. */
+  DLB_FT_STORE_INT(&st->torch_bits, DLB_TORCH_BITS_ASK);
   st->torch_found = 0;
 #ifndef DLB_HAVE_MALLOC_USABLE_SIZE
   (void)base;
@@ -251,8 +252,9 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
       PyErr_Clear();
     }
   }
-  st->torch_bits = DLB_TORCH_BITS_READ;
   st->torch_found = 1;
+  /* Last: a thread that reads READ finds the offsets above in place. */
+  DLB_FT_STORE_INT(&st->torch_bits, DLB_TORCH_BITS_READ);
   ok = 1;
 done:
   /* A failed experiment is not an error: the tensor is asked instead. */
@@ -327,11 +329,35 @@ static PyTypeObject *torch_base_of(PyTypeObject *type) {
  * code runs: *ran_python is set): its base type is kept, what asking needs
  * is looked up and the experiment runs.  Only once torch is imported: this
  * never imports it. */
+/* Free-threaded builds: the first torch tensor's visit and the experiment
+ * run in one thread at a time, under st->torch_lock.  What they run may
+ * run Python code that meets a torch tensor again on the same thread: that
+ * visit must not wait for itself, and finds the work unfinished instead
+ * (its tensor is then asked the ordinary way).  0 when the lock is taken
+ * (torch_unlock after), -1 when this thread holds it already. */
+static int torch_lock(dlb_module_state *st) {
+  /* With a GIL the owner is just "someone": only this thread can run. */
+#ifdef Py_GIL_DISABLED
+  unsigned long me = PyThread_get_thread_ident();
+#else
+  unsigned long me = 1;
+#endif
+  if (DLB_FT_LOAD_ULONG(&st->torch_owner) == me) return -1;
+  DLB_FT_MUTEX_LOCK(&st->torch_lock);
+  DLB_FT_STORE_ULONG(&st->torch_owner, me);
+  return 0;
+}
+
+static void torch_unlock(dlb_module_state *st) {
+  DLB_FT_STORE_ULONG(&st->torch_owner, 0);
+  DLB_FT_MUTEX_UNLOCK(&st->torch_lock);
+}
+
 static int is_torch(dlb_module_state *st, PyObject *obj, int *ran_python) {
   /* torch.Tensor itself derives from the base directly: one compare. */
-  if (st->torch_base != NULL)
-    return Py_TYPE(obj)->tp_base == st->torch_base ||
-           PyObject_TypeCheck(obj, st->torch_base);
+  PyTypeObject *known = DLB_FT_LOAD_PTR(&st->torch_base);
+  if (known != NULL)
+    return Py_TYPE(obj)->tp_base == known || PyObject_TypeCheck(obj, known);
   PyTypeObject *base = torch_base_of(Py_TYPE(obj));
   if (base == NULL) return 0;
   PyObject *torch = PyImport_GetModule(st->str_torch);
@@ -341,8 +367,13 @@ static int is_torch(dlb_module_state *st, PyObject *obj, int *ran_python) {
   }
   Py_DECREF(torch);
   *ran_python = 1;
-  st->torch_base = (PyTypeObject *)Py_NewRef((PyObject *)base);
-  torch_keep_calls(st, base);
+  if (torch_lock(st) < 0) return 1; /* this thread is meeting torch already */
+  if (st->torch_base == NULL) {
+    torch_keep_calls(st, base);
+    /* Last: a thread that sees torch_base finds what asking needs. */
+    DLB_FT_STORE_PTR(&st->torch_base, Py_NewRef((PyObject *)base));
+  }
+  torch_unlock(st);
   return 1;
 }
 
@@ -350,7 +381,7 @@ static int is_torch(dlb_module_state *st, PyObject *obj, int *ran_python) {
  * *conj set), 0 to be asked. */
 static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
                            int *conj) {
-  if (st->torch_bits != DLB_TORCH_BITS_READ) return 0;
+  if (DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ) return 0;
   const char *impl = torch_impl_of(st, obj);
   if (impl == NULL) return 0;
   uint64_t key;
@@ -363,7 +394,8 @@ static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
 /* Whether obj, a torch tensor, is one autograd never touched (its
  * autograd_meta_ is NULL): then it does not require grad. */
 static int torch_no_autograd(const dlb_module_state *st, PyObject *obj) {
-  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0)
+  if (DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ ||
+      st->torch_meta_off < 0)
     return 0;
   const char *impl = torch_impl_of(st, obj);
   if (impl == NULL) return 0;
@@ -376,9 +408,14 @@ int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
                     DLDataType dtype, int *readonly, int *ran_python) {
   int neg = 0, conj = 0;
   if (!is_torch(st, obj, ran_python)) return 0;
-  if (st->torch_bits == DLB_TORCH_BITS_UNTRIED) {
+  if (DLB_FT_LOAD_INT(&st->torch_bits) == DLB_TORCH_BITS_UNTRIED) {
     *ran_python = 1;
-    torch_calibrate(st, st->torch_base, obj);
+    PyTypeObject *base = DLB_FT_LOAD_PTR(&st->torch_base);
+    if (base != NULL && torch_lock(st) == 0) {
+      if (st->torch_bits == DLB_TORCH_BITS_UNTRIED)
+        torch_calibrate(st, base, obj);
+      torch_unlock(st);
+    }
   }
   if (!torch_bits_read(st, obj, &neg, &conj)) {
     neg = torch_ask(st, obj, ASK_NEG, ran_python);
@@ -482,6 +519,6 @@ void dlb__torch_clear(dlb_module_state *st) {
   }
   Py_CLEAR(st->torch_grad_enabled);
   Py_CLEAR(st->torch_bump);
-  st->torch_bits = DLB_TORCH_BITS_UNTRIED;
+  DLB_FT_STORE_INT(&st->torch_bits, DLB_TORCH_BITS_UNTRIED);
   st->torch_found = 0;
 }
