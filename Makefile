@@ -31,7 +31,8 @@ build: bootstrap
 # first stage that fails stops the run, as before.  The stages after `build`
 # skip their own `build` prerequisite (STAGED=1): it has just run.
 TEST_STAGES := build test-layering test-c test-valgrind sanitize fuzz-short \
-               test-install test-python test-py312 test-py313 sanitize-python
+               test-install test-python test-py312 test-py313 test-ft test-tsan \
+               sanitize-python
 BUILT_DEP := $(if $(STAGED),,build)
 test:
 	@times=""; all=$$(date +%s%N); \
@@ -147,13 +148,6 @@ test-install: bootstrap
 test-python: $(BUILT_DEP)
 	@PYTHONPATH=$(TESTPATH) $(PYTEST) -q tests/python
 
-# The Python suite on CPython 3.13 (pyenv's) and on the free-threaded 3.13
-# that scripts/python-ft builds: each with its own .venv313[t], build-py313[t]
-# and requirements/py313[t].txt, and the peers that install there; not part
-# of `make test` yet.  test-ft then checks that importing dlbridge leaves the
-# GIL off -- an expected failure until the extension declares
-# Py_MOD_GIL_NOT_USED (issue 18's free-threading audit), reported as XFAIL;
-# once it passes, the check says so and fails until it is made strict here.
 # The Python suite on pyenv's 3.12 and 3.13 (scripts/python-suite: a venv,
 # a build dir and requirements/pyXY.txt each): NumPy, JAX 0.12 (the newest;
 # 3.11's .venv keeps 0.10.2), array-api-strict, ml-dtypes; the heavy peers'
@@ -164,14 +158,26 @@ test-py312:
 test-py313:
 	@scripts/python-suite 3.13
 
+# The free-threaded CPython 3.13 (scripts/python-ft builds it once and
+# caches it): the Python suite there with NumPy and JAX (cp313t wheels,
+# requirements/py313t.txt; the other peers' tests skip), then the thread
+# hammer (tests/threads, 8 threads) with the GIL off.  Importing dlbridge
+# must leave the GIL off: a module that does not declare Py_MOD_GIL_NOT_USED
+# turns it back on for the whole process, and this stage fails.
 test-ft:
 	@scripts/python-suite 3.13t
-	@.venv313t/bin/python -W ignore -c 'import sys, dlbridge; sys.exit(3 if sys._is_gil_enabled() else 0)'; \
-	case $$? in \
-	  3) echo "test-ft: XFAIL (expected until the free-threading audit): importing dlbridge re-enables the GIL" ;; \
-	  0) echo "test-ft: XPASS: the GIL stays off after importing dlbridge -- make this check strict in the Makefile"; exit 1 ;; \
-	  *) echo "test-ft: importing dlbridge failed"; exit 1 ;; \
-	esac
+	@.venv313t/bin/python -W error::RuntimeWarning -c \
+	    'import sys, dlbridge; sys.exit("test-ft: importing dlbridge turned the GIL back on" if sys._is_gil_enabled() else 0)'
+	@echo "test-ft: the GIL stays off after importing dlbridge"
+	@scripts/thread-hammer
+
+# The thread hammer under ThreadSanitizer: the extension built with clang-14
+# and -fsanitize=thread, run by the ThreadSanitizer build of the
+# free-threaded CPython (scripts/python-ft --tsan) with only CPython's own
+# free-threading suppressions; any report fails the stage
+# (scripts/thread-hammer --tsan prints the count).
+test-tsan:
+	@scripts/thread-hammer --tsan
 
 # Binary wheels (cp311, cp312, cp313, cp313t; manylinux) and the sdist into
 # dist/ (scripts/wheels); wheel-smoke installs each into a fresh environment
