@@ -3,7 +3,8 @@
  * that C extensions import (NumPy's import_array() pattern).
  *
  * Every entry is a thin shell over the functions dlbridge itself uses
- * (views.c, handlers.c, outputs.c, import.c, export.c), so extensions read
+ * (views.c, handlers.c, outputs.c, import.c, convert.c, export.c), so
+ * extensions read
  * each framework exactly the way dlbridge itself does.
  *
  * One table per module instance (sub-interpreters, re-created modules): it is
@@ -120,52 +121,12 @@ done:
   return rc;
 }
 
-/* The registry's answer for an export to framework name (new reference
- * to a (tensor_type, check, convert) tuple, or None for a name that is not
- * a convert target), asked once per name and
- * cached: python/dlbridge/_frameworks.py is the one list of frameworks, so
- * what a name means -- and what the framework refuses -- does not depend
- * on a list kept here.  NULL with an exception (ValueError for a name the
- * registry does not know, ImportError for a framework not installed). */
-static PyObject *export_target(dlb_module_state *st, PyObject *name) {
-  struct dlb_handler_cache *c = st->handlers;
-  PyObject *target, *registry;
-  if (c == NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
-    return NULL;
-  }
-  target = PyDict_GetItemWithError(c->targets, name);
-  if (target != NULL) return Py_NewRef(target);
-  if (PyErr_Occurred()) return NULL;
-  registry = PyImport_Import(c->str_registry);
-  if (registry == NULL) return NULL;
-  target = PyObject_CallMethod(registry, "_c_target", "O", name);
-  Py_DECREF(registry);
-  if (target == NULL) return NULL;
-  if (target != Py_None &&
-      (!PyTuple_CheckExact(target) || PyTuple_GET_SIZE(target) != 3)) {
-    PyErr_SetString(PyExc_TypeError,
-                    "dlbridge._frameworks._c_target must return None or a "
-                    "3-tuple");
-    Py_DECREF(target);
-    return NULL;
-  }
-  /* st->handlers may have gone while Python ran; the answer is then just
-   * not cached. */
-  if (st->handlers == c && PyDict_SetItem(c->targets, name, target) < 0) {
-    Py_DECREF(target);
-    return NULL;
-  }
-  return target;
-}
-
 static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
                                const char *framework, PyObject *like,
                                PyObject **out) {
   dlb_module_state *st = state_of(api);
   const dlb_handler *h = NULL;
-  PyTypeObject *fast = NULL;
-  PyObject *name = NULL, *target = NULL, *tensor = NULL, *result = NULL;
+  PyObject *name = NULL, *tensor = NULL, *result = NULL;
   dlb_error err;
   int rc = -1;
 
@@ -223,55 +184,35 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
     }
   }
 
-  /* Every target, by name or like=, goes through the registry's checks
-   * (read-only data into torch is refused whichever way torch is named).
-   * A framework the registry does not know (like= of some other type) has
-   * none; an unknown name is the registry's ValueError. */
+  /* Every target, by name or like=, goes through convert's rules (read-only
+   * data into torch is copied whichever way torch is named), so an
+   * extension's results are what dlbridge.convert would give.  A like= of a
+   * framework that is no convert target is handed to it the way Function
+   * hands results back (dlb__to_framework: a dlbridge.Tensor when the
+   * registry does not know it); an unknown name is the registry's
+   * ValueError. */
   tensor = dlb__tensor_from_managed(st, m);
   m = NULL; /* stolen, on failure too */
   if (tensor == NULL) goto done;
-  target = export_target(st, name);
-  if (target == NULL) goto done;
-  if (target == Py_None && like == NULL) {
-    PyObject *registry = PyImport_Import(st->handlers->str_registry);
-    if (registry != NULL) {
-      Py_XDECREF(PyObject_CallMethod(registry, "_resolve_target", "O", name));
-      Py_DECREF(registry);
-    }
-    if (!PyErr_Occurred())
-      PyErr_Format(PyExc_ValueError, "dlb_py_export: unknown framework %R",
-                   name);
-    goto done;
-  }
-  if (target != Py_None) {
-    PyObject *ok = PyObject_CallOneArg(PyTuple_GET_ITEM(target, 1), tensor);
-    if (ok == NULL) goto done;
-    Py_DECREF(ok);
-  }
-  /* The handler is looked up only now, after the Python code above. */
   if (like != NULL) {
-    fast = Py_TYPE(like);
-  } else if (PyType_Check(PyTuple_GET_ITEM(target, 0))) {
-    fast = (PyTypeObject *)PyTuple_GET_ITEM(target, 0);
-  }
-  if (fast != NULL) {
-    h = dlb__handler_for(st, fast);
-    if (h == NULL) goto done;
-  }
-  /* like's handler hands the result to its framework (its exchange table,
-   * or the registry's importer); a named framework's tensor type is used
-   * only for its exchange table, the fast path. */
-  if (h != NULL && (like != NULL || h->kind == DLB_KIND_EXCHANGE)) {
-    DLManagedTensorVersioned *e = NULL;
-    if (dlb__tensor_export_managed((dlb_TensorObject *)tensor, &e, &err) < 0) {
-      dlb__raise(&err);
+    int known = dlb__convert_is_target(st, name);
+    if (known < 0) goto done;
+    if (!known) {
+      /* The handler is looked up only now, after the Python code above. */
+      h = dlb__handler_for(st, Py_TYPE(like));
+      if (h == NULL) goto done;
+      DLManagedTensorVersioned *e = NULL;
+      if (dlb__tensor_export_managed((dlb_TensorObject *)tensor, &e, &err) <
+          0) {
+        dlb__raise(&err);
+        goto done;
+      }
+      rc = dlb__to_framework(st, h, e, &result); /* steals e */
+      if (rc < 0) result = NULL;
       goto done;
     }
-    rc = dlb__to_framework(st, h, e, &result); /* steals e */
-    if (rc < 0) result = NULL;
-    goto done;
   }
-  result = PyObject_CallOneArg(PyTuple_GET_ITEM(target, 2), tensor);
+  result = dlb__convert(st, tensor, like != NULL ? like : name, NULL, -1);
   if (result != NULL) rc = 0;
 done:
   if (m != NULL) {
@@ -280,7 +221,6 @@ done:
     dlb__delete_keep_error(m);
   }
   Py_XDECREF(name);
-  Py_XDECREF(target);
   Py_XDECREF(tensor);
   if (rc == 0)
     *out = result;
