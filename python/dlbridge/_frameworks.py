@@ -38,6 +38,7 @@ docs/decisions.md, "convert"):
   framework's own exception.
 """
 
+import functools
 import importlib
 import sys
 
@@ -68,12 +69,13 @@ class Framework:
 
     __slots__ = ("name", "roots", "dist", "target", "tensor_type", "takes",
                  "readonly", "negative_strides", "compact_only", "dtypes",
-                 "alignment", "devices", "copies", "min_ndim")
+                 "alignment", "devices", "copies", "min_ndim", "objects")
 
     def __init__(self, name, roots=None, dist=None, target=True,
                  tensor_type=None, takes=TAKES_OBJECT, readonly=False,
                  negative_strides=True, compact_only=False, dtypes=None,
-                 alignment=None, devices=None, copies=False, min_ndim=0):
+                 alignment=None, devices=None, copies=False, min_ndim=0,
+                 objects=False):
         self.name = name
         #: root module names whose types belong to it
         self.roots = roots or (name,)
@@ -108,6 +110,11 @@ class Framework:
         self.copies = copies
         #: the fewest dimensions its tensors have
         self.min_ndim = min_ndim
+        #: its importer takes any object with __dlpack__ (and no capsule):
+        #: a NumPy array it can share as it is goes to it directly, as its
+        #: own importer's caller would pass it, not through a
+        #: dlbridge.Tensor
+        self.objects = objects
 
     def __repr__(self):
         return f"<dlbridge framework {self.name!r}>"
@@ -171,26 +178,29 @@ REGISTRY = {fw.name: fw for fw in (
     # make it allocate 2**64 bytes ("Fail to alloc memory").
     Framework("paddle", dist="paddlepaddle", tensor_type="paddle:Tensor",
               takes=TAKES_EXCHANGE, negative_strides=False),
-    Framework("tvm_ffi", dist="apache-tvm-ffi"),
+    Framework("tvm_ffi", dist="apache-tvm-ffi", objects=True),
     # onnxruntime 1.32: legacy capsules, contiguous data only
-    # ("IsContiguousTensor(...) was false").
-    Framework("onnxruntime", compact_only=True),
+    # ("IsContiguousTensor(...) was false").  The importers below take a
+    # raw legacy capsule as readily as an object with __dlpack__: convert
+    # hands them one, which spares them the protocol's method calls.
+    Framework("onnxruntime", takes=TAKES_CAPSULE, compact_only=True),
     # MLX 0.32 copies every import on its CPU backend and refuses negative
     # strides.
-    Framework("mlx", readonly=True, negative_strides=False, copies=True,
-              dtypes=_MLX_DTYPES),
+    Framework("mlx", takes=TAKES_CAPSULE, readonly=True,
+              negative_strides=False, copies=True, dtypes=_MLX_DTYPES),
     # Warp 1.19: legacy capsules, zero-copy for any strides; its arrays
     # have at least one dimension.
-    Framework("warp", dist="warp-lang", min_ndim=1),
+    Framework("warp", dist="warp-lang", takes=TAKES_CAPSULE, min_ndim=1),
     # Open3D 0.20 (CPU build): legacy capsules, zero-copy for any strides.
     Framework("open3d", dist="open3d-cpu", takes=TAKES_CAPSULE),
     # Dr.Jit 1.5: exact dtype and C-contiguous layout; the LLVM backend
     # shares CPU memory, the scalar one copies (_c_convert_target says
     # which, per backend).
-    Framework("drjit", compact_only=True,
+    Framework("drjit", takes=TAKES_CAPSULE, compact_only=True,
               dtypes=frozenset(_DRJIT_TENSORS)),
     # NumPy underneath, read-only kept.
-    Framework("array_api_strict", dist="array-api-strict", readonly=True),
+    Framework("array_api_strict", dist="array-api-strict", readonly=True,
+              objects=True),
     # CUDA only: numba's device arrays (read over __cuda_array_interface__)
     # and cuda.core's StridedMemoryView (types under the "cuda" package)
     Framework("numba", readonly=True),
@@ -463,17 +473,10 @@ def _load_onnxruntime():
 
 def _load_mlx():
     mx = importlib.import_module("mlx.core")
-    from_dlpack = mx.from_dlpack
     # mx.from_dlpack narrows float64 to float32 (MLX's default float type)
-    # without a word; mx.array(t, dtype=...) keeps the dtype asked for.
-    f64 = mx.float64
-
-    def to_mlx(t):
-        if t.dtype == "float64":
-            return mx.array(t, dtype=f64)
-        return from_dlpack(t)
-
-    return to_mlx
+    # without a word; mx.array(x, dtype=mx.float64) keeps it.
+    return mx.from_dlpack, {"by_dtype": {
+        "float64": functools.partial(mx.array, dtype=mx.float64)}}
 
 
 def _load_warp():
@@ -499,14 +502,18 @@ def _drjit_backend():
         return importlib.import_module("drjit.scalar")
 
 
+def _no_drjit_tensor(x):
+    # Unreachable: convert refuses the dtypes without a TensorX type first.
+    raise BufferError("convert: drjit has no tensor type of this dtype")
+
+
 def _load_drjit():
     backend = _drjit_backend()
-    types = {dt: getattr(backend, name) for dt, name in _DRJIT_TENSORS.items()}
-
-    def to_drjit(t):
-        return types[t.dtype.name](t)
-
-    return to_drjit, {"copies": backend.__name__ == "drjit.scalar"}
+    # The result type is chosen by dtype (Dr.Jit converts nothing implicitly).
+    return _no_drjit_tensor, {
+        "by_dtype": {dt: getattr(backend, name)
+                     for dt, name in _DRJIT_TENSORS.items()},
+        "copies": backend.__name__ == "drjit.scalar"}
 
 
 def _load_array_api_strict():
@@ -557,8 +564,9 @@ def _c_convert_target(name, tp=None):
     """What convert.c needs of target ``name`` (a FRAMEWORKS name), as a
     tuple read by its parser (convert.c, bind_target): (takes, importer,
     errors, tensor_type, numpy_api, readonly, negative_strides,
-    compact_only, copies, by_type, min_ndim, alignment, dtypes,
-    dtype_names, devices).  Imports the framework.  ``tp``: a type passed as ``to`` of a
+    compact_only, copies, by_type, objects, min_ndim, alignment, dtypes,
+    dtype_names, devices, by_dtype: ((code, bits, lanes), importer) pairs
+    tried before ``importer``).  Imports the framework.  ``tp``: a type passed as ``to`` of a
     framework that picks its result type by type (Dr.Jit), used as the
     importer; None otherwise.  The answer is cached per name (per type for
     ``tp``)."""
@@ -583,11 +591,15 @@ def _c_convert_target(name, tp=None):
     if fw.dtypes is not None:
         names = ", ".join(sorted(fw.dtypes))
         dtypes = tuple(_dtype_triple(n) for n in sorted(fw.dtypes))
+    by_dtype = None
+    if extra.get("by_dtype") and tp is None:
+        by_dtype = tuple((_dtype_triple(n), f)
+                         for n, f in sorted(extra["by_dtype"].items()))
     return (fw.takes, importer, extra.get("errors", _IMPORT_ERRORS),
             tensor_type, extra.get("numpy_api"), fw.readonly,
             fw.negative_strides, fw.compact_only, copies,
-            name in _BY_TYPE, fw.min_ndim, fw.alignment or 0, dtypes, names,
-            devices)
+            name in _BY_TYPE, fw.objects, fw.min_ndim, fw.alignment or 0,
+            dtypes, names, devices, by_dtype)
 
 
 # ---- what the C extension asks (answers cached on the C side) ----------------

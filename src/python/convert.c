@@ -52,7 +52,6 @@ enum {
 };
 
 #define TARGET_MAX_DTYPES 32
-#define TARGET_CAPSULE "dlbridge.convert_target"
 
 typedef struct {
   PyObject *name;            /* interned str: the registry's name */
@@ -68,11 +67,17 @@ typedef struct {
   int compact;               /* takes compact row-major data only */
   int copies;                /* its importer copies every tensor */
   int by_type;               /* a type passed as `to` is the importer */
+  int objects;               /* its importers take any object with
+                                __dlpack__ (a NumPy array as it is) */
   int min_ndim;
   Py_ssize_t alignment;      /* bytes its kernels need; 0: any */
   int ndtypes;               /* -1: any dtype (its importer decides) */
   DLDataType dtypes[TARGET_MAX_DTYPES];
   PyObject *dtype_names;     /* str listing them, or NULL */
+  int nby_dtype;             /* importers chosen by dtype (Dr.Jit's TensorX
+                                types, MLX's float64), tried first */
+  DLDataType by_dtype[TARGET_MAX_DTYPES];
+  PyObject *by_dtype_importer[TARGET_MAX_DTYPES]; /* strong */
   int any_device;            /* else only the device types in device_mask */
   uint64_t device_mask;
 } convert_target;
@@ -85,19 +90,22 @@ static void target_free(convert_target *t) {
   Py_XDECREF(t->numpy_owner);
   Py_XDECREF(t->exact);
   Py_XDECREF(t->dtype_names);
+  for (int i = 0; i < t->nby_dtype; i++) Py_XDECREF(t->by_dtype_importer[i]);
   PyMem_Free(t);
 }
 
 static void target_capsule_destructor(PyObject *cap) {
-  convert_target *t = PyCapsule_GetPointer(cap, TARGET_CAPSULE);
+  convert_target *t = PyCapsule_GetPointer(cap, NULL);
   if (t != NULL)
     target_free(t);
   else
     PyErr_Clear();
 }
 
+/* The capsules are ours alone (the handler cache's `targets` dict): their
+ * name is NULL, which PyCapsule_GetPointer matches without a strcmp. */
 static convert_target *target_of(PyObject *cap) {
-  return (convert_target *)PyCapsule_GetPointer(cap, TARGET_CAPSULE);
+  return (convert_target *)PyCapsule_GetPointer(cap, NULL);
 }
 
 /* ---- NumPy's C API, without NumPy's headers ----------------------------------
@@ -228,15 +236,16 @@ static PyObject *registry(dlb_module_state *st) {
 
 /* Fill t from the registry's tuple (_frameworks._c_convert_target). */
 static int parse_target(PyObject *tuple, convert_target *t) {
-  int takes, readonly, negative, compact, copies, by_type, min_ndim;
+  int takes, readonly, negative, compact, copies, by_type, objects, min_ndim;
   Py_ssize_t alignment;
   PyObject *importer, *errors, *tensor_type, *numpy_api, *dtypes, *names,
-      *devices;
+      *devices, *by_dtype;
   if (!PyTuple_Check(tuple) ||
-      !PyArg_ParseTuple(tuple, "iOOOOpppppinOOO:_c_convert_target", &takes,
-                        &importer, &errors, &tensor_type, &numpy_api,
+      !PyArg_ParseTuple(tuple, "iOOOOppppppinOOOO:_c_convert_target",
+                        &takes, &importer, &errors, &tensor_type, &numpy_api,
                         &readonly, &negative, &compact, &copies, &by_type,
-                        &min_ndim, &alignment, &dtypes, &names, &devices)) {
+                        &objects, &min_ndim, &alignment, &dtypes, &names,
+                        &devices, &by_dtype)) {
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_TypeError,
                       "dlbridge._frameworks._c_convert_target must return a "
@@ -266,6 +275,7 @@ static int parse_target(PyObject *tuple, convert_target *t) {
   t->compact = compact;
   t->copies = copies;
   t->by_type = by_type;
+  t->objects = objects;
   t->min_ndim = min_ndim;
   t->alignment = alignment;
   t->dtype_names = names == Py_None ? NULL : Py_NewRef(names);
@@ -285,6 +295,32 @@ static int parse_target(PyObject *tuple, convert_target *t) {
       t->dtypes[i].code = (uint8_t)code;
       t->dtypes[i].bits = (uint8_t)bits;
       t->dtypes[i].lanes = (uint16_t)lanes;
+    }
+  }
+  if (by_dtype != Py_None) {
+    if (!PyTuple_Check(by_dtype) ||
+        PyTuple_GET_SIZE(by_dtype) > TARGET_MAX_DTYPES) {
+      PyErr_SetString(PyExc_ValueError,
+                      "_c_convert_target: by_dtype must be a short tuple");
+      return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(by_dtype); i++) {
+      int code, bits, lanes;
+      PyObject *f;
+      if (!PyArg_ParseTuple(PyTuple_GET_ITEM(by_dtype, i), "(iii)O", &code,
+                            &bits, &lanes, &f))
+        return -1;
+      if (!PyCallable_Check(f)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_c_convert_target: by_dtype importers must be "
+                        "callable");
+        return -1;
+      }
+      t->by_dtype[i].code = (uint8_t)code;
+      t->by_dtype[i].bits = (uint8_t)bits;
+      t->by_dtype[i].lanes = (uint16_t)lanes;
+      t->by_dtype_importer[i] = Py_NewRef(f);
+      t->nby_dtype = (int)i + 1;
     }
   }
   t->any_device = devices == Py_None;
@@ -328,7 +364,7 @@ static PyObject *bind_target(dlb_module_state *st, PyObject *name,
   t->name = Py_NewRef(name);
   PyUnicode_InternInPlace(&t->name);
   t->exact = (PyTypeObject *)Py_XNewRef(exact);
-  PyObject *cap = PyCapsule_New(t, TARGET_CAPSULE, target_capsule_destructor);
+  PyObject *cap = PyCapsule_New(t, NULL, target_capsule_destructor);
   if (cap == NULL) {
     target_free(t);
     return NULL;
@@ -365,15 +401,31 @@ static PyObject *resolve_name(dlb_module_state *st, PyObject *to) {
   return name;
 }
 
+static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to);
+
 /* The bound target `to` stands for: a registry name, a type of a framework,
- * or an object of one.  New reference to its capsule. */
+ * or an object of one.  New reference to its capsule.  The last str or type
+ * asked for is remembered (by identity: a literal name is interned). */
 static PyObject *resolve_target(dlb_module_state *st, PyObject *to) {
   struct dlb_handler_cache *c = st->handlers;
-  PyObject *cap, *name;
   if (c == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
+  if (to == c->target_memo_key && to != NULL)
+    return Py_NewRef(c->target_memo);
+  PyObject *cap = resolve_target_slow(st, to);
+  if (cap != NULL && st->handlers == c &&
+      (PyUnicode_CheckExact(to) || PyType_Check(to))) {
+    Py_XSETREF(c->target_memo, Py_NewRef(cap));
+    Py_XSETREF(c->target_memo_key, Py_NewRef(to));
+  }
+  return cap;
+}
+
+static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to) {
+  struct dlb_handler_cache *c = st->handlers;
+  PyObject *cap, *name;
   if (PyUnicode_Check(to) || PyType_Check(to)) {
     /* names, and the types bound by type (Dr.Jit's) */
     cap = PyDict_GetItemWithError(c->targets, to);
@@ -530,7 +582,29 @@ static void importer_refusal(const convert_target *tg, const DLTensor *t) {
 
 static PyObject *call_importer(const convert_target *tg, PyObject *arg,
                                const DLTensor *t) {
-  PyObject *res = PyObject_CallOneArg(tg->importer, arg);
+  PyObject *importer = tg->importer;
+  for (int i = 0; i < tg->nby_dtype; i++) {
+    if (tg->by_dtype[i].code == t->dtype.code &&
+        tg->by_dtype[i].bits == t->dtype.bits &&
+        tg->by_dtype[i].lanes == t->dtype.lanes) {
+      importer = tg->by_dtype_importer[i];
+      break;
+    }
+  }
+  PyObject *res;
+  if (PyType_Check(importer) &&
+      ((PyTypeObject *)importer)->tp_vectorcall != NULL) {
+    /* A type as the importer (Dr.Jit's TensorX types): called through its
+     * own tp_vectorcall, as CPython's bytecode calls a class.  The generic
+     * call goes through the metaclass, which for nanobind's types has no
+     * vectorcall slot: a tuple and tp_call, 350 ns more a call. */
+    PyObject *args[2] = {NULL, arg};
+    res = ((PyTypeObject *)importer)
+              ->tp_vectorcall(importer, args + 1,
+                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+  } else {
+    res = PyObject_CallOneArg(importer, arg);
+  }
   if (res == NULL) importer_refusal(tg, t);
   return res;
 }
@@ -606,7 +680,11 @@ static PyObject *hand_over(dlb_module_state *st, const convert_target *tg,
       return table_import(tg, api, m, &self->t);
     }
     case TAKES_CAPSULE: {
-      /* A legacy capsule, what these importers read. */
+      /* A legacy capsule, what these importers read.  Read-only data gets
+       * here only for a target that holds it safely (one that copies every
+       * import): it gets the Tensor, whose __dlpack__ it asks for the
+       * versioned capsule a legacy one cannot be. */
+      if (self->flags & DLPACK_FLAG_BITMASK_READ_ONLY) break;
       PyObject *cap = dlb__tensor_dlpack((PyObject *)self, NULL, 0, NULL);
       if (cap == NULL) return NULL;
       res = call_importer(tg, cap, &self->t);
@@ -620,16 +698,19 @@ static PyObject *hand_over(dlb_module_state *st, const convert_target *tg,
   return call_importer(tg, (PyObject *)self, &self->t);
 }
 
-/* The lean path for a NumPy array that tg can share as it is, into a
- * target that takes a managed tensor (exchange table) or a legacy capsule:
- * no dlbridge.Tensor in between, the array itself owning the export (one
- * allocation, as np.from_dlpack's own export).  *done = 0 when it does not
- * apply (nothing happened, no exception). */
+/* The lean path for a writable NumPy array that tg can share as it is:
+ * no dlbridge.Tensor in between.  A target that takes a managed tensor
+ * (exchange table) or a legacy capsule gets one the array itself owns (one
+ * allocation, as np.from_dlpack's own export); an importer that takes any
+ * DLPack object gets the array, checked.  *done = 0 when it does not apply
+ * (nothing happened, no exception). */
 static PyObject *lean_numpy(dlb_module_state *st, const convert_target *tg,
                             const dlb_handler *h, PyObject *obj, int copy,
                             int *done) {
   *done = 0;
-  if (tg->takes != TAKES_EXCHANGE && tg->takes != TAKES_CAPSULE) return NULL;
+  if (tg->takes != TAKES_EXCHANGE && tg->takes != TAKES_CAPSULE &&
+      !tg->objects)
+    return NULL;
   const DLPackExchangeAPI *api = NULL;
   if (tg->takes == TAKES_EXCHANGE) {
     api = target_table(st, tg);
@@ -646,11 +727,13 @@ static PyObject *lean_numpy(dlb_module_state *st, const convert_target *tg,
   }
   char why[256];
   if (v.t.device.device_type != kDLCPU ||
+      (v.flags & DLPACK_FLAG_BITMASK_READ_ONLY) ||
       copy_reason(tg, &v.t, v.flags, why, sizeof why) != NULL ||
       (tg->copies && copy == 0))
     return NULL;
   *done = 1;
   if (check_holdable(tg, &v.t) < 0) return NULL;
+  if (tg->objects) return call_importer(tg, obj, &v.t);
   if (tg->takes == TAKES_CAPSULE) {
     PyObject *cap = dlb__legacy_capsule_of(obj, &v.t);
     if (cap == NULL) return NULL;

@@ -651,6 +651,11 @@ struct dlb_handler_cache {
   PyObject *framework_stream;
   PyObject *targets;    /* dict framework name (or a type bound by
                            type) -> convert's bound target, convert.c */
+  /* convert.c: the last `to` (a str or a type, strong) and its bound
+   * target (strong): a call naming the same target as the last one finds
+   * it by identity, without a dict lookup. */
+  PyObject *target_memo_key;
+  PyObject *target_memo;
   PyObject *str_module; /* "__module__" */
   PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
   PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
