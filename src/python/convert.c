@@ -378,10 +378,20 @@ static PyObject *bind_target(dlb_module_state *st, PyObject *name,
   return cap;
 }
 
+/* The target bound for name (borrowed), or NULL: with an exception, or
+ * without one when it is not bound yet. */
+static PyObject *target_by_name_cached(dlb_module_state *st, PyObject *name) {
+  if (st->handlers == NULL) { /* cleared while Python code ran */
+    PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
+    return NULL;
+  }
+  return PyDict_GetItemWithError(st->handlers->targets, name);
+}
+
 /* The bound target registry name `name` stands for, cached or bound now
  * (the name already checked). */
 static PyObject *target_by_name(dlb_module_state *st, PyObject *name) {
-  PyObject *cap = PyDict_GetItemWithError(st->handlers->targets, name);
+  PyObject *cap = target_by_name_cached(st, name);
   if (cap != NULL) return Py_NewRef(cap);
   if (PyErr_Occurred()) return NULL;
   return bind_target(st, name, NULL, name);
@@ -444,7 +454,8 @@ static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to) {
   const dlb_handler *h = dlb__handler_for(st, tp);
   if (h == NULL) return NULL;
   name = Py_NewRef(h->framework);
-  cap = PyDict_GetItemWithError(c->targets, name);
+  /* Classifying a new type ran Python code: the cache is looked up again. */
+  cap = target_by_name_cached(st, name);
   if (cap != NULL) {
     Py_INCREF(cap);
   } else if (!PyErr_Occurred()) {
@@ -877,6 +888,10 @@ PyObject *dlb__py_convert(PyObject *module, PyObject *const *args,
 }
 
 int dlb__convert_is_target(dlb_module_state *st, PyObject *name) {
+  if (st->handlers == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
+    return -1;
+  }
   PyObject *cap = PyDict_GetItemWithError(st->handlers->targets, name);
   if (cap != NULL) return 1;
   if (PyErr_Occurred()) return -1;
