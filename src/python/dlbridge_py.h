@@ -29,6 +29,8 @@
  *   views.c    borrowed views (dlb__view_get / dlb__view_release)
  *   outputs.c  current stream, allocate-like, hand a result to a framework
  *   import.c   from_dlpack's policy: which reader, device= and copy=
+ *   convert.c  dlbridge.convert: targets bound from the registry, what
+ *              each can hold, copy= and device=, the hand-over
  *   function.c Function and load()
  *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
  *              Functions compiled graphs name, by identity
@@ -201,6 +203,11 @@ void dlb__error_prefix_argument(PyObject *fname, PyObject *argname);
  * saying the table failed to <what> ("describe", "export") without saying
  * why. */
 void dlb__error_exchange_refusal(PyTypeObject *type, const char *what);
+/* When the pending exception is one of types (a class or a tuple of them)
+ * and no MemoryError: BufferError "<prefix>: <its first line>", the
+ * original chained as __cause__ (convert.c: an importer's refusal).  Any
+ * other exception is left as it is. */
+void dlb__error_as_buffer_error(PyObject *types, PyObject *prefix);
 /* o as an int64 (o must be an int or have __index__): an integer outside
  * int64 is a BufferError naming what ("from_dlpack: __array_interface__
  * shape entry"), not an OverflowError.  0, or -1 with an exception. */
@@ -550,6 +557,13 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err);
 
+/* A legacy "dltensor" capsule of view, whose memory owner keeps alive:
+ * the export block and capsule rules of a Tensor's export (a strong
+ * reference to owner until the consumer's deleter runs, a capsule nobody
+ * took runs it once).  view must be describable by a legacy capsule
+ * (writable; not padded sub-byte).  NULL with an exception. */
+PyObject *dlb__legacy_capsule_of(PyObject *owner, const DLTensor *view);
+
 /* The Tensor a zero-copy export made by dlb__tensor_export_managed /
  * __dlpack__ keeps alive (borrowed: valid while m is), or NULL when m was
  * not made here.  Its view is the Tensor's (byte_offset folded), its flags
@@ -664,8 +678,13 @@ struct dlb_handler_cache {
   PyObject *converters; /* dict framework name -> from_dlpack callable */
   /* dlbridge._streams.framework_stream, imported on first use (outputs.c) */
   PyObject *framework_stream;
-  PyObject *targets;    /* dict framework name -> the registry's
-                           (tensor_type, check, convert), capi.c */
+  PyObject *targets;    /* dict framework name (or a type bound by
+                           type) -> convert's bound target, convert.c */
+  /* convert.c: the last `to` (a str or a type, strong) and its bound
+   * target (strong): a call naming the same target as the last one finds
+   * it by identity, without a dict lookup. */
+  PyObject *target_memo_key;
+  PyObject *target_memo;
   PyObject *str_module; /* "__module__" */
   PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
   PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
@@ -958,6 +977,22 @@ PyObject *dlb__py_from_dlpack(PyObject *module, PyObject *const *args,
  * "where it is"; copy: -1 None, 0 False, 1 True. */
 PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
                       const DLDevice *device, int copy);
+
+/* ---- Convert (convert.c) ----------------------------------------------------- */
+
+/* dlbridge.convert(obj, to, *, copy=None, device=None). */
+PyObject *dlb__py_convert(PyObject *module, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames);
+
+/* obj as a tensor of the framework `to` stands for (a registry name, a
+ * type or an object of the framework), under convert's rules: device as
+ * for dlb__import, copy -1 None, 0 False, 1 True.  New reference. */
+PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
+                       const DLDevice *device, int copy);
+
+/* Whether framework name is a convert target (the registry's FRAMEWORKS):
+ * 1, 0, or -1 with an exception. */
+int dlb__convert_is_target(dlb_module_state *st, PyObject *name);
 
 /* ---- Function (function.c), the C API capsule (capi.c), tests (testing.c) -- */
 

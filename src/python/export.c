@@ -141,7 +141,9 @@ static int address_device(DLDeviceType t) {
  * allocator that made it even after dlb_set_allocator changed it. */
 typedef struct export_block {
   dlb_allocator allocator;
-  PyObject *owner; /* strong reference to the exported Tensor */
+  PyObject *owner; /* strong reference to the exported Tensor (or, for
+                      dlb__legacy_capsule_of, whatever owns the memory) */
+  int owner_is_tensor; /* owner is the Tensor the export views */
   /* The serial of the capsule made around it (pending until the deleter
    * runs), 0 for an export in no capsule (the exchange table's). */
   uintptr_t serial;
@@ -269,13 +271,14 @@ static void legacy_export_deleter(DLManagedTensor *self) {
   if (self != NULL) export_delete((export_block *)self->manager_ctx);
 }
 
-/* A zero-copy export of self, versioned (*out is a DLManagedTensorVersioned)
- * or legacy (a DLManagedTensor), that keeps self alive until its deleter
- * runs.  Nothing is owned on failure.  The caller has checked that a legacy
- * export can describe self (not read-only, not padded sub-byte). */
-static int export_view(dlb_TensorObject *self, int versioned, int copied,
-                       void **out, dlb_error *err) {
-  const DLTensor *src = &self->t;
+/* A zero-copy export of src (with flags), versioned (*out is a
+ * DLManagedTensorVersioned) or legacy (a DLManagedTensor), that keeps owner
+ * (whose memory src views) alive until its deleter runs.  Nothing is owned
+ * on failure.  The caller has checked that a legacy export can describe src
+ * (not read-only, not padded sub-byte). */
+static int export_block_make(PyObject *owner, const DLTensor *src,
+                             uint64_t flags, int versioned, int copied,
+                             void **out, dlb_error *err) {
   int32_t ndim = src->ndim;
   /* A Tensor's view was validated when it was made: ndim is in
    * [0, DLB_MAX_NDIM] and shape is non-NULL when ndim > 0, so the size
@@ -323,10 +326,10 @@ static int export_view(dlb_TensorObject *self, int versioned, int copied,
   }
 
   b->allocator = *allocator;
-  b->owner = (PyObject *)self;
+  b->owner = owner;
+  b->owner_is_tensor = 0;
   b->serial = 0;
-  Py_INCREF(self); /* last: nothing above can fail after it */
-  dlb__tensor_note_exported(self); /* so an import of it is recognised */
+  Py_INCREF(owner); /* last: nothing above can fail after it */
   if (versioned) {
     DLManagedTensorVersioned *m = &b->m.versioned;
     m->version.major = DLPACK_MAJOR_VERSION;
@@ -335,7 +338,7 @@ static int export_view(dlb_TensorObject *self, int versioned, int copied,
     m->deleter = versioned_export_deleter;
     /* IS_COPIED describes the export, not the tensor: sharing our memory
      * is a copy only when the Tensor was made for this consumer. */
-    m->flags = (self->flags & ~(uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED) |
+    m->flags = (flags & ~(uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED) |
                (copied ? (uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED : 0u);
     m->dl_tensor = t;
     *out = m;
@@ -349,6 +352,22 @@ static int export_view(dlb_TensorObject *self, int versioned, int copied,
   return DLB_OK;
 }
 
+/* export_block_make for a Tensor: its own view and flags. */
+static int export_view(dlb_TensorObject *self, int versioned, int copied,
+                       void **out, dlb_error *err) {
+  int rc = export_block_make((PyObject *)self, &self->t, self->flags,
+                             versioned, copied, out, err);
+  if (rc == DLB_OK) {
+    export_block *b =
+        versioned
+            ? (export_block *)((DLManagedTensorVersioned *)*out)->manager_ctx
+            : (export_block *)((DLManagedTensor *)*out)->manager_ctx;
+    b->owner_is_tensor = 1;
+    dlb__tensor_note_exported(self); /* so an import of it is recognised */
+  }
+  return rc;
+}
+
 int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err) {
@@ -360,12 +379,14 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
 
 PyObject *dlb__export_source(const DLManagedTensorVersioned *m) {
   if (m == NULL || m->deleter != versioned_export_deleter) return NULL;
-  return ((const export_block *)m->manager_ctx)->owner;
+  const export_block *b = m->manager_ctx;
+  return b->owner_is_tensor ? b->owner : NULL;
 }
 
 PyObject *dlb__export_source_legacy(const DLManagedTensor *m) {
   if (m == NULL || m->deleter != legacy_export_deleter) return NULL;
-  return ((const export_block *)m->manager_ctx)->owner;
+  const export_block *b = m->manager_ctx;
+  return b->owner_is_tensor ? b->owner : NULL;
 }
 
 /* ---- capsules ------------------------------------------------------------------------ */
@@ -419,6 +440,14 @@ static PyObject *capsule_of(void *m, int versioned) {
   /* Cannot fail on the valid capsule just made. */
   (void)PyCapsule_SetContext(cap, (void *)b->serial);
   return cap;
+}
+
+PyObject *dlb__legacy_capsule_of(PyObject *owner, const DLTensor *view) {
+  dlb_error err;
+  void *m = NULL;
+  if (export_block_make(owner, view, 0, 0, 0, &m, &err) != DLB_OK)
+    return dlb__raise(&err);
+  return capsule_of(m, 0);
 }
 
 /* A zero-copy export of self in a capsule; copied: self is a copy made for

@@ -606,6 +606,8 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->converters);
   Py_CLEAR(c->framework_stream);
   Py_CLEAR(c->targets);
+  Py_CLEAR(c->target_memo_key);
+  Py_CLEAR(c->target_memo);
   Py_CLEAR(c->str_module);
   Py_CLEAR(c->str_exchange);
   Py_CLEAR(c->str_exchange_legacy);
