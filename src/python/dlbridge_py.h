@@ -298,6 +298,15 @@ PyObject *dlb__device_new(dlb_module_state *st, DLDevice device);
  * numpy.float32, torch.float32).  0 on success, -1 with ValueError/TypeError. */
 int dlb__dtype_converter(dlb_module_state *st, PyObject *obj, DLDataType *out);
 
+/* The int of a device type object, the one rule for producers'
+ * __dlpack_device__() and callers' (type, id) tuples: an int (an IntEnum is
+ * one), anything with __index__, or an enum.Enum member whose .value is
+ * such an int (Open3D's plain-Enum DLDeviceType; the array API types the
+ * result Tuple[Enum, int]).  A new reference to an exact int; NULL without
+ * an exception when o is none of these (the caller says what it expected);
+ * NULL with one when an __index__ or .value raised. */
+PyObject *dlb__device_type_int(PyObject *o);
+
 /* Read a device from a Device, "cuda:1", (type, id) tuple, or None (CPU).
  * 0 on success, -1 with an exception. */
 int dlb__device_converter(dlb_module_state *st, PyObject *obj, DLDevice *out);
@@ -379,6 +388,34 @@ int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
 
 /* dtype from an array interface typestr such as '<f4', '|b1', '=i8'. */
 int dlb__typestr_dtype(PyObject *ts, DLDataType *out);
+
+/* Byte strides -> DLPack element strides: the one rule of every reader of
+ * byte strides (buffers owned and viewed, __array_interface__ and
+ * __cuda_array_interface__, NumPy's fields).  A stride must be a multiple
+ * of the itemsize, except on a dimension of extent 0 or 1, where it never
+ * leads to another element: NumPy leaves whatever it was given there
+ * (np.ndarray((10, 5, 1), 'f8', strides=(8, 80, 4))), and such a stride
+ * becomes 0, as in NumPy's own DLPack export.  Inline because NumPy's
+ * direct read (Function's hot path) runs it per argument.  shape, bstrides
+ * and out hold ndim entries.  -1 when every stride converts; otherwise the
+ * first dimension that does not, for dlb__raise_stride_not_multiple. */
+static inline int dlb__elem_strides(int ndim, const int64_t *shape,
+                                    const int64_t *bstrides, int64_t itemsize,
+                                    int64_t *out) {
+  for (int i = 0; i < ndim; i++) {
+    int64_t q = bstrides[i] / itemsize;
+    if (q * itemsize != bstrides[i]) {
+      if (shape[i] > 1) return i;
+      q = 0;
+    }
+    out[i] = q;
+  }
+  return -1;
+}
+/* dlb__elem_strides' refusal of dimension dim: BufferError "<what> stride
+ * S of dimension D is not a multiple of the itemsize N ...".  -1. */
+int dlb__raise_stride_not_multiple(const char *what, const int64_t *bstrides,
+                                   int dim, int64_t itemsize);
 
 /* The DLTensor (CPU) for a Py_buffer; shape and strides are filled into
  * the caller's arrays of DLB_MAX_NDIM.  0, or -1 with BufferError. */

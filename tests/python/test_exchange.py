@@ -707,6 +707,79 @@ def test_numpy_direct_errors():
         core._exchange_view(object(), 0, 0)
 
 
+# ---- byte strides on dimensions of extent 0 or 1 ---------------------------------
+# One rule for every reader of byte strides (dlb__elem_strides): a stride
+# that is no multiple of the itemsize is refused only where it could lead to
+# another element.  NumPy's own test_dlpack.py::test_size1dims_arrays.
+
+
+def _odd_size1():
+    return [
+        np.ndarray((10, 5, 1), "f8", strides=(8, 80, 4),
+                   buffer=np.arange(50.0)),
+        np.lib.stride_tricks.as_strided(np.arange(4.0), (4, 1), (8, 3)),
+        np.lib.stride_tricks.as_strided(np.arange(4.0), (1, 4), (5, 8)),
+        np.lib.stride_tricks.as_strided(np.arange(4.0), (0, 4), (3, 8)),
+        # not contiguous: NumPy's buffer export keeps the 3 as it is
+        np.lib.stride_tricks.as_strided(np.arange(8.0), (2, 1, 2), (32, 3, 8)),
+    ]
+
+
+class ArrayInterface:
+    """An __array_interface__ owner with exactly the strides it is given."""
+
+    def __init__(self, a):
+        self.a = a
+        self.__array_interface__ = dict(a.__array_interface__,
+                                        strides=a.strides)
+
+
+@pytest.mark.parametrize("i", range(5))
+def test_odd_strides_on_size1_dims_imported(i):
+    a = _odd_size1()[i]
+    expect = tuple(0 if n <= 1 and s % a.itemsize else s // a.itemsize
+                   for n, s in zip(a.shape, a.strides))
+    objs = [a, ArrayInterface(a)]
+    if memoryview(a).strides == a.strides:
+        objs.append(memoryview(a))  # the owning buffer reader
+        v = core._exchange_view(memoryview(a), 0, 0)  # the buffer view
+        assert v["kind"] == BUFFER and v["strides"] == expect
+    for obj in objs:
+        t = dlb.from_dlpack(obj)
+        assert t.shape == a.shape and t.strides == expect
+        assert t.data_ptr == a.ctypes.data
+        # exports of the import describe the same values
+        np.testing.assert_array_equal(np.from_dlpack(t), a)
+        np.testing.assert_array_equal(np.asarray(t), a)
+        np.testing.assert_array_equal(np.asarray(t.copy()), a)
+        if a.size:
+            np.testing.assert_array_equal(np.asarray(memoryview(t)), a)
+    # the borrowed view (Function's reader) and the forced buffer reader
+    v = core._exchange_view(a, 0, 0)
+    assert v["kind"] == NUMPY and v["strides"] == expect
+    assert core._exchange_view(a, 0, BUFFER)["shape"] == a.shape
+
+
+def test_odd_strides_on_size1_dims_through_function(lib):
+    a = _odd_size1()[0]
+    copy = dlb.load(lib, "dlb_kernel_copy",
+                    "copy(x: float64[a, b, c]) -> float64[a, b, c]")
+    np.testing.assert_array_equal(copy(a), a)
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(torch.from_dlpack(dlb.from_dlpack(a)), a)
+
+
+def test_odd_stride_on_a_longer_dim_still_refused():
+    a = np.lib.stride_tricks.as_strided(np.arange(4.0), (4, 2), (8, 3))
+    for obj, what in ((a, "numpy array stride 3 of dimension 1"),
+                      (ArrayInterface(a), "__array_interface__ stride 3 of "
+                                          "dimension 1")):
+        with pytest.raises(BufferError, match=what):
+            dlb.from_dlpack(obj)
+    with pytest.raises(BufferError, match="not a multiple of the itemsize 8"):
+        core._exchange_view(a, 0, 0)
+
+
 def test_buffer_views():
     v = core._exchange_view(bytearray(b"abcd"), 0, 0)
     assert v["shape"] == (4,) and v["strides"] == (1,) and v["flags"] == 0
@@ -796,3 +869,4 @@ def test_to_framework_jax_and_tensorflow():
     z = core._exchange_to_framework(t, dlb.tensor([1.0, 2.0, 3.0],
                                                   dtype="float32"))
     assert isinstance(z, tf.Tensor) and z.numpy().tolist() == [1.0, 2.0, 3.0]
+
