@@ -608,7 +608,10 @@ typedef enum {
   DLB_KIND_DLPACK,     /* __dlpack__ only: owning export per view */
   DLB_KIND_BUFFER,     /* buffer protocol */
   DLB_KIND_ARRAY_INTERFACE,      /* __array_interface__ */
-  DLB_KIND_CUDA_ARRAY_INTERFACE  /* __cuda_array_interface__ */
+  DLB_KIND_CUDA_ARRAY_INTERFACE, /* __cuda_array_interface__ */
+  DLB_KIND_TF_EAGER    /* a TensorFlow eager tensor: TF's own capsule export
+                          (what its __dlpack__() calls, h->to_capsule),
+                          without that method's Python frame */
 } dlb_kind;
 
 typedef struct dlb_handler {
@@ -619,6 +622,11 @@ typedef struct dlb_handler {
    * share one code path. */
   const DLPackExchangeAPI *api;
   PyObject *api_owner;           /* keeps the capsule/int alive; may be NULL */
+  /* DLB_KIND_TF_EAGER: tensorflow.python.pywrap_tfe.TFE_ToDlpackCapsule
+   * and the type's _datatype_enum method descriptor, strong; NULL for
+   * every other kind. */
+  PyObject *to_capsule;
+  PyObject *dtype_enum;
   /* Framework name from the type's module ("numpy", "torch", "jax",
    * "tensorflow", "cupy", "dlbridge", ...): interned str, strong ref. */
   PyObject *framework;
@@ -961,6 +969,13 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
                                DLManagedTensorVersioned **out);
 int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
                                  DLManagedTensorVersioned **out);
+/* A TensorFlow eager tensor (h: its DLB_KIND_TF_EAGER handler) through
+ * h->to_capsule: the legacy capsule TF's __dlpack__() returns, ready to
+ * read (TF waits for pending work before it returns).  Strings, resources
+ * and variants are a BufferError before TF is asked: TF 2.21 aborts the
+ * process on them (its __dlpack__ does too). */
+int dlb__tf_eager_managed(const dlb_handler *h, PyObject *obj,
+                          DLManagedTensorVersioned **out);
 /* dlb__view_get for a caller that already holds h = the handler of
  * Py_TYPE(obj) (saves the second lookup). */
 int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,

@@ -430,6 +430,52 @@ cleanup:
   return result;
 }
 
+/* ---- c'. TensorFlow's eager tensors -------------------------------------------- */
+
+/* TensorFlow's DT_STRING, DT_RESOURCE and DT_VARIANT: not plain memory,
+ * and TFE_ToDlpackCapsule fails a CHECK (abort) on them. */
+static int tf_dtype_aborts(long dt) { return dt == 7 || dt == 20 || dt == 21; }
+
+int dlb__tf_eager_managed(const dlb_handler *h, PyObject *obj,
+                          DLManagedTensorVersioned **out) {
+  /* Held: the calls run Python code, and h is only borrowed. */
+  PyObject *fn = Py_NewRef(h->to_capsule);
+  PyObject *dtype_enum = Py_NewRef(h->dtype_enum);
+  PyObject *cap = NULL, *e = PyObject_CallOneArg(dtype_enum, obj);
+  Py_DECREF(dtype_enum);
+  long dt = e != NULL ? PyLong_AsLong(e) : -1;
+  Py_XDECREF(e);
+  if (dt == -1 && PyErr_Occurred()) {
+    Py_DECREF(fn);
+    return -1;
+  }
+  if (tf_dtype_aborts(dt)) {
+    Py_DECREF(fn);
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: a TensorFlow tensor of dtype %s has no "
+                 "DLPack form (TensorFlow would abort the process exporting "
+                 "it)",
+                 dt == 7 ? "string" : dt == 20 ? "resource" : "variant");
+    return -1;
+  }
+  cap = PyObject_CallOneArg(fn, obj);
+  Py_DECREF(fn);
+  if (cap == NULL) return -1;
+  int rc = -1;
+  if (!PyCapsule_CheckExact(cap))
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: TensorFlow's TFE_ToDlpackCapsule returned "
+                 "%.200s, not a DLPack PyCapsule",
+                 Py_TYPE(cap)->tp_name);
+  else
+    rc = dlb__consume_capsule(cap, out);
+  if (rc < 0)
+    dlb__clear_keep_error(&cap);
+  else
+    Py_DECREF(cap);
+  return rc;
+}
+
 /* ---- e. legacy producers ------------------------------------------------------ */
 
 /* The methods of legacy producers (DLB_LEGACY_METHOD_NAMES), tried in
@@ -861,8 +907,16 @@ int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
                     int copy, DLManagedTensorVersioned **out) {
   int found;
 
-  if (dlb__type_has(Py_TYPE(obj), st->str_dlpack))
+  if (dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
+    /* TensorFlow's eager tensors: its own export, which __dlpack__() would
+     * call (handlers.c checked that); what copy= and device= ask is done by
+     * the caller, as for any producer that shares without copying. */
+    const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
+    if (h == NULL) return -1;
+    if (h->kind == DLB_KIND_TF_EAGER)
+      return dlb__tf_eager_managed(h, obj, out) < 0 ? -1 : 1;
     return dlb__dunder_dlpack_managed(st, obj, target, copy, out) < 0 ? -1 : 1;
+  }
   if (PyCapsule_CheckExact(obj))
     return dlb__consume_capsule(obj, out) < 0 ? -1 : 1;
   found = dlb__legacy_producer_managed(st, obj, out);

@@ -195,6 +195,15 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
         v->flags = v->owned->flags;
       }
       break;
+    case DLB_KIND_TF_EAGER:
+      /* TF's export shares without copying, so a writable view writes the
+       * caller's tensor, as DLB_KIND_DLPACK's copy=False asks. */
+      rc = dlb__tf_eager_managed(h, obj, &v->owned);
+      if (rc == 0) {
+        v->t = v->owned->dl_tensor;
+        v->flags = v->owned->flags;
+      }
+      break;
     case DLB_KIND_ARRAY_INTERFACE:
     case DLB_KIND_CUDA_ARRAY_INTERFACE:
       rc = dlb__array_interface_managed(

@@ -28,7 +28,7 @@ import dlbridge as dlb
 np = pytest.importorskip("numpy")
 core = dlb._core
 
-NONE, TENSOR, EXCHANGE, NUMPY, DLPACK, BUFFER, AI, CAI = range(8)
+NONE, TENSOR, EXCHANGE, NUMPY, DLPACK, BUFFER, AI, CAI, TF_EAGER = range(9)
 WRITABLE = 1
 
 
@@ -870,3 +870,67 @@ def test_to_framework_jax_and_tensorflow():
                                                   dtype="float32"))
     assert isinstance(z, tf.Tensor) and z.numpy().tolist() == [1.0, 2.0, 3.0]
 
+
+# ---- TensorFlow's eager tensors: TF's own capsule export -----------------------
+
+def test_tensorflow_eager_fast_path(lib):
+    tf = pytest.importorskip("tensorflow")
+    x = tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+    kind, fw, _ = core._exchange_handler(x)
+    assert (kind, fw) == (TF_EAGER, "tensorflow")
+    # zero-copy: the very memory TF's own export names
+    shared = dlb.from_dlpack(tf.experimental.dlpack.to_dlpack(x))
+    t = dlb.from_dlpack(x)
+    assert t.data_ptr == shared.data_ptr and t.tolist() == x.numpy().tolist()
+    assert not t.readonly  # a legacy capsule (docs/decisions.md)
+    v = core._exchange_view(x, 0, 0)
+    assert v["kind"] == TF_EAGER and v["owned"] and v["data"] == t.data_ptr
+    # copy=True and device= are carried out here (TF refuses copy=True)
+    c = dlb.from_dlpack(x, copy=True)
+    assert c.data_ptr != t.data_ptr and c.tolist() == t.tolist()
+    assert dlb.from_dlpack(x, device="cpu", copy=False).data_ptr == t.data_ptr
+    # Function arguments take the same path
+    copy = dlb.load(lib, "dlb_kernel_copy",
+                    "copy(x: float32[m, n]) -> float32[m, n]")
+    out = copy(x)
+    assert isinstance(out, tf.Tensor) and out.numpy().tolist() == t.tolist()
+    # what TF cannot export is TF's own error, as through __dlpack__ ...
+    with pytest.raises(Exception, match="not supported by dlpack"):
+        dlb.from_dlpack(tf.cast(tf.constant([1, 2]), tf.as_dtype("int4")))
+    # ... except strings, which TF 2.21 aborts the process on
+    with pytest.raises(BufferError, match="dtype string has no DLPack form"):
+        dlb.from_dlpack(tf.constant(["a"]))
+    with pytest.raises(BufferError, match="dtype string"):
+        copy(tf.constant([["a"]]))
+
+
+def test_tensorflow_patched_dlpack_is_honoured(monkeypatch):
+    # The fast path stands only while __dlpack__ is TF's own: a replaced
+    # method is called (the class's version tag moved, so it is classified
+    # again), and the fast path comes back with the original.
+    tf = pytest.importorskip("tensorflow")
+    x = tf.constant([1.0, 2.0])
+    cls = type(x)
+    assert core._exchange_handler(x)[0] == TF_EAGER
+    calls = []
+    original = cls.__dlpack__
+
+    def patched(self, **kw):
+        calls.append(kw)
+        return original(self, **kw)
+    monkeypatch.setattr(cls, "__dlpack__", patched)
+    assert core._exchange_handler(x)[0] == DLPACK
+    assert dlb.from_dlpack(x).tolist() == [1.0, 2.0] and len(calls) == 1
+    monkeypatch.undo()
+    assert core._exchange_handler(x)[0] == TF_EAGER
+
+
+def test_tensorflow_named_type_without_tf_export_is_plain_dlpack():
+    # A type TensorFlow's module names but whose __dlpack__ is its own.
+    a = np.arange(3.0)
+    Fake = type("EagerTensor", (), {
+        "__module__": "tensorflow.python.framework.ops",
+        "__dlpack__": lambda self, **kw: a.__dlpack__(**kw),
+        "__dlpack_device__": lambda self: (1, 0)})
+    assert core._exchange_handler(Fake())[:2] == (DLPACK, "tensorflow")
+    assert dlb.from_dlpack(Fake()).tolist() == [0.0, 1.0, 2.0]
