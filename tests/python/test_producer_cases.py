@@ -921,6 +921,8 @@ def test_none_device_id_on_host(tp, dlb):
     ((2, None), BufferError, "None is read as 0 only for host memory"),
     ((2**70, 0), BufferError, "does not fit in 64 bits"),
     ((1, -1), BufferError, "not a valid device"),
+    ((123, 7), BufferError, "device type 123 is not a DLPack device type"),
+    ((0, 0), BufferError, "device type 0 is not a DLPack device type"),
     ([1, 0], TypeError, "expected a \\(device_type, device_id\\) tuple"),
     ((1, 0, 0), TypeError, "tuple"),
     ("STR_ENUM", TypeError, "device type must be an int or an enum.Enum"),
