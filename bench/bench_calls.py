@@ -77,6 +77,8 @@ KERNEL_LIB_GLOBS = ["build/**/libdlb_example_kernels*.so",
                     "build/**/dlb_example_kernels*.so"]
 NOOP_SYMBOLS = ["dlb_kernel_noop3", "dlb_kernel_noop", "noop3", "noop"]
 NOOP_SIGNATURE = "noop3(a: float32[n], b: float32[n], c: float32[n])"
+# The same no-op kernel with a result: the cost of making a framework array.
+NOOP_OUT_SIGNATURE = "add(a: float32[n], b: float32[n]) -> float32[n]"
 
 
 def _find_kernel_lib():
@@ -91,7 +93,7 @@ def _find_kernel_lib():
     return None
 
 
-def _try_load_function():
+def _try_load_function(signature=NOOP_SIGNATURE):
     if not hasattr(dlb, "load"):
         NOT_MEASURED["Function"] = "dlbridge has no load() in this build"
         return None
@@ -103,7 +105,7 @@ def _try_load_function():
     errors = []
     for sym in NOOP_SYMBOLS:
         try:
-            return dlb.load(lib, sym, NOOP_SIGNATURE)
+            return dlb.load(lib, sym, signature)
         except Exception as e:  # try the next name; report all if none fits
             errors.append(f"{sym}: {type(e).__name__}: {e}")
     NOT_MEASURED["Function"] = f"no no-op kernel in {lib}: " + "; ".join(errors)
@@ -184,6 +186,12 @@ def main():
         "numpy": [np.zeros(n, np.float32) for _ in range(3)],
         "torch": [torch.zeros(n, dtype=torch.float32) for _ in range(3)],
     }
+    try:  # JAX arrays (CPU): read through their buffer protocol
+        import jax.numpy as jnp
+        srcs["jax"] = [jnp.zeros(n, jnp.float32) for _ in range(3)]
+    except ImportError as e:
+        jnp = None
+        NOT_MEASURED["jax"] = f"jax not installed ({e})"
     has_exchange = {k: hasattr(type(v[0]), "__dlpack_c_exchange_api__")
                     for k, v in srcs.items()}
 
@@ -209,6 +217,7 @@ def main():
         cases[kind, "real op"] = (
             Case("add(a, b, c)", add=np.add, **abc) if kind == "numpy" else
             Case("add(a, b, out=c)", add=torch.add, **abc) if kind == "torch"
+            else Case("add(a, b)", add=jnp.add, **abc) if kind == "jax"
             else None)
     cases["torch", "raw loop"] = (RawExchangeLoop(*srcs["torch"])
                                   if has_exchange["torch"] else None)
@@ -232,8 +241,24 @@ def main():
           "reads the 3 tensors through\n  the exchange table (borrowed) + 1 "
           "stream query; Function = dlb.Function on a no-op kernel;\n  via "
           "dlpack = the " + ("Function" if fn else "no-op (Function n/a)") +
-          " call with each arg passed as from_dlpack(x.__dlpack__());\n  "
-          "real op = numpy.add(a, b, c) / torch.add(a, b, out=c)")
+          " call with each arg passed as from_dlpack(x.__dlpack__())\n  "
+          "(for jax: the route Function took before it read JAX's buffer "
+          "protocol);\n  real op = numpy.add(a, b, c) / torch.add(a, b, "
+          "out=c) / jnp.add(a, b)")
+
+    # -- a result: making the framework's array --------------------------------
+    fn_out = _try_load_function(NOOP_OUT_SIGNATURE) if fn else None
+    outs = None
+    if fn_out is not None and jnp is not None:
+        rule("jax: a call with one result vs jnp.add (float32[1]), ns per call")
+        a, b, _ = srcs["jax"]
+        outs = measure({"Function": Case("f(a, b)", f=fn_out, a=a, b=b),
+                        "jnp.add": Case("f(a, b)", f=jnp.add, a=a, b=b)})
+        print("".join(f"{k:>12}" for k in outs))
+        print("".join(f"{fmt(v):>12}" for v in outs.values()))
+        print("Function = add(a, b) -> float32[n] on a no-op kernel: the "
+              "result allocated by\n  dlbridge and handed to JAX; jnp.add "
+              "dispatches a compiled op and makes its array")
 
     # -- from_dlpack -----------------------------------------------------------
     rule("from_dlpack (one tensor), ns per call")
@@ -412,6 +437,19 @@ def main():
     else:
         target("Function(torch) overhead <= 1.3x raw exchange-API cost", None,
                None, NOT_MEASURED.get("Function", "raw cost not measured"))
+    j = calls.get("jax")
+    label = "Function(jax) <= 1/3 of the __dlpack__ route"
+    if j is not None and num(j["Function"], j["via dlpack"]):
+        ratio = j["Function"] / j["via dlpack"]
+        target(label, ratio <= 1 / 3, f"{j['Function']:.1f} / "
+               f"{j['via dlpack']:.1f} ns = {ratio:.2f}x")
+    else:
+        target(label, None, None,
+               NOT_MEASURED.get("jax") or NOT_MEASURED.get("Function"))
+    if outs is not None and num(outs["Function"], outs["jnp.add"]):
+        target("Function(jax) with a result, vs jnp.add (informational)", True,
+               f"{outs['Function']:.1f} / {outs['jnp.add']:.1f} ns = "
+               f"{outs['Function'] / outs['jnp.add']:.2f}x")
     for peer, need in (("tvm-ffi", 2.0), ("nanobind", 20.0),
                        ("via dlpack", 30.0)):
         label = f"Function(torch) >= {need:g}x faster than {peer}"

@@ -54,12 +54,12 @@ class Framework:
 
     __slots__ = ("name", "roots", "dist", "target", "tensor_type",
                  "readonly", "negative_strides", "compact_only", "dtypes",
-                 "alignment", "devices")
+                 "alignment", "devices", "immutable", "read_buffer")
 
     def __init__(self, name, roots=None, dist=None, target=True,
                  tensor_type=None, readonly=True, negative_strides=True,
                  compact_only=False, dtypes=None, alignment=None,
-                 devices=None):
+                 devices=None, immutable=False, read_buffer=False):
         self.name = name
         #: root module names whose types belong to it
         self.roots = roots or (name,)
@@ -86,6 +86,14 @@ class Framework:
         #: (None: always); any other device is refused before the
         #: framework sees it.  None: no restriction known.
         self.devices = devices
+        #: whether its arrays are immutable: a Function never writes into
+        #: one (a ``mut`` argument's new value is returned instead)
+        self.immutable = immutable
+        #: whether a Function reads its arrays through their buffer protocol
+        #: before ``__dlpack__``: zero-copy and read-only, on the host, and
+        #: several times cheaper; what the buffer refuses (other devices,
+        #: dtypes it has no format for) goes through ``__dlpack__``
+        self.read_buffer = read_buffer
 
     def __repr__(self):
         return f"<dlbridge framework {self.name!r}>"
@@ -123,12 +131,17 @@ REGISTRY = {fw.name: fw for fw in (
               negative_strides=False, dtypes=_TORCH_DTYPES,
               devices={1: None, 2: "cuda", 10: "hip"}),
     Framework("cupy", roots=("cupy", "cupyx"), readonly=False),
-    Framework("jax", roots=("jax", "jaxlib")),
+    # jax.Array's buffer export (jaxlib's PyArray_bf_getbuffer) is
+    # read-only, waits for the array to be ready, holds the buffer against
+    # deletion and donation while exported, and refuses GPU arrays, bfloat16,
+    # fp8 and sub-byte types with BufferError.
+    Framework("jax", roots=("jax", "jaxlib"), immutable=True,
+              read_buffer=True),
     # TensorFlow's importer accepts data at any address, but its kernels
     # check Tensor::IsAligned() (64 bytes) and abort the process on the
     # first op over unaligned data; NumPy's small arrays are 16-byte aligned.
     Framework("tensorflow", dist="tensorflow-cpu", compact_only=True,
-              alignment=64),
+              alignment=64, immutable=True),
     # CUDA only: numba's device arrays (read over __cuda_array_interface__)
     # and cuda.core's StridedMemoryView (types under the "cuda" package)
     Framework("numba"),
@@ -305,7 +318,42 @@ def _load_cupy():
 
 def _load_jax():
     _import("jax")
-    return importlib.import_module("jax.dlpack").from_dlpack
+    from_dlpack = importlib.import_module("jax.dlpack").from_dlpack
+    # jax.dlpack.from_dlpack spends ~40 us in Python (backend, device and
+    # stream lookups, a canonicalising asarray) around jaxlib's importer,
+    # which takes ~2 us: for host memory it is called directly.  It is
+    # private, so only with the signature known for this jaxlib (extension
+    # version 467: capsule, device, stream, copy, DLPack device type); any
+    # other jaxlib, device or dtype takes the public route.
+    try:
+        from jax._src import dtypes as jax_dtypes
+        from jax._src import xla_bridge
+        from jax._src.lib import _jax, jaxlib_extension_version
+        to_buffer = _jax.dlpack_managed_tensor_to_buffer
+    except (ImportError, AttributeError):
+        return from_dlpack
+    if jaxlib_extension_version != 467:
+        return from_dlpack
+    canonical = jax_dtypes.canonicalize_dtype
+    devices = {}
+
+    def to_jax(t):
+        kind, index = t.__dlpack_device__()
+        if kind != 1:   # kDLCPU only: other devices have streams to order
+            return from_dlpack(t)
+        device = devices.get(index)
+        if device is None:
+            device = devices[index] = xla_bridge.get_backend(
+                "cpu").device_from_local_hardware_id(index)
+        # What from_dlpack asks for on the host: a legacy capsule (no
+        # max_version), no stream, no copy.
+        arr = to_buffer(t.__dlpack__(), device, None, None, kind)
+        if arr.dtype != canonical(arr.dtype):   # 64-bit types without x64
+            return importlib.import_module("jax.numpy").asarray(
+                arr, dtype=canonical(arr.dtype))
+        return arr
+
+    return to_jax
 
 
 def _load_tensorflow():
@@ -573,6 +621,17 @@ def convert(obj, to):
 
 
 # ---- what the C extension asks (answers cached on the C side) ----------------
+
+def _c_traits(name):
+    """``(immutable, read_buffer)`` of framework ``name`` (asked by the C
+    handler cache once per type): whether a Function copies its ``mut``
+    arguments and returns their new values, and whether it reads its arrays
+    through their buffer protocol first."""
+    fw = REGISTRY.get(name)
+    if fw is None:
+        return False, False
+    return fw.immutable, fw.read_buffer
+
 
 def _c_converter(name):
     """For results handed back to framework ``name`` (Function outputs, the

@@ -164,7 +164,9 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
                                PyObject **out) {
   dlb_module_state *st = state_of(api);
   const dlb_handler *h = NULL;
-  PyTypeObject *fast = NULL;
+  /* The type whose handler is used, held: the handler lives as long as
+   * the type, and the conversion below runs Python code. */
+  PyObject *fast = NULL;
   PyObject *name = NULL, *target = NULL, *tensor = NULL, *result = NULL;
   dlb_error err;
   int rc = -1;
@@ -250,12 +252,12 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
   }
   /* The handler is looked up only now, after the Python code above. */
   if (like != NULL) {
-    fast = Py_TYPE(like);
+    fast = Py_NewRef((PyObject *)Py_TYPE(like));
   } else if (PyType_Check(PyTuple_GET_ITEM(target, 0))) {
-    fast = (PyTypeObject *)PyTuple_GET_ITEM(target, 0);
+    fast = Py_NewRef(PyTuple_GET_ITEM(target, 0));
   }
   if (fast != NULL) {
-    h = dlb__handler_for(st, fast);
+    h = dlb__handler_for(st, (PyTypeObject *)fast);
     if (h == NULL) goto done;
   }
   /* like's handler hands the result to its framework (its exchange table,
@@ -282,6 +284,7 @@ done:
   Py_XDECREF(name);
   Py_XDECREF(target);
   Py_XDECREF(tensor);
+  if (fast != NULL) dlb__clear_keep_error(&fast);
   if (rc == 0)
     *out = result;
   else
@@ -326,7 +329,8 @@ static int capi_alloc_like(const dlb_capi *api, PyObject *like, int32_t ndim,
   /* A borrowed view is the cheapest way to learn like's device.  Its
    * handler is not kept: releasing the view may run Python code (a
    * producer's deleter) that reassigns like's class and frees the old type
-   * with its handler, so the handler is looked up again afterwards. */
+   * with its handler, so the handler is looked up again afterwards -- its
+   * type held, as the lookup and the allocation may run Python too. */
   if (dlb__view_get(st, like, 0, &view) < 0) return -1;
   memset(&prototype, 0, sizeof prototype);
   prototype.device = view.t.device;
@@ -335,9 +339,11 @@ static int capi_alloc_like(const dlb_capi *api, PyObject *like, int32_t ndim,
   prototype.shape = (int64_t *)(uintptr_t)shape;
   dlb__view_release(&view);
   {
-    const dlb_handler *h = dlb__handler_for(st, Py_TYPE(like));
-    if (h == NULL) return -1;
-    return dlb__alloc_like(st, h, &prototype, out);
+    PyObject *type = Py_NewRef((PyObject *)Py_TYPE(like));
+    const dlb_handler *h = dlb__handler_for(st, (PyTypeObject *)type);
+    int rc = h != NULL ? dlb__alloc_like(st, h, &prototype, out) : -1;
+    dlb__clear_keep_error(&type);
+    return rc;
   }
 }
 
@@ -351,9 +357,17 @@ static int capi_current_stream(const dlb_capi *api, PyObject *obj,
                     "dlb_py_current_stream: obj and stream must not be NULL");
     return -1;
   }
-  if (dlb__view_get(st, obj, 0, &view) < 0) return -1;
+  /* The view's handler belongs to obj's type as it was before the read,
+   * which may run Python code (a producer's __dlpack__) that reassigns the
+   * class: the type is held, and its handler with it. */
+  PyObject *type = Py_NewRef((PyObject *)Py_TYPE(obj));
+  if (dlb__view_get(st, obj, 0, &view) < 0) {
+    dlb__clear_keep_error(&type);
+    return -1;
+  }
   rc = dlb__current_stream(st, view.handler, view.t.device, stream);
   dlb__view_release(&view);
+  dlb__clear_keep_error(&type);
   return rc;
 }
 

@@ -82,6 +82,16 @@
 #define DLB_N_LEGACY_METHODS 4
 #define DLB_LEGACY_FOR_READ 3 /* index of to_dlpack_for_read */
 
+/* Where torch's lazy conj/neg bits and autograd pointer come from
+ * (torchbits.c): not looked for yet (the first torch tensor runs the
+ * experiment that finds them), read from the TensorImpl at the offsets it
+ * found, or asked of each tensor (it failed, or a test forced it). */
+typedef enum {
+  DLB_TORCH_BITS_ASK = -1,
+  DLB_TORCH_BITS_UNTRIED = 0,
+  DLB_TORCH_BITS_READ = 1
+} dlb_torch_bits;
+
 /* Per-module state: the heap types and interned names.  Reached from a
  * method through PyModule_GetState(module), from a Tensor method through
  * dlb__state_from_type(Py_TYPE(self)). */
@@ -105,13 +115,27 @@ typedef struct {
   PyObject *str_is_conj;           /* "is_conj" */
   PyObject *str_is_neg;            /* "is_neg" */
   PyObject *str_requires_grad;     /* "requires_grad" */
-  /* torchbits.c: where torch keeps the lazy bits, found once by experiment
-   * (torch_bits 0: not tried, 1: usable, -1: ask the tensor instead). */
+  /* torchbits.c: where torch keeps the lazy bits, found once by
+   * experiment (torch_found: it succeeded, so the offsets below are
+   * usable; torch_bits says whether they are used). */
   PyObject *str_torch;             /* "torch" */
-  PyTypeObject *torch_base;        /* strong: torch._C.TensorBase */
-  int torch_bits;
+  PyTypeObject *torch_base;        /* strong: torch._C.TensorBase, set by
+                                      the first torch tensor seen */
+  dlb_torch_bits torch_bits;
+  int torch_found;
   int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
   uint64_t torch_neg_mask, torch_conj_mask;
+  /* torchbits.c: what asking calls (strong; NULL when torch has no such
+   * thing): TensorBase's is_neg, is_conj and requires_grad descriptors,
+   * and torch._C.DisableTorchFunction() with its __enter__ and __exit__
+   * descriptors. */
+  PyObject *torch_ask[3];
+  PyObject *torch_quiet[3];
+  /* torchbits.c: torch.is_grad_enabled, and what tells autograd that
+   * tensors were written in place (torch._C._increment_version, behind
+   * torch.autograd.graph.increment_version); strong, set with torch_base. */
+  PyObject *torch_grad_enabled;
+  PyObject *torch_bump;
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -609,6 +633,9 @@ typedef enum {
   DLB_KIND_BUFFER,     /* buffer protocol */
   DLB_KIND_ARRAY_INTERFACE,      /* __array_interface__ */
   DLB_KIND_CUDA_ARRAY_INTERFACE, /* __cuda_array_interface__ */
+  DLB_KIND_BUFFER_DLPACK, /* the buffer protocol, cheaper, then __dlpack__
+                             for what it refuses (the registry's
+                             Framework.read_buffer: JAX) */
   DLB_KIND_TF_EAGER    /* a TensorFlow eager tensor: TF's own capsule export
                           (what its __dlpack__() calls, h->to_capsule),
                           without that method's Python frame */
@@ -636,6 +663,10 @@ typedef struct dlb_handler {
    * hands such a call to the compiler (python/dlbridge/_compiled.py); every
    * other reader treats the type by its kind as before. */
   int traced;
+  /* The framework's arrays are immutable (JAX, TensorFlow: the registry's
+   * Framework.immutable): Function never writes into one -- a `mut`
+   * argument is copied and its new value returned. */
+  int immutable;
 } dlb_handler;
 
 /* NumPy's array struct, mirrored.  The leading fields of NumPy's
@@ -668,6 +699,9 @@ struct dlb_handler_cache {
   /* Moves whenever an entry is freed (its type died): a memo taken before
    * (dlb_handler_memo) may point at freed memory and is not used. */
   uint64_t generation;
+  /* Moves whenever a type is classified (entry_new: Python code runs), so
+   * a caller can tell whether a lookup ran any. */
+  uint64_t classifications;
   PyObject *callback; /* weakref callback; self = cache_capsule */
   PyObject *cache_capsule;
   int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */
@@ -683,6 +717,7 @@ struct dlb_handler_cache {
   PyObject *str_registry;        /* "dlbridge._frameworks" */
   PyObject *str_type_framework;  /* "_type_framework" */
   PyObject *str_is_traced;       /* "_is_traced" */
+  PyObject *str_traits;          /* "_c_traits" */
 };
 
 /* The handler for type (borrowed; lives as long as the type).  Never NULL
@@ -793,34 +828,84 @@ int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
  * table's DLTensor silently drops them) is a BufferError; a tensor that
  * requires grad is read-only to dlbridge: a BufferError when options has
  * DLB_VIEW_WRITABLE (views.c), else *readonly = 1 (not asked when
- * readonly is NULL).  Objects whose type has no such methods pass (0).
+ * readonly is NULL; Function reads it as "requires grad").  dtype is the tensor's as its table described it
+ * (only a complex tensor can be conjugate, so only one is asked
+ * is_conj()).  Objects whose type has no such methods pass (0).
  * *ran_python is set to 1 when Python code may have run (the first torch
  * tensor seen, a subclass's __torch_function__, a Python override).  The
  * answers are read from torch's TensorImpl where an experiment run once
  * found them, else asked.  0 or -1. */
 int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
-                    int *readonly, int *ran_python);
-/* The hot path of dlb__check_bits for torch tensors, inline: 0 when
- * the experiment found where torch keeps the lazy bits and both are clear
- * in obj, 1 otherwise (call dlb__check_bits: it reports a set bit,
- * runs the experiment, or asks the tensor). */
+                    DLDataType dtype, int *readonly, int *ran_python);
+/* obj's TensorImpl *, read at the offset torchbits.c's experiment found
+ * (torch_bits is DLB_TORCH_BITS_READ and obj a torch tensor), or NULL when
+ * the object holds none. */
+static inline const char *dlb__torch_impl(const dlb_module_state *st,
+                                          PyObject *obj) {
+  const char *o = (const char *)obj, *impl;
+  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return NULL;
+  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
+  return impl;
+}
+/* The hot path of dlb__check_bits for torch tensors, inline: 0 when the
+ * experiment found where torch keeps its lazy bits and autograd's pointer,
+ * obj is a torch tensor, both bits are clear and autograd never touched
+ * it (so it cannot require grad): nothing to check.  1 otherwise (call
+ * dlb__check_bits: it reports a set bit, runs the experiment, or asks the
+ * tensor). */
 static inline int dlb__bits_maybe_set(const dlb_module_state *st,
                                       PyObject *obj) {
-  if (st->torch_bits <= 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
-                              !PyObject_TypeCheck(obj, st->torch_base)))
+  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0 ||
+      (Py_TYPE(obj)->tp_base != st->torch_base &&
+       !PyObject_TypeCheck(obj, st->torch_base)))
     return 1;
-  const char *o = (const char *)obj, *impl;
-  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return 1;
-  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
+  const char *impl = dlb__torch_impl(st, obj);
   if (impl == NULL) return 1;
-  uint64_t key;
+  uint64_t key, meta;
   memcpy(&key, impl + st->torch_key_off, sizeof key);
-  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0;
+  memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
+  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0 || meta != 0;
 }
-/* Whether dlb__check_bits on obj is certain to run no Python code: a
- * plain torch.Tensor (not a subclass) once torch's bits can be read
- * directly. */
-int dlb__bits_free(const dlb_module_state *st, PyObject *obj);
+/* Whether obj is a torch tensor autograd may have touched (its
+ * autograd_meta_ is set, or cannot be read): whether it requires grad is
+ * then a question (dlb__torch_requires_grad).  0 for anything else.
+ * Inline, for Function's reading of its arguments. */
+static inline int dlb__torch_autograd_touched(const dlb_module_state *st,
+                                              PyObject *obj) {
+  if (st->torch_base == NULL || (Py_TYPE(obj)->tp_base != st->torch_base &&
+                                 !PyObject_TypeCheck(obj, st->torch_base)))
+    return 0;
+  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0)
+    return 1;
+  const char *impl = dlb__torch_impl(st, obj);
+  if (impl == NULL) return 1;
+  uint64_t meta;
+  memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
+  return meta != 0;
+}
+/* Whether obj, a torch tensor seen by dlb__check_bits, requires grad: no
+ * question for one autograd never touched, else asked of torch (no Python
+ * code runs where torch has DisableTorchFunction, every supported torch).
+ * 1, 0, or -1 with an exception. */
+int dlb__torch_requires_grad(dlb_module_state *st, PyObject *obj);
+/* BufferError: obj requires grad, and writing into it would go behind
+ * autograd's back.  Returns -1. */
+int dlb__refuse_grad_write(PyObject *obj);
+/* Whether torch's grad mode is on (torch.is_grad_enabled(): off under
+ * torch.no_grad() and in inference mode): 1, 0, or -1 with an exception.
+ * Only once a torch tensor was seen (dlb__check_bits); runs no Python. */
+int dlb__torch_grad_enabled(dlb_module_state *st);
+/* Tell autograd that the torch tensors among objs[0..n) were written in
+ * place: their version counters move (views share their base's), so a
+ * backward that saved one raises as after torch's own in-place ops;
+ * inference tensors have none and are skipped, as torch does.  Other
+ * objects are ignored.  0, or -1 with an exception. */
+int dlb__torch_bump_versions(dlb_module_state *st, PyObject *const *objs,
+                             int n);
+/* What torchbits.c keeps of torch in module state, for module.c's
+ * traverse and clear. */
+int dlb__torch_traverse(dlb_module_state *st, visitproc visit, void *arg);
+void dlb__torch_clear(dlb_module_state *st);
 
 /* ---- Borrowed views (views.c) ----------------------------------------------- */
 

@@ -40,7 +40,11 @@
  *    (OverflowError out of range, TypeError for a float into an integer).  A kernel's negative status maps
  *    as dlb__raise does (DLB_EINVAL -> ValueError, ...) with message
  *    "<name>: <kernel message>"; a positive return is a broken kernel and
- *    raises RuntimeError (never a silently accepted result).
+ *    raises RuntimeError (never a silently accepted result).  A torch
+ *    argument that requires grad, with grad mode on -> RuntimeError "<name>:
+ *    dlbridge Function has no backward" (before the other checks, as the
+ *    compiled routes' autograd kernel raises before their shape function);
+ *    with it off, only writing into one is refused.
  *  - The kernel runs with the GIL held: the views are borrowed, not
  *    exported, and another thread could otherwise free an array's memory
  *    under the kernel (ndarray.resize, torch's resize_).  For the same
@@ -566,7 +570,6 @@ static int changing_error(const fn_object *fn) {
 DLB__OUT_OF_LINE(PyObject *, nargs_error,
                  (const fn_object *, Py_ssize_t));
 DLB__OUT_OF_LINE(int, mut_number_error, (const fn_object *, int, PyObject *));
-DLB__OUT_OF_LINE(int, changing_error, (const fn_object *));
 DLB__OUT_OF_LINE(int, invalid_error,
                  (const fn_object *, int, PyObject *, const DLTensor *));
 DLB__OUT_OF_LINE(void, prefix_error, (const fn_object *, int));
@@ -647,8 +650,11 @@ enum {
                       Python code runs, taken again if some does */
   ARG_FOREIGN,     /* the same, from an exchange table: not validated yet
                       (the checking pass does) */
-  ARG_VIEW         /* an owning view, safe across Python code; released at
-                      the end */
+  ARG_VIEW,        /* an owning view, safe across Python code; released at
+                      the end.  Its handler is not: looked up again before
+                      use (resolve_handlers) */
+  ARG_UNREAD       /* Python code ran while it was read, before its view
+                      was taken: the next pass reads it */
 };
 
 /* The per-call arrays.  On the stack for signatures of up to FN_INLINE
@@ -656,37 +662,73 @@ enum {
  * 46 KB frame), in one heap block for larger ones. */
 #define FN_INLINE 8
 
+/* What the reading found out about an argument (fn_frame.marks). */
+enum {
+  MARK_AUTOGRAD = 1u << 0, /* a torch tensor autograd may have touched:
+                              whether it requires grad is asked in step 3
+                              (refuse_grad) */
+  MARK_COPY = 1u << 1, /* `mut`, of a framework whose arrays are immutable:
+                          the kernel writes a copy, returned as a result */
+  MARK_WRITTEN = 1u << 2, /* `mut`, a torch tensor: its version counter
+                             moves after the kernel (tell_written) */
+  MARK_OWNING = 1u << 3 /* read owning (ARG_VIEW); in fn_frame.marked only */
+};
+
 typedef struct {
   dlb_view *views;                 /* [nin] */
   dlb_scalar *scalars;             /* [nin] */
-  PyTypeObject **types;            /* [nin]: type whose bits were checked */
   PyObject **ordered;              /* [nin], keyword calls */
   uint8_t *state;                  /* [nin], ARG_* */
+  uint8_t *marks;                  /* [nin], MARK_*, set by each read */
+  uint8_t marked;                  /* every mark set in this call (some may
+                                      have been read again since): the
+                                      fast path looks at nothing else */
   DLTensor **argv;                 /* [nin + nout] */
-  DLManagedTensorVersioned **outs; /* [nout] */
+  /* [nout + copies]: the results, then the copies of MARK_COPY arguments */
+  DLManagedTensorVersioned **outs;
+  /* [nin + 1]: types held while their handlers are in use (a handler
+   * lives as long as its type) */
+  PyObject **pins;
+  /* In the frame, not locals of function_call, which they would crowd for
+   * the sake of the rare calls that use them. */
+  int npins;                       /* pins[0..npins) */
+  int ncopy;                       /* MARK_COPY arguments */
 } fn_frame;
 
-/* The handler of argument i's type when its memo does not stand: looked
- * up (and remembered).  A type seen for the first time ran Python code to
- * classify it: *python is set then.  NULL with an exception. */
-static const dlb_handler *arg_handler(fn_object *fn, int i, PyTypeObject *type,
-                                      int *python) {
+/* The handler of obj's type when parameter i's memo does not stand:
+ * looked up (and remembered).  Classifying a type runs Python code
+ * (*python is set then), which may reassign obj's class and free the type
+ * it was classifying, handler and all: the type is held while it is looked
+ * up, and a handler whose type is no longer obj's is not returned (*moved
+ * is set; nothing to use, no exception).  NULL with an exception. */
+static const dlb_handler *arg_handler(fn_object *fn, int i, PyObject *obj,
+                                      int *python, int *moved) {
   dlb_module_state *st = fn->st;
-  size_t classified = st->handlers != NULL ? st->handlers->count : 0;
+  PyTypeObject *type = (PyTypeObject *)Py_NewRef(Py_TYPE(obj));
+  uint64_t classified =
+      st->handlers != NULL ? st->handlers->classifications : 0;
   const dlb_handler *h = dlb__handler_for_memo(st, &fn->memos[i], type);
-  if (h != NULL && st->handlers->count != classified) *python = 1;
+  if (st->handlers != NULL && st->handlers->classifications != classified)
+    *python = 1;
+  if (h != NULL && Py_TYPE(obj) != type) {
+    *moved = 1;
+    *python = 1; /* the release below may free the type: Python again */
+  }
+  Py_DECREF(type);
   return h;
 }
 
 DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
-                 (fn_object *, int, PyTypeObject *, int *));
+                 (fn_object *, int, PyObject *, int *, int *));
 
 /* Read argument i (not a number), looking its handler up.  A NumPy array,
  * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
- * what its exchange table cannot say is checked first
- * (dlb__check_bits), which may run Python code (the first torch
- * tensor, subclasses), and is not asked again for the same type unless
- * that is a plain read.  Every other kind is read owning (producers'
+ * what its exchange table cannot say is checked next, knowing its dtype
+ * (dlb__check_bits: inline when torch's bits can be read and say nothing
+ * is set) -- on every pass, so the views the kernel gets were all checked
+ * after the last Python code ran: the check runs none but for the first
+ * torch tensor of the process (the argument is then read again).  Every
+ * other kind is read owning (producers'
  * __dlpack__ run Python code).  *python is set when Python code may have
  * run.  0, -1 (the caller names the argument), or 1 when obj is a graph
  * compiler's placeholder (nothing read; views[i].handler is its handler):
@@ -694,27 +736,61 @@ DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
 static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
                                   int i, int *python) {
   dlb_module_state *st = fn->st;
-  unsigned opts = fn->params[i].mut ? DLB_VIEW_WRITABLE : 0;
+  unsigned opts = 0;
+  f->marks[i] = 0;
   const dlb_handler *h =
       dlb__handler_memo_get(st, &fn->memos[i], Py_TYPE(obj));
   if (h == NULL) {
-    h = arg_handler_out_of_line(fn, i, Py_TYPE(obj), python);
+    int moved = 0;
+    h = arg_handler_out_of_line(fn, i, obj, python, &moved);
     if (h == NULL) return -1;
+    if (moved) {
+      f->state[i] = ARG_UNREAD;
+      return 0;
+    }
   }
   if (h->traced) {
     f->views[i].handler = h;
     return 1;
   }
+  if (fn->params[i].mut) {
+    /* An immutable framework's array is only read: its copy is written. */
+    if (h->immutable) {
+      f->marks[i] = MARK_COPY;
+      f->marked |= MARK_COPY;
+    } else {
+      opts = DLB_VIEW_WRITABLE;
+    }
+  }
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
-      if (!(opts & DLB_VIEW_WRITABLE) && !dlb__bits_maybe_set(st, obj)) {
-        /* the common case, a plain read of torch's bits: clear */
-      } else if (f->types[i] != Py_TYPE(obj) || dlb__bits_free(st, obj)) {
-        if (dlb__check_bits(st, obj, opts, NULL, python) < 0) return -1;
-        f->types[i] = Py_TYPE(obj);
-      }
       if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
+      if (dlb__bits_maybe_set(st, obj)) {
+        /* Whether it requires grad is not asked here: only when it matters
+         * -- grad mode on, or a write -- in step 3 (refuse_grad). */
+        int ran = 0;
+        if (dlb__check_bits(st, obj, 0, f->views[i].t.dtype, NULL, &ran) < 0)
+          return -1;
+        if (dlb__torch_autograd_touched(st, obj)) {
+          f->marks[i] |= MARK_AUTOGRAD;
+          f->marked |= MARK_AUTOGRAD;
+        }
+        if (ran) {
+          /* The view may be stale, h dead with a class the Python code
+           * dropped: the next pass reads it again. */
+          *python = 1;
+          f->state[i] = ARG_UNREAD;
+          return 0;
+        }
+      }
+      /* A torch tensor (torch's base type is known once one was checked,
+       * as every one read here was) written in place: autograd is told. */
+      if ((opts & DLB_VIEW_WRITABLE) && st->torch_base != NULL &&
+          PyObject_TypeCheck(obj, st->torch_base)) {
+        f->marks[i] |= MARK_WRITTEN;
+        f->marked |= MARK_WRITTEN;
+      }
       f->state[i] = ARG_FOREIGN;
       return 0;
     case DLB_KIND_TENSOR:
@@ -730,13 +806,160 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   *python = 1;
   if (dlb__view_get_with(st, h, obj, opts, &f->views[i]) < 0) return -1;
   f->state[i] = ARG_VIEW;
+  f->marked |= MARK_OWNING;
+  if ((opts & DLB_VIEW_WRITABLE) && h->framework == st->str_torch) {
+    /* torch's, read another way (its __dlpack__): told as well */
+    f->marks[i] |= MARK_WRITTEN;
+    f->marked |= MARK_WRITTEN;
+  }
   return 0;
 }
 
-static int read_arg_again(fn_object *fn, fn_frame *f, PyObject *obj, int i,
-                          int *python) {
-  return read_arg(fn, f, obj, i, python);
+
+/* After the kernel ran (or failed: it may have written first): torch counts
+ * in-place writes -- autograd's version counters -- so a backward that
+ * saved a `mut` torch argument (MARK_WRITTEN) raises instead of using the
+ * new values, as after torch's own in-place ops.  0, or -1 with an
+ * exception. */
+static int tell_written(const fn_object *fn, const fn_frame *f,
+                        PyObject *const *args) {
+  PyObject *written[FN_MAX_PARAMS];
+  int n = 0;
+  for (int i = 0; i < fn->nin; i++)
+    if (f->marks[i] & MARK_WRITTEN) written[n++] = args[i];
+  return n > 0 ? dlb__torch_bump_versions(fn->st, written, n) : 0;
 }
+
+DLB__OUT_OF_LINE(int, tell_written,
+                 (const fn_object *, const fn_frame *, PyObject *const *));
+
+/* The arguments autograd may have touched (MARK_AUTOGRAD): one that
+ * requires grad, with grad mode on, would give a result with no grad_fn and
+ * a loss using it a silently wrong gradient -- the call is refused (the
+ * compiled routes raise the same); with it off (no_grad, inference mode)
+ * reading is fine, writing is not.  Each question only when its answer
+ * matters: grad mode once, before the first read-only argument is asked
+ * whether it requires grad (a view of a tensor autograd never touched has
+ * autograd metadata, so reads under no_grad ask nothing else).  No Python
+ * code runs.  0, or -1 with an exception. */
+static int refuse_grad(const fn_object *fn, const fn_frame *f,
+                       PyObject *const *args) {
+  dlb_module_state *st = fn->st;
+  int on = -1; /* grad mode, once asked */
+  for (int i = 0; i < fn->nin; i++) {
+    if (!(f->marks[i] & MARK_AUTOGRAD)) continue;
+    int written = fn->params[i].mut && !(f->marks[i] & MARK_COPY);
+    if (!written) {
+      if (on < 0 && (on = dlb__torch_grad_enabled(st)) < 0) return -1;
+      if (!on) continue;
+    }
+    int grad = dlb__torch_requires_grad(st, args[i]);
+    if (grad < 0) return -1;
+    if (!grad) continue;
+    if (on < 0 && (on = dlb__torch_grad_enabled(st)) < 0) return -1;
+    if (on) {
+      PyErr_Format(PyExc_RuntimeError, "%U: dlbridge Function has no backward",
+                   fn->name);
+      return -1;
+    }
+    dlb__refuse_grad_write(args[i]);
+    prefix_error(fn, i);
+    return -1;
+  }
+  return 0;
+}
+
+/* What the marks ask for, before the signature's checks: the refusal of
+ * an argument that requires grad (refuse_grad); the copies of the
+ * MARK_COPY arguments counted (f->ncopy) and their handlers held
+ * (f->pins) for the copies' allocation and hand-over.  0, or -1 with an
+ * exception. */
+static int marked(const fn_object *fn, fn_frame *f, PyObject *const *args) {
+  if ((f->marked & MARK_AUTOGRAD) && refuse_grad(fn, f, args) < 0) return -1;
+  for (int i = 0; i < fn->nin; i++)
+    if (f->marks[i] & MARK_COPY) {
+      f->ncopy++;
+      f->pins[f->npins++] =
+          Py_NewRef((PyObject *)f->views[i].handler->type);
+    }
+  return 0;
+}
+
+DLB__OUT_OF_LINE(int, marked,
+                 (const fn_object *, fn_frame *, PyObject *const *));
+
+/* The copies of the MARK_COPY arguments, for the kernel to write: each
+ * allocated by its own framework's allocation path, like a result
+ * (dlb__alloc_like, with its handler, whose type the caller holds), filled
+ * from the argument (on stream for device memory) and put in its place in
+ * the kernel's arguments; outs[*nalloc..] receives them, *nalloc counting
+ * what is there to free.  0, or -1 with an exception. */
+static int copy_immutable(const fn_object *fn, fn_frame *f, void *stream,
+                          int *nalloc) {
+  dlb_module_state *st = fn->st;
+  for (int i = 0; i < fn->nin; i++) {
+    if (!(f->marks[i] & MARK_COPY)) continue;
+    const DLTensor *src = &f->views[i].t;
+    DLTensor proto = *src;
+    DLManagedTensorVersioned **out = &f->outs[*nalloc];
+    dlb_error err;
+    proto.data = NULL;
+    proto.strides = NULL;
+    proto.byte_offset = 0;
+    if (dlb__alloc_like(st, f->views[i].handler, &proto, out) < 0) return -1;
+    (*nalloc)++;
+    DLTensor *dst = &(*out)->dl_tensor;
+    if ((*out)->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
+      PyErr_Format(PyExc_BufferError,
+                   "%U(): the framework allocated a read-only copy of "
+                   "argument '%U'",
+                   fn->name, pname(fn, i));
+      return -1;
+    }
+    int rc = dlb__is_cuda_device(src->device)
+                 ? dlb_cuda_copy(dst, src, stream, &err)
+                 : dlb_copy(dst, src, &err);
+    if (rc != DLB_OK) {
+      dlb__raise(&err);
+      prefix_error(fn, i);
+      return -1;
+    }
+    f->argv[i] = dst;
+  }
+  return 0;
+}
+
+/* What the call returns: the declared results (h's framework), then the new
+ * values of the MARK_COPY arguments (each its own framework's) -- one
+ * alone, several as a tuple.  Each of f->outs[0..nres) is stolen (and
+ * NULLed) as it is handed over; what a failure leaves is the caller's to
+ * free.  NULL with an exception. */
+static PyObject *hand_back(const fn_object *fn, fn_frame *f,
+                           const dlb_handler *h, int nres) {
+  PyObject *tuple = NULL, *obj;
+  if (nres > 1 && (tuple = PyTuple_New(nres)) == NULL) return NULL;
+  for (int k = 0, i = 0; k < nres; k++) {
+    const dlb_handler *hk = h;
+    if (k >= fn->nout) {
+      while (!(f->marks[i] & MARK_COPY)) i++;
+      hk = f->views[i++].handler;
+    }
+    DLManagedTensorVersioned *m = f->outs[k];
+    f->outs[k] = NULL; /* stolen whatever happens */
+    if (dlb__to_framework(fn->st, hk, m, &obj) < 0) {
+      Py_XDECREF(tuple);
+      return NULL;
+    }
+    if (tuple == NULL) return obj;
+    PyTuple_SET_ITEM(tuple, k, obj);
+  }
+  return tuple;
+}
+
+DLB__OUT_OF_LINE(int, copy_immutable,
+                 (const fn_object *, fn_frame *, void *, int *));
+DLB__OUT_OF_LINE(PyObject *, hand_back,
+                 (const fn_object *, fn_frame *, const dlb_handler *, int));
 
 /* The call with a compiler's placeholder among args (nin of them, in
  * parameter order), handed to python/dlbridge/_compiled.py's dispatch with
@@ -761,8 +984,67 @@ cleanup:
 DLB__OUT_OF_LINE(PyObject *, dispatch_traced,
                  (const fn_object *, PyObject *const *, PyObject *));
 
-DLB__OUT_OF_LINE(int, read_arg_again,
-                 (fn_object *, fn_frame *, PyObject *, int, int *));
+
+/* After a pass that ran no Python code: the borrowed views are valid, but
+ * the handler of an argument read owning is not -- Python code run after
+ * its read (a later argument's __dlpack__, gc) may have reassigned its
+ * class and freed the type, and the handler with it.  Each is looked up
+ * again, through its memo (no call) or the cache, which may classify the
+ * type (Python: *python is set, and the caller reads again).  0, or -1 with
+ * an exception. */
+static int resolve_handlers(fn_object *fn, fn_frame *f, PyObject *const *args,
+                            int *python) {
+  for (int i = 0; i < fn->nin; i++) {
+    if (f->state[i] != ARG_VIEW) continue;
+    PyObject *obj = args[i];
+    const dlb_handler *h =
+        dlb__handler_memo_get(fn->st, &fn->memos[i], Py_TYPE(obj));
+    if (h == NULL) {
+      int moved = 0;
+      h = arg_handler(fn, i, obj, python, &moved);
+      if (h == NULL) return -1;
+      if (moved) continue; /* *python is set: looked up next time */
+    }
+    f->views[i].handler = h;
+  }
+  return 0;
+}
+
+
+/* Step 2 of function_call, off its fast path: python says whether Python
+ * code ran in the first pass.  0; -1 with an exception; 1 with *traced
+ * set when an argument turned out to be a compiler's placeholder. */
+static int read_again(fn_object *fn, fn_frame *f, PyObject *const *args,
+                      int python, PyObject **traced) {
+  for (int round = 0;; round++) {
+    if (!python) {
+      if (!(f->marked & MARK_OWNING)) return 0;
+      if (resolve_handlers(fn, f, args, &python) < 0) return -1;
+      if (!python) return 0;
+    }
+    if (round == 4) return changing_error(fn);
+    python = 0;
+    for (int i = 0; i < fn->nin; i++) {
+      uint8_t state = f->state[i];
+      if (state != ARG_BORROWED && state != ARG_FOREIGN &&
+          state != ARG_UNREAD)
+        continue;
+      int r = read_arg(fn, f, args[i], i, &python);
+      if (r > 0) {
+        *traced = Py_NewRef(f->views[i].handler->framework);
+        return 1;
+      }
+      if (r < 0) {
+        prefix_error(fn, i);
+        return -1;
+      }
+    }
+  }
+}
+
+DLB__OUT_OF_LINE(int, read_again,
+                 (fn_object *, fn_frame *, PyObject *const *, int,
+                  PyObject **));
 
 /* The call, with its arrays in f.  The order is what keeps borrowed views
  * valid (a NumPy array's data, a torch tensor's storage: Python code may
@@ -771,9 +1053,12 @@ DLB__OUT_OF_LINE(int, read_arg_again,
  *      run Python code (producers' __dlpack__, torch's checks);
  *   2. if Python code ran, the arguments read borrowed are read again (a
  *      new handler lookup, a new view), until a pass runs none -- so the
- *      views in use were all taken after the last Python code;
+ *      views in use were all taken after the last Python code -- and the
+ *      handlers of the arguments read owning are looked up again;
  *   3. the checks against the signature, the outputs' allocation and the
- *      kernel, with no Python code in between. */
+ *      kernel, with no Python code in between.  The handler that receives
+ *      the results is held (its type is) from then on: the stream query,
+ *      the frameworks' importers and producers' deleters run Python. */
 static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
                                       Py_ssize_t nargs, PyObject *kwnames,
                                       fn_frame *f) {
@@ -799,11 +1084,11 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   }
 
   /* 1. */
+  f->marked = 0;
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     PyObject *obj = args[i];
     state[i] = ARG_PENDING;
-    f->types[i] = NULL;
     nseen = i + 1;
     argv[i] = &views[i].t;
     if (p->ndim == 0 &&
@@ -825,6 +1110,7 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
       t->strides = NULL;
       t->byte_offset = 0;
       state[i] = ARG_SCALAR;
+      f->marks[i] = 0;
       continue;
     }
     r = read_arg(fn, f, obj, i, &python);
@@ -839,28 +1125,17 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     }
   }
 
-  /* 2.  (Off the fast path: read_arg out of line here.) */
-  for (int round = 0; python; round++) {
-    if (round == 4) {
-      changing_error_out_of_line(fn);
-      goto cleanup;
-    }
-    python = 0;
-    for (int i = 0; i < nin; i++) {
-      if (state[i] != ARG_BORROWED && state[i] != ARG_FOREIGN) continue;
-      r = read_arg_again_out_of_line(fn, f, args[i], i, &python);
-      if (r != 0) {
-        if (r > 0) {
-          traced = Py_NewRef(views[i].handler->framework);
-          goto cleanup;
-        }
-        prefix_error_out_of_line(fn, i);
-        goto cleanup;
-      }
-    }
+  /* 2. */
+  if (python || (f->marked & MARK_OWNING)) {
+    r = read_again_out_of_line(fn, f, args, python, &traced);
+    if (r != 0) goto cleanup;
   }
 
   /* 3.  From here to the kernel no Python code runs. */
+  const uint8_t marked = f->marked; /* read once: the fast path has none */
+  if ((marked & (MARK_AUTOGRAD | MARK_COPY)) &&
+      marked_out_of_line(fn, f, args) < 0)
+    goto cleanup;
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     DLTensor *t = &views[i].t;
@@ -895,6 +1170,8 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   if (ifirst >= 0) {
     h = views[ifirst].handler;
     proto.device = views[ifirst].t.device;
+    if (nout > 0 || proto.device.device_type != kDLCPU)
+      f->pins[f->npins++] = Py_NewRef((PyObject *)h->type);
     if (proto.device.device_type != kDLCPU &&
         dlb__current_stream(st, h, proto.device, &stream) < 0)
       goto cleanup;
@@ -923,10 +1200,17 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     }
     argv[nin + o] = &f->outs[o]->dl_tensor;
   }
+  if ((marked & MARK_COPY) &&
+      copy_immutable_out_of_line(fn, f, stream, &nalloc) < 0)
+    goto cleanup;
 
   err.code = DLB_OK;
   err.message[0] = '\0';
   int rc = fn->kernel(argv, nin + nout, stream, &err);
+  if ((marked & MARK_WRITTEN) && tell_written_out_of_line(fn, f, args) < 0) {
+    if (rc == 0) goto cleanup;
+    PyErr_Clear(); /* the kernel's own error says more */
+  }
   if (rc != 0) {
     kernel_error_out_of_line(fn, rc, &err);
     goto cleanup;
@@ -938,27 +1222,14 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   nseen = 0;
 
-  if (nout == 0) {
+  if (nout + f->ncopy == 0) {
     result = Py_NewRef(Py_None);
-  } else if (nout == 1) {
+  } else if (nout + f->ncopy == 1 && nout == 1) {
     DLManagedTensorVersioned *m = f->outs[0];
-    nalloc = 0; /* stolen whatever happens */
+    f->outs[0] = NULL; /* stolen whatever happens */
     if (dlb__to_framework(st, h, m, &result) < 0) result = NULL;
   } else {
-    PyObject *tuple = PyTuple_New(nout);
-    if (tuple == NULL) goto cleanup;
-    for (int o = 0; o < nout; o++) {
-      PyObject *obj;
-      DLManagedTensorVersioned *m = f->outs[o];
-      f->outs[o] = NULL; /* stolen whatever happens */
-      if (dlb__to_framework(st, h, m, &obj) < 0) {
-        Py_DECREF(tuple);
-        goto cleanup;
-      }
-      PyTuple_SET_ITEM(tuple, o, obj);
-    }
-    nalloc = 0;
-    result = tuple;
+    result = hand_back_out_of_line(fn, f, h, nout + f->ncopy);
   }
 
 cleanup:
@@ -966,6 +1237,15 @@ cleanup:
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
     if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
+  while (f->npins > 0) {
+    /* Dropping a reference that is not the last runs no code: only the
+     * last one needs the pending exception kept from the type's dealloc. */
+    PyObject **pin = &f->pins[--f->npins];
+    if (Py_REFCNT(*pin) > 1)
+      Py_DECREF(*pin);
+    else
+      dlb__clear_keep_error(pin);
+  }
   if (traced != NULL) {
     /* What was read is let go of; the compiler gets the whole call. */
     result = dispatch_traced_out_of_line(fn, args, traced);
@@ -980,9 +1260,10 @@ cleanup:
 static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   size_t nin = (size_t)fn->nin, n = nin + (size_t)fn->nout;
   size_t bytes = nin * (sizeof(dlb_view) + sizeof(dlb_scalar) +
-                        sizeof(PyTypeObject *) + sizeof(PyObject *)) +
+                        sizeof(PyObject *)) +
                  n * sizeof(DLTensor *) +
-                 (n - nin) * sizeof(DLManagedTensorVersioned *) + nin;
+                 n * sizeof(DLManagedTensorVersioned *) +
+                 (nin + 1) * sizeof(PyObject *) + 2 * nin;
   char *block = PyMem_Malloc(bytes);
   if (block == NULL) {
     PyErr_NoMemory();
@@ -993,15 +1274,17 @@ static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   q += nin * sizeof(dlb_view);
   f->scalars = (dlb_scalar *)q;
   q += nin * sizeof(dlb_scalar);
-  f->types = (PyTypeObject **)q;
-  q += nin * sizeof(PyTypeObject *);
   f->ordered = (PyObject **)q;
   q += nin * sizeof(PyObject *);
   f->argv = (DLTensor **)q;
   q += n * sizeof(DLTensor *);
   f->outs = (DLManagedTensorVersioned **)q;
-  q += (n - nin) * sizeof(DLManagedTensorVersioned *);
+  q += n * sizeof(DLManagedTensorVersioned *);
+  f->pins = (PyObject **)q;
+  q += (nin + 1) * sizeof(PyObject *);
   f->state = (uint8_t *)q;
+  q += nin;
+  f->marks = (uint8_t *)q;
   return block;
 }
 
@@ -1012,12 +1295,13 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   fn_object *fn = (fn_object *)self;
   dlb_view views[FN_INLINE];
   dlb_scalar scalars[FN_INLINE];
-  PyTypeObject *types[FN_INLINE];
   PyObject *ordered[FN_INLINE];
-  uint8_t state[FN_INLINE];
+  uint8_t state[FN_INLINE], marks[FN_INLINE];
   DLTensor *argv[FN_INLINE];
   DLManagedTensorVersioned *outs[FN_INLINE];
-  fn_frame f = {views, scalars, types, ordered, state, argv, outs};
+  PyObject *pins[FN_INLINE + 1];
+  fn_frame f = {views, scalars, ordered, state, marks, 0, argv, outs, pins,
+                0, 0};
   void *block = NULL;
   if (fn->nin + fn->nout > FN_INLINE) {
     block = frame_alloc_out_of_line(fn, &f);

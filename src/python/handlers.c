@@ -255,6 +255,30 @@ static int is_traced(struct dlb_handler_cache *c, PyTypeObject *type,
   return traced;
 }
 
+/* What the registry says of framework (its _c_traits): whether its arrays
+ * are immutable, whether they are read through their buffer first.  0, or
+ * -1 with an exception. */
+static int framework_traits(struct dlb_handler_cache *c, PyObject *framework,
+                            int *immutable, int *read_buffer) {
+  PyObject *registry = PyImport_Import(c->str_registry);
+  if (registry == NULL) return -1;
+  PyObject *answer =
+      PyObject_CallMethodOneArg(registry, c->str_traits, framework);
+  Py_DECREF(registry);
+  if (answer == NULL) return -1;
+  int rc = -1;
+  if (!PyTuple_Check(answer) || PyTuple_GET_SIZE(answer) != 2) {
+    PyErr_SetString(PyExc_TypeError,
+                    "dlbridge._frameworks._c_traits returned no pair");
+  } else if ((*immutable = PyObject_IsTrue(PyTuple_GET_ITEM(answer, 0))) >= 0 &&
+             (*read_buffer = PyObject_IsTrue(PyTuple_GET_ITEM(answer, 1))) >=
+                 0) {
+    rc = 0;
+  }
+  Py_DECREF(answer);
+  return rc;
+}
+
 /* Special methods are looked up on the type, as Python does for its own
  * protocols: no bound method is created and a miss raises nothing. */
 int dlb__type_has(PyTypeObject *type, PyObject *name) {
@@ -366,7 +390,7 @@ done:
 }
 
 static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
-                     PyTypeObject *type, dlb_handler *h) {
+                     PyTypeObject *type, int read_buffer, dlb_handler *h) {
   if (PyType_IsSubtype(type, st->TensorType)) {
     h->kind = DLB_KIND_TENSOR;
     h->api = &dlb__tensor_exchange_api;
@@ -398,9 +422,13 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
     h->kind = DLB_KIND_TF_EAGER;
     return;
   }
-  if (dlb__type_has(type, st->str_dlpack) &&
-      !(PyUnicode_CompareWithASCIIString(h->framework, "cupy") == 0 &&
-        dlb__type_has(type, st->str_cuda_array_interface))) {
+  int has_buffer =
+      type->tp_as_buffer != NULL && type->tp_as_buffer->bf_getbuffer != NULL;
+  if (read_buffer && has_buffer && dlb__type_has(type, st->str_dlpack)) {
+    h->kind = DLB_KIND_BUFFER_DLPACK;
+  } else if (dlb__type_has(type, st->str_dlpack) &&
+             !(PyUnicode_CompareWithASCIIString(h->framework, "cupy") == 0 &&
+               dlb__type_has(type, st->str_cuda_array_interface))) {
     h->kind = DLB_KIND_DLPACK;
   } else if (dlb__type_has(type, st->str_cuda_array_interface) &&
              dlb__type_has(type, st->str_dlpack)) {
@@ -410,8 +438,7 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
      * are signed and right, and its 'stream' orders the work the same
      * way. */
     h->kind = DLB_KIND_CUDA_ARRAY_INTERFACE;
-  } else if (type->tp_as_buffer != NULL &&
-             type->tp_as_buffer->bf_getbuffer != NULL) {
+  } else if (has_buffer) {
     h->kind = DLB_KIND_BUFFER;
   } else if (dlb__type_has(type, st->str_array_interface)) {
     h->kind = DLB_KIND_ARRAY_INTERFACE;
@@ -465,7 +492,10 @@ static handler_entry *entry_new(dlb_module_state *st, struct dlb_handler_cache *
   if (e->h.framework == NULL) goto error;
   e->h.traced = is_traced(c, type, e->h.framework);
   if (e->h.traced < 0) goto error;
-  classify(st, c, type, &e->h);
+  int read_buffer = 0;
+  if (framework_traits(c, e->h.framework, &e->h.immutable, &read_buffer) < 0)
+    goto error;
+  classify(st, c, type, read_buffer, &e->h);
   if (PyErr_Occurred()) goto error; /* classify's numpy check failed */
   /* Read last: the classification's own lookups may have tagged it. */
   e->version = version_of(c, type);
@@ -488,7 +518,8 @@ static handler_entry *cache_find(struct dlb_handler_cache *c, PyTypeObject *type
 }
 
 static int same_answer(const dlb_handler *a, const dlb_handler *b) {
-  return a->kind == b->kind && a->traced == b->traced && a->api == b->api &&
+  return a->kind == b->kind && a->traced == b->traced &&
+         a->immutable == b->immutable && a->api == b->api &&
          a->api_owner == b->api_owner && a->to_capsule == b->to_capsule &&
          PyUnicode_Compare(a->framework, b->framework) == 0;
 }
@@ -497,6 +528,7 @@ static int same_answer(const dlb_handler *a, const dlb_handler *b) {
 static const dlb_handler *classify_and_insert(dlb_module_state *st,
                                               struct dlb_handler_cache *c,
                                               PyTypeObject *type) {
+  c->classifications++;
   handler_entry *fresh = entry_new(st, c, type);
   if (fresh == NULL) return NULL;
   /* Python code ran: the table may have changed under us (other types
@@ -610,9 +642,11 @@ int dlb__handlers_init(dlb_module_state *st) {
   c->str_registry = PyUnicode_InternFromString("dlbridge._frameworks");
   c->str_type_framework = PyUnicode_InternFromString("_type_framework");
   c->str_is_traced = PyUnicode_InternFromString("_is_traced");
+  c->str_traits = PyUnicode_InternFromString("_c_traits");
   if (c->converters == NULL || c->targets == NULL || c->str_module == NULL || c->str_exchange == NULL ||
       c->str_exchange_legacy == NULL || c->str_registry == NULL ||
-      c->str_type_framework == NULL || c->str_is_traced == NULL)
+      c->str_type_framework == NULL || c->str_is_traced == NULL ||
+      c->str_traits == NULL)
     return -1;
   /* The weakref callback reaches the cache through a capsule's context,
    * not the module: no reference cycle through module state. */
@@ -651,5 +685,6 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->str_registry);
   Py_CLEAR(c->str_type_framework);
   Py_CLEAR(c->str_is_traced);
+  Py_CLEAR(c->str_traits);
   PyMem_Free(c);
 }

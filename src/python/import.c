@@ -168,10 +168,24 @@ static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
  * without a Python call and wrapped with a reference to the array -- no
  * capsule, no __dlpack__ call.  1 with *out set when handled, 0 when
  * another path must handle obj, -1 on error. */
+static int try_handler_held(dlb_module_state *st, PyObject *obj,
+                            const dlb_handler *h, const DLDevice *target,
+                            int copy, PyObject **out);
+
+/* The handler lives as long as its type, held here: torch's checks and the
+ * conversions may run Python code that reassigns obj's class. */
 static int try_handler(dlb_module_state *st, PyObject *obj,
                        const DLDevice *target, int copy, PyObject **out) {
-  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
-  if (h == NULL) return -1;
+  PyObject *type = Py_NewRef((PyObject *)Py_TYPE(obj));
+  const dlb_handler *h = dlb__handler_for(st, (PyTypeObject *)type);
+  int rc = h != NULL ? try_handler_held(st, obj, h, target, copy, out) : -1;
+  dlb__clear_keep_error(&type);
+  return rc;
+}
+
+static int try_handler_held(dlb_module_state *st, PyObject *obj,
+                            const dlb_handler *h, const DLDevice *target,
+                            int copy, PyObject **out) {
   DLManagedTensorVersioned *m = NULL;
   dlb_error err;
   if (h->kind == DLB_KIND_TENSOR) {
@@ -179,11 +193,7 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     return *out != NULL ? 1 : -1;
   }
   if (h->kind == DLB_KIND_EXCHANGE) {
-    /* What the table cannot say: lazy conj/neg bits are refused, a tensor
-     * that requires grad is imported read-only (views.c). */
     int readonly = 0, ran_python = 0;
-    if (dlb__check_bits(st, obj, 0, &readonly, &ran_python) < 0)
-      return -1;
     if (h->api->managed_tensor_from_py_object_no_sync(obj, &m) != 0 ||
         m == NULL) {
       dlb__error_exchange_refusal(Py_TYPE(obj), "export");
@@ -197,6 +207,13 @@ static int try_handler(dlb_module_state *st, PyObject *obj,
     if (dlb_tensor_validate(&m->dl_tensor, 0, &err) != DLB_OK) {
       dlb__delete_keep_error(m);
       dlb__raise_import("the exchange table's tensor cannot be imported", &err);
+      return -1;
+    }
+    /* What the table cannot say: lazy conj/neg bits are refused, a tensor
+     * that requires grad is imported read-only (views.c). */
+    if (dlb__check_bits(st, obj, 0, m->dl_tensor.dtype, &readonly,
+                        &ran_python) < 0) {
+      dlb__delete_keep_error(m);
       return -1;
     }
     if (readonly) m->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;

@@ -87,7 +87,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->DeviceType);
   Py_VISIT(st->max_version_tuple);
   Py_VISIT(st->FunctionType);
-  Py_VISIT(st->torch_base);
+  int rc = dlb__torch_traverse(st, visit, arg);
+  if (rc != 0) return rc;
   for (size_t i = 0; i < sizeof st->dtype_cache / sizeof *st->dtype_cache; i++)
     Py_VISIT(st->dtype_cache[i]);
   return 0;
@@ -110,8 +111,7 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->str_is_neg);
   Py_CLEAR(st->str_requires_grad);
   Py_CLEAR(st->str_torch);
-  Py_CLEAR(st->torch_base);
-  st->torch_bits = 0;
+  dlb__torch_clear(st);
   Py_CLEAR(st->max_version_tuple);
   for (int i = 0; i < DLB_N_LEGACY_METHODS; i++) Py_CLEAR(st->str_legacy[i]);
   Py_CLEAR(st->FunctionType);

@@ -316,10 +316,39 @@ static PyObject *py_torch_bits_state(PyObject *module, PyObject *unused) {
   return PyLong_FromLong(mod_state(module)->torch_bits);
 }
 
+/* _torch_bits_force(state) -> the previous state: -1 asks every tensor
+ * from now on (the tests of the lazy bits and requires_grad run both
+ * ways), 0 runs the experiment again at the next torch tensor, 1 reads the
+ * TensorImpl again -- only where the experiment found it. */
+static PyObject *py_torch_bits_force(PyObject *module, PyObject *arg) {
+  dlb_module_state *st = mod_state(module);
+  long state = PyLong_AsLong(arg);
+  if (state == -1 && PyErr_Occurred()) return NULL;
+  if (state != DLB_TORCH_BITS_ASK && state != DLB_TORCH_BITS_UNTRIED &&
+      state != DLB_TORCH_BITS_READ) {
+    PyErr_Format(PyExc_ValueError,
+                 "_torch_bits_force: state must be -1, 0 or 1, not %ld",
+                 state);
+    return NULL;
+  }
+  if (state == DLB_TORCH_BITS_READ && !st->torch_found) {
+    PyErr_SetString(PyExc_ValueError,
+                    "_torch_bits_force: the experiment has not found torch's "
+                    "bits in this process");
+    return NULL;
+  }
+  long previous = st->torch_bits;
+  st->torch_bits = (dlb_torch_bits)state;
+  return PyLong_FromLong(previous);
+}
+
 static PyMethodDef private_methods[] = {
     {"_torch_bits_state", (PyCFunction)py_torch_bits_state, METH_NOARGS,
      "Private (tests): 1 when torch's conj/neg bits are read directly, -1 "
      "when they are asked of each tensor, 0 before the first torch tensor."},
+    {"_torch_bits_force", (PyCFunction)py_torch_bits_force, METH_O,
+     "Private (tests): set the state _torch_bits_state reports (-1: ask "
+     "every tensor); returns the previous one."},
     {"_exchange_handler", (PyCFunction)py_handler, METH_O,
      "Private (tests): (kind, framework, table address) of type(obj)."},
     {"_exchange_view", (PyCFunction)(void (*)(void))py_view, METH_FASTCALL,

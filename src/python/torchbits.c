@@ -3,7 +3,7 @@
  * tensor, asked of the tensor itself: torch's lazy conjugate and negative
  * bits (the table's DLTensor silently drops them: wrong values) and
  * whether it requires grad (dlbridge must not write into it behind
- * autograd's back).  Used wherever a torch-like tensor is read through its
+ * autograd's back).  Used wherever a torch tensor is read through its
  * table: borrowed views (views.c), from_dlpack (import.c), Function.
  *
  * Asking (is_neg(), is_conj(), requires_grad) costs 25-50 ns a question,
@@ -11,6 +11,16 @@
  * bits and one pointer of torch's TensorImpl, so they are read there, at
  * offsets found once per process by an experiment (below) -- and asked
  * whenever the experiment did not succeed.
+ *
+ * Neither way runs Python code, except the first torch tensor's visit
+ * (torch_meet: the experiment, and what asking needs): asking calls the C
+ * functions of torch's base type with torch's __torch_function__ handling
+ * switched off, so a subclass's override or an active TorchFunctionMode
+ * does not run, and the answer is the TensorImpl's -- what the exchange
+ * table reads.  That is what lets Function check every tensor again after
+ * the last Python code of a call ran (function.c).  Only torch tensors
+ * (instances of torch._C.TensorBase) are checked: no other framework has
+ * these bits.
  */
 #include "dlbridge_py.h"
 
@@ -24,35 +34,74 @@
 #define malloc_usable_size(p) ((size_t)0 * (size_t)(p != NULL))
 #endif
 
-/* obj.<name>, looked up as Python does but called without a bound method:
- * a C getter or METH_NOARGS method of a C base type is called directly
- * (still 25-50 ns with torch: the fallback when the experiment below did
- * not succeed).  Anything else (a Python override) is called the ordinary
- * way.  1 / 0 for its truth,
- * 0 when the type has no such attribute, -1 with an exception. */
-static int ask_bool(PyObject *obj, PyObject *name, int *ran_python) {
-  PyTypeObject *type = Py_TYPE(obj);
-  PyObject *descr = _PyType_Lookup(type, name); /* borrowed; no exception */
-  PyObject *r;
-  if (descr == NULL) return 0;
-  if (Py_IS_TYPE(descr, &PyMethodDescr_Type) &&
-      (((PyMethodDescrObject *)descr)->d_method->ml_flags &
-       ~(unsigned)METH_COEXIST) == METH_NOARGS &&
-      PyObject_TypeCheck(obj, PyDescr_TYPE(descr))) {
-    r = ((PyMethodDescrObject *)descr)->d_method->ml_meth(obj, NULL);
-  } else if (Py_IS_TYPE(descr, &PyGetSetDescr_Type) &&
-             ((PyGetSetDescrObject *)descr)->d_getset->get != NULL &&
-             PyObject_TypeCheck(obj, PyDescr_TYPE(descr))) {
+/* descr's C function called on obj directly, with no bound method: a
+ * METH_NOARGS or METH_VARARGS method (called with no arguments) or a
+ * getter, of a C type obj is an instance of; NULL with an exception.  The
+ * descriptors are checked to be of these shapes when they are kept
+ * (c_callable). */
+static PyObject *call_c(PyObject *descr, PyObject *obj) {
+  if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
     PyGetSetDef *gs = ((PyGetSetDescrObject *)descr)->d_getset;
-    r = gs->get(obj, gs->closure);
+    return gs->get(obj, gs->closure);
+  }
+  PyMethodDef *m = ((PyMethodDescrObject *)descr)->d_method;
+  if ((m->ml_flags & ~(unsigned)METH_COEXIST) == METH_NOARGS)
+    return m->ml_meth(obj, NULL);
+  PyObject *none = PyTuple_New(0); /* the shared empty tuple */
+  if (none == NULL) return NULL;
+  PyObject *r = m->ml_meth(obj, none);
+  Py_DECREF(none);
+  return r;
+}
+
+/* Whether descr (a new reference, consumed) can be called by call_c on
+ * instances of type: returned, else NULL (and it is released). */
+static PyObject *c_callable(PyObject *descr, PyTypeObject *type) {
+  int ok = 0;
+  if (descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+    ok = ((PyGetSetDescrObject *)descr)->d_getset->get != NULL &&
+         PyType_IsSubtype(type, PyDescr_TYPE(descr));
+  } else if (descr != NULL && Py_IS_TYPE(descr, &PyMethodDescr_Type)) {
+    unsigned flags = (unsigned)((PyMethodDescrObject *)descr)->d_method->ml_flags &
+                     ~(unsigned)METH_COEXIST;
+    ok = (flags == METH_NOARGS || flags == METH_VARARGS) &&
+         PyType_IsSubtype(type, PyDescr_TYPE(descr));
+  }
+  if (!ok) Py_CLEAR(descr);
+  return descr;
+}
+
+enum { ASK_NEG, ASK_CONJ, ASK_GRAD };
+
+/* torch's answer to a question (ASK_*) about obj, a torch tensor: the C
+ * function of torch's base type, called with __torch_function__ switched
+ * off (torch._C.DisableTorchFunction's __enter__ and __exit__, C too) --
+ * no Python code runs.  A torch without that route is asked the ordinary
+ * way (*ran_python set).  1 / 0 for its truth, -1 with an exception. */
+static int torch_ask(dlb_module_state *st, PyObject *obj, int question,
+                     int *ran_python) {
+  PyObject *r;
+  if (st->torch_ask[question] != NULL && st->torch_quiet[0] != NULL) {
+    PyObject *quiet = st->torch_quiet[0];
+    PyObject *on = call_c(st->torch_quiet[1], quiet);
+    if (on == NULL) return -1;
+    Py_DECREF(on);
+    r = call_c(st->torch_ask[question], obj);
+    /* Back on whatever the answer: the question's error, if any, kept. */
+    dlb__saved_error e;
+    if (r == NULL) dlb__error_save(&e);
+    PyObject *off = call_c(st->torch_quiet[2], quiet);
+    if (off == NULL) PyErr_Clear();
+    Py_XDECREF(off);
+    if (r == NULL) dlb__error_restore(&e);
   } else {
+    PyObject *name = question == ASK_NEG    ? st->str_is_neg
+                     : question == ASK_CONJ ? st->str_is_conj
+                                            : st->str_requires_grad;
     *ran_python = 1;
     r = PyObject_GetAttr(obj, name);
     if (r != NULL && PyCallable_Check(r)) Py_SETREF(r, PyObject_CallNoArgs(r));
   }
-  /* torch answers directly for torch.Tensor itself (a direct subclass of
-   * its C base); for its subclasses it runs __torch_function__, Python. */
-  if (type->tp_base != PyDescr_TYPE(descr)) *ran_python = 1;
   if (r == NULL) return -1;
   int b = PyObject_IsTrue(r);
   Py_DECREF(r);
@@ -77,7 +126,9 @@ static int ask_bool(PyObject *obj, PyObject *name, int *ran_python) {
  *     only one of a sample to go from 0 to non-zero on requires_grad_();
  *     while it is 0 the tensor does not require grad (asked otherwise).
  * Anything unexpected (another layout, a torch without these functions)
- * leaves torch_bits at -1 and the tensor is asked, slowly but correctly. */
+ * leaves torch_bits at DLB_TORCH_BITS_ASK and the tensor is asked, slowly
+ * but correctly (a test can force that too: testing.c's _torch_bits_force,
+ * so the checks are tested both ways). */
 #define TORCH_SCAN 32 /* at most this many words of a TensorImpl looked at */
 
 static const char torch_samples[] =
@@ -91,11 +142,7 @@ static const char torch_samples[] =
     "set_neg, set_conj = torch._C._set_neg, torch._C._set_conj\n";
 
 static const char *torch_impl_of(const dlb_module_state *st, PyObject *obj) {
-  const char *o = (const char *)obj;
-  if (st->torch_flag_off >= 0 && o[st->torch_flag_off] != 0) return NULL;
-  const char *impl;
-  memcpy(&impl, o + st->torch_impl_off, sizeof impl);
-  return impl;
+  return dlb__torch_impl(st, obj);
 }
 
 /* The mask of the bit flip(obj, True) sets in the key word (which is
@@ -133,7 +180,8 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
                            PyObject *obj) {
   PyObject *g = NULL, *r = NULL, *cd = NULL;
   int ok = 0;
-  st->torch_bits = -1; /* unless everything below holds */
+  st->torch_bits = DLB_TORCH_BITS_ASK; /* unless everything below holds */
+  st->torch_found = 0;
 #ifndef DLB_HAVE_MALLOC_USABLE_SIZE
   (void)base;
   (void)obj;
@@ -223,9 +271,8 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
       PyErr_Clear();
     }
   }
-  Py_INCREF(base);
-  Py_XSETREF(st->torch_base, base);
-  st->torch_bits = 1;
+  st->torch_bits = DLB_TORCH_BITS_READ;
+  st->torch_found = 1;
   ok = 1;
 done:
   /* A failed experiment is not an error: the tensor is asked instead. */
@@ -236,30 +283,94 @@ done:
   return ok;
 }
 
-/* The lazy bits of obj: 1 read from its TensorImpl (*neg, *conj set), 0 to
- * be asked.  The first torch tensor seen runs the experiment (Python). */
-static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
-                           int *conj, int *ran_python) {
-  if (st->torch_bits == 0) {
-    /* Only for torch's own base type, and only once torch is imported: the
-     * experiment must never import it (nor judge another library). */
-    PyObject *descr = _PyType_Lookup(Py_TYPE(obj), st->str_is_neg);
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMethodDescr_Type) ||
-        strcmp(PyDescr_TYPE(descr)->tp_name, "torch._C.TensorBase") != 0)
-      return 0;
-    PyObject *torch = PyImport_GetModule(st->str_torch);
-    if (torch == NULL) {
-      PyErr_Clear();
-      return 0;
+/* What asking needs, looked up once: TensorBase's descriptors and torch's
+ * switch for __torch_function__ (each NULL when torch has no usable one:
+ * that question is then asked the ordinary way). */
+static void torch_keep_calls(dlb_module_state *st, PyTypeObject *base) {
+  PyObject *names[3] = {st->str_is_neg, st->str_is_conj, st->str_requires_grad};
+  for (int q = 0; q < 3; q++)
+    st->torch_ask[q] = c_callable(PyObject_GetAttr((PyObject *)base, names[q]),
+                                  base);
+  PyObject *c = PyImport_ImportModule("torch._C"); /* imported with torch */
+  PyObject *cls = c ? PyObject_GetAttrString(c, "DisableTorchFunction") : NULL;
+  PyObject *quiet = cls && PyType_Check(cls) ? PyObject_CallNoArgs(cls) : NULL;
+  if (quiet != NULL) {
+    PyObject *on = c_callable(PyObject_GetAttrString(cls, "__enter__"),
+                              Py_TYPE(quiet));
+    PyObject *off = c_callable(PyObject_GetAttrString(cls, "__exit__"),
+                               Py_TYPE(quiet));
+    if (on != NULL && off != NULL) {
+      st->torch_quiet[0] = Py_NewRef(quiet);
+      st->torch_quiet[1] = Py_NewRef(on);
+      st->torch_quiet[2] = Py_NewRef(off);
     }
-    Py_DECREF(torch);
-    *ran_python = 1;
-    torch_calibrate(st, PyDescr_TYPE(descr), obj);
+    Py_XDECREF(on);
+    Py_XDECREF(off);
   }
+  Py_XDECREF(quiet);
+  Py_XDECREF(cls);
+  /* Grad mode, and the version counters: torch.autograd.graph's public
+   * increment_version is a Python wrapper (~0.5 us) around the C function
+   * behind it, which is used when there is one. */
+  PyObject *torch = PyImport_GetModule(st->str_torch);
+  st->torch_grad_enabled =
+      torch ? PyObject_GetAttrString(torch, "is_grad_enabled") : NULL;
+  PyErr_Clear();
+  st->torch_bump = c ? PyObject_GetAttrString(c, "_increment_version") : NULL;
+  if (st->torch_bump == NULL) {
+    PyErr_Clear();
+    PyObject *graph = PyImport_ImportModule("torch.autograd.graph");
+    st->torch_bump =
+        graph ? PyObject_GetAttrString(graph, "increment_version") : NULL;
+    Py_XDECREF(graph);
+  }
+  Py_XDECREF(torch);
+  Py_XDECREF(c);
+  PyErr_Clear(); /* whatever is missing is asked the ordinary way */
+}
+
+/* torch._C.TensorBase when it is on type's MRO (a static type of that
+ * name: a Python class could call itself so), else NULL. */
+static PyTypeObject *torch_base_of(PyTypeObject *type) {
+  PyObject *mro = type->tp_mro;
+  if (mro == NULL || !PyTuple_Check(mro)) return NULL;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+    PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+    if (PyType_Check(t) && !(t->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
+        strcmp(t->tp_name, "torch._C.TensorBase") == 0)
+      return t;
+  }
+  return NULL;
+}
+
+/* Whether obj is a torch tensor.  The first one seen meets torch (Python
+ * code runs: *ran_python is set): its base type is kept, what asking needs
+ * is looked up and the experiment runs.  Only once torch is imported: this
+ * never imports it. */
+static int is_torch(dlb_module_state *st, PyObject *obj, int *ran_python) {
   /* torch.Tensor itself derives from the base directly: one compare. */
-  if (st->torch_bits < 0 || (Py_TYPE(obj)->tp_base != st->torch_base &&
-                             !PyObject_TypeCheck(obj, st->torch_base)))
+  if (st->torch_base != NULL)
+    return Py_TYPE(obj)->tp_base == st->torch_base ||
+           PyObject_TypeCheck(obj, st->torch_base);
+  PyTypeObject *base = torch_base_of(Py_TYPE(obj));
+  if (base == NULL) return 0;
+  PyObject *torch = PyImport_GetModule(st->str_torch);
+  if (torch == NULL) {
+    PyErr_Clear();
     return 0;
+  }
+  Py_DECREF(torch);
+  *ran_python = 1;
+  st->torch_base = (PyTypeObject *)Py_NewRef((PyObject *)base);
+  torch_keep_calls(st, base);
+  return 1;
+}
+
+/* The lazy bits of obj, a torch tensor: 1 read from its TensorImpl (*neg,
+ * *conj set), 0 to be asked. */
+static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
+                           int *conj) {
+  if (st->torch_bits != DLB_TORCH_BITS_READ) return 0;
   const char *impl = torch_impl_of(st, obj);
   if (impl == NULL) return 0;
   uint64_t key;
@@ -269,12 +380,10 @@ static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
   return 1;
 }
 
-/* Whether obj is a torch tensor autograd never touched (its
+/* Whether obj, a torch tensor, is one autograd never touched (its
  * autograd_meta_ is NULL): then it does not require grad. */
 static int torch_no_autograd(const dlb_module_state *st, PyObject *obj) {
-  if (st->torch_bits <= 0 || st->torch_meta_off < 0 ||
-      (Py_TYPE(obj)->tp_base != st->torch_base &&
-       !PyObject_TypeCheck(obj, st->torch_base)))
+  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0)
     return 0;
   const char *impl = torch_impl_of(st, obj);
   if (impl == NULL) return 0;
@@ -283,18 +392,22 @@ static int torch_no_autograd(const dlb_module_state *st, PyObject *obj) {
   return meta == 0;
 }
 
-int dlb__bits_free(const dlb_module_state *st, PyObject *obj) {
-  return st->torch_bits > 0 && Py_TYPE(obj)->tp_base == st->torch_base &&
-         torch_impl_of(st, obj) != NULL;
-}
-
 int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
-                         int *readonly, int *ran_python) {
+                    DLDataType dtype, int *readonly, int *ran_python) {
   int neg = 0, conj = 0;
-  if (!torch_bits_read(st, obj, &neg, &conj, ran_python)) {
-    neg = ask_bool(obj, st->str_is_neg, ran_python);
+  if (!is_torch(st, obj, ran_python)) return 0;
+  if (st->torch_bits == DLB_TORCH_BITS_UNTRIED) {
+    *ran_python = 1;
+    torch_calibrate(st, st->torch_base, obj);
+  }
+  if (!torch_bits_read(st, obj, &neg, &conj)) {
+    neg = torch_ask(st, obj, ASK_NEG, ran_python);
     if (neg < 0) return -1;
-    conj = neg ? 0 : ask_bool(obj, st->str_is_conj, ran_python);
+    /* torch.conj() of a real tensor is the tensor itself: only a complex
+     * one can carry the bit, so only one is asked. */
+    conj = neg || dtype.code != kDLComplex
+               ? 0
+               : torch_ask(st, obj, ASK_CONJ, ran_python);
     if (conj < 0) return -1;
   }
   if (neg || conj) {
@@ -309,16 +422,86 @@ int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
    * (readonly != NULL); a borrowed read for one call does not care. */
   if (readonly == NULL && !(options & DLB_VIEW_WRITABLE)) return 0;
   if (torch_no_autograd(st, obj)) return 0;
-  int grad = ask_bool(obj, st->str_requires_grad, ran_python);
+  int grad = torch_ask(st, obj, ASK_GRAD, ran_python);
   if (grad < 0) return -1;
-  if (grad && (options & DLB_VIEW_WRITABLE)) {
-    PyErr_Format(PyExc_BufferError,
-                 "the '%.200s' requires grad: writing into it would go behind "
-                 "autograd's back; pass .detach() (or a tensor that does not "
-                 "require grad) to write into its memory",
-                 Py_TYPE(obj)->tp_name);
-    return -1;
-  }
+  if (grad && (options & DLB_VIEW_WRITABLE)) return dlb__refuse_grad_write(obj);
   if (grad && readonly != NULL) *readonly = 1;
   return 0;
+}
+
+int dlb__torch_requires_grad(dlb_module_state *st, PyObject *obj) {
+  int unused = 0;
+  if (torch_no_autograd(st, obj)) return 0;
+  return torch_ask(st, obj, ASK_GRAD, &unused);
+}
+
+int dlb__refuse_grad_write(PyObject *obj) {
+  PyErr_Format(PyExc_BufferError,
+               "the '%.200s' requires grad: writing into it would go behind "
+               "autograd's back; pass .detach() (or a tensor that does not "
+               "require grad) to write into its memory",
+               Py_TYPE(obj)->tp_name);
+  return -1;
+}
+
+/* ---- grad mode and version counters ------------------------------------------ */
+
+int dlb__torch_grad_enabled(dlb_module_state *st) {
+  if (st->torch_grad_enabled == NULL) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "dlbridge cannot ask torch whether grad mode is on "
+                    "(torch.is_grad_enabled is missing)");
+    return -1;
+  }
+  PyObject *r = PyObject_CallNoArgs(st->torch_grad_enabled);
+  if (r == NULL) return -1;
+  int on = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return on;
+}
+
+int dlb__torch_bump_versions(dlb_module_state *st, PyObject *const *objs,
+                             int n) {
+  int ntorch = 0, unused = 0;
+  for (int i = 0; i < n; i++) ntorch += is_torch(st, objs[i], &unused);
+  if (ntorch == 0) return 0;
+  if (st->torch_bump == NULL) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "dlbridge cannot tell autograd about an in-place write "
+                    "(torch.autograd.graph.increment_version is missing)");
+    return -1;
+  }
+  PyObject *written = PyTuple_New(ntorch);
+  if (written == NULL) return -1;
+  for (int i = 0, k = 0; i < n; i++)
+    if (is_torch(st, objs[i], &unused))
+      PyTuple_SET_ITEM(written, k++, Py_NewRef(objs[i]));
+  PyObject *r = PyObject_CallOneArg(st->torch_bump, written);
+  Py_DECREF(written);
+  if (r == NULL) return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
+int dlb__torch_traverse(dlb_module_state *st, visitproc visit, void *arg) {
+  Py_VISIT(st->torch_base);
+  for (int i = 0; i < 3; i++) {
+    Py_VISIT(st->torch_ask[i]);
+    Py_VISIT(st->torch_quiet[i]);
+  }
+  Py_VISIT(st->torch_grad_enabled);
+  Py_VISIT(st->torch_bump);
+  return 0;
+}
+
+void dlb__torch_clear(dlb_module_state *st) {
+  Py_CLEAR(st->torch_base);
+  for (int i = 0; i < 3; i++) {
+    Py_CLEAR(st->torch_ask[i]);
+    Py_CLEAR(st->torch_quiet[i]);
+  }
+  Py_CLEAR(st->torch_grad_enabled);
+  Py_CLEAR(st->torch_bump);
+  st->torch_bits = DLB_TORCH_BITS_UNTRIED;
+  st->torch_found = 0;
 }

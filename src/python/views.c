@@ -105,16 +105,23 @@ static int view_buffer(PyObject *obj, unsigned options, dlb_view *v) {
 }
 
 /* Through the table: the borrowed entry when it has one, else an owning
- * export (both validated by the caller). */
-static int view_exchange(dlb_module_state *st, const dlb_handler *h,
-                         PyObject *obj, unsigned options, dlb_view *v) {
+ * export (both validated by the caller); then what the table cannot say
+ * (dlb__check_bits), once its dtype is known.  The check may run Python
+ * code (the first torch tensor's experiment), after which a borrowed view
+ * is taken again -- through h, whose type is held meanwhile (a handler
+ * lives as long as its type). */
+static int view_exchange_held(dlb_module_state *st, const dlb_handler *h,
+                              PyObject *obj, unsigned options, dlb_view *v) {
   const DLPackExchangeAPI *api = h->api;
   int readonly = 0, ran_python = 0;
-  if (!(options & DLB_VIEW_BITS_CHECKED) &&
-      dlb__check_bits(st, obj, options, &readonly, &ran_python) < 0)
-    return -1;
   if (api->dltensor_from_py_object_no_sync != NULL) {
     if (dlb__view_exchange_borrowed(h, obj, v) < 0) return -1;
+    if (!(options & DLB_VIEW_BITS_CHECKED)) {
+      if (dlb__check_bits(st, obj, options, v->t.dtype, &readonly,
+                          &ran_python) < 0)
+        return -1;
+      if (ran_python && dlb__view_exchange_borrowed(h, obj, v) < 0) return -1;
+    }
     v->flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
     return 0;
   }
@@ -124,10 +131,23 @@ static int view_exchange(dlb_module_state *st, const dlb_handler *h,
     return -1;
   }
   if (dlb__check_owned(m, "exchange API export") < 0) return -1;
-  v->owned = m;
+  v->owned = m; /* released by the caller on failure too */
   v->t = m->dl_tensor;
-  v->flags = m->flags | (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0);
+  v->flags = m->flags;
+  if (!(options & DLB_VIEW_BITS_CHECKED) &&
+      dlb__check_bits(st, obj, options, v->t.dtype, &readonly, &ran_python) <
+          0)
+    return -1;
+  if (readonly) v->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
   return 0;
+}
+
+static int view_exchange(dlb_module_state *st, const dlb_handler *h,
+                         PyObject *obj, unsigned options, dlb_view *v) {
+  PyObject *type = Py_NewRef((PyObject *)Py_TYPE(obj));
+  int rc = view_exchange_held(st, h, obj, options, v);
+  dlb__clear_keep_error(&type);
+  return rc;
 }
 
 /* No fast path for obj's type: the ladder's owning rungs, the same
@@ -157,6 +177,37 @@ static int (*const volatile view_ladder_out_of_line)(dlb_module_state *,
                                                      PyObject *, dlb_view *) =
     view_ladder;
 
+/* An owning export through obj.__dlpack__.  A view that will be written
+ * must not be a copy: ask for none (copy=False), and refuse one the
+ * producer says it made anyway (IS_COPIED, dlb__view_fill) -- the writes
+ * would be lost. */
+static int view_dlpack(dlb_module_state *st, PyObject *obj, unsigned options,
+                       dlb_view *v) {
+  int rc = dlb__dunder_dlpack_managed(
+      st, obj, NULL, (options & DLB_VIEW_WRITABLE) ? 0 : -1, &v->owned);
+  if (rc == 0) {
+    v->t = v->owned->dl_tensor;
+    v->flags = v->owned->flags;
+  }
+  return rc;
+}
+
+/* The buffer protocol, several times cheaper than a __dlpack__ round trip;
+ * what the buffer refuses (BufferError: another device, a dtype with no
+ * format, a write) is asked of __dlpack__, whose answer stands. */
+static int view_buffer_dlpack(dlb_module_state *st, PyObject *obj,
+                              unsigned options, dlb_view *v) {
+  if (view_buffer(obj, options, v) == 0) return 0;
+  if (!PyErr_ExceptionMatches(PyExc_BufferError)) return -1;
+  dlb__view_release(v);
+  PyErr_Clear();
+  return view_dlpack(st, obj, options, v);
+}
+
+/* Out of line, as view_ladder: the NumPy and Tensor views stay as fast. */
+static int (*const volatile view_buffer_dlpack_out_of_line)(
+    dlb_module_state *, PyObject *, unsigned, dlb_view *) = view_buffer_dlpack;
+
 /* Fill v reading obj as kind (h's own kind, or a forced one for the
  * benchmarks). */
 int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
@@ -185,15 +236,10 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
       rc = view_buffer(obj, options, v);
       break;
     case DLB_KIND_DLPACK:
-      /* A view that will be written must not be a copy: ask for none
-       * (copy=False), and refuse one the producer says it made anyway
-       * (IS_COPIED, below) -- the writes would be lost. */
-      rc = dlb__dunder_dlpack_managed(
-          st, obj, NULL, (options & DLB_VIEW_WRITABLE) ? 0 : -1, &v->owned);
-      if (rc == 0) {
-        v->t = v->owned->dl_tensor;
-        v->flags = v->owned->flags;
-      }
+      rc = view_dlpack(st, obj, options, v);
+      break;
+    case DLB_KIND_BUFFER_DLPACK:
+      rc = view_buffer_dlpack_out_of_line(st, obj, options, v);
       break;
     case DLB_KIND_TF_EAGER:
       /* TF's export shares without copying, so a writable view writes the

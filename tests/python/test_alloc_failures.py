@@ -587,3 +587,36 @@ def test_nomemory_first_sight_of_a_type(tp):
                    sources=[p])
     nomemory_sweep(dlb.from_dlpack, fresh(bytearray, b"abcd"))
     sweep(dlb.from_dlpack, fresh(ArrayInterface, a), sources=[a])
+
+
+def test_function_mut_copies_of_immutable_arrays(tp, lib):
+    # A `mut` JAX argument is copied into memory dlbridge allocates for JAX:
+    # a failure at any allocation (the output, the copy, the exports JAX
+    # takes) frees what was made, and the caller's array is never written.
+    # (jaxlib clears the destructor of every capsule it consumes: an export
+    # is freed by its deleter alone, export.c.)
+    jnp = pytest.importorskip("jax.numpy")
+    f = dlb.load(lib, "dlb_kernel_noop",
+                 "f(x: float32[n], y: mut float32[n]) -> float32[n]")
+    x, y = jnp.ones(3, jnp.float32), jnp.zeros(3, jnp.float32)
+    n = sweep(lambda: f(x, y), sources=[x, y],
+              check=lambda r: len(r) == 2)
+    assert n >= 3    # the output, the copy, an export at least
+    assert np.asarray(y).tolist() == [0.0] * 3
+
+
+@needs_torch
+def test_nomemory_function_mut_torch(tp, lib):
+    # After the kernel, the version counters of the `mut` torch arguments
+    # move (a tuple of them handed to torch): a failure there raises.
+    # torch's _increment_version reports a failed iter() of the tuple as
+    # RuntimeError "increment_version expect a Iterable[Tensor] as input".
+    s = dlb.load(lib, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    x, y = torch.ones(4), torch.zeros(4)
+
+    def foreign(exc):
+        return _torch_oom(exc) or (isinstance(exc, RuntimeError) and
+                                   "expect a Iterable[Tensor]" in str(exc))
+    assert nomemory_sweep(s, lambda: (2.0, x, y), sources=[x, y],
+                          foreign=foreign) > 0

@@ -28,7 +28,8 @@ import dlbridge as dlb
 np = pytest.importorskip("numpy")
 core = dlb._core
 
-NONE, TENSOR, EXCHANGE, NUMPY, DLPACK, BUFFER, AI, CAI, TF_EAGER = range(9)
+NONE, TENSOR, EXCHANGE, NUMPY, DLPACK, BUFFER, AI, CAI, BUFFER_DLPACK, TF_EAGER = \
+    range(10)
 WRITABLE = 1
 
 
@@ -860,7 +861,8 @@ def test_from_dlpack_exchange_errors(tp):
 def test_to_framework_jax_and_tensorflow():
     jnp = pytest.importorskip("jax.numpy")
     x = jnp.arange(4.0)
-    assert core._exchange_handler(x)[:2] == (DLPACK, "jax")
+    # the buffer protocol, then __dlpack__ (the registry's read_buffer)
+    assert core._exchange_handler(x)[:2] == (BUFFER_DLPACK, "jax")
     y = core._exchange_alloc_like(x, (2, 3), "float32", "cpu")
     assert type(y) is type(x) and y.shape == (2, 3)
     tf = pytest.importorskip("tensorflow")

@@ -792,6 +792,22 @@ TORCH_CASES = {
     "quantized": "torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.quint8)",
 }
 
+# The checks of torch's lazy bits and requires_grad, both ways: "read" from
+# the TensorImpl where torchbits.c's experiment found them (the default),
+# "ask" each tensor (what happens when the experiment fails), forced in the
+# child before its first torch tensor.  The child's last check proves the
+# way it ran.
+TORCH_BITS = ["read", "ask"]
+
+
+def bits_pre(bits):
+    return "dlb._core._torch_bits_force(-1)\n" if bits == "ask" else ""
+
+
+def bits_end(bits):
+    return ("assert dlb._core._torch_bits_state() == %d, "
+            "dlb._core._torch_bits_state()" % (-1 if bits == "ask" else 1))
+
 
 def test_exchange_table_borrowed_entry_respects_read_only():
     """Finding: dlb.Tensor's own exchange table publishes the borrowed entry
@@ -1049,7 +1065,8 @@ def test_mut_argument_from_copying_producer():
     """ % SAXPY)
 
 
-def test_mut_requires_grad_not_written_behind_autograd():
+@pytest.mark.parametrize("bits", TORCH_BITS)
+def test_mut_requires_grad_not_written_behind_autograd(bits):
     """Finding: a mut argument that requires grad is written behind
     autograd's back.  Either an error, or the write is visible and autograd
     notices (the tensor's version counter moves)."""
@@ -1063,16 +1080,18 @@ def test_mut_requires_grad_not_written_behind_autograd():
     try:
         f(2.0, x, y)
     except (BufferError, ValueError, TypeError, RuntimeError):
+        %s
         print("OK"); sys.exit(0)
     wrote = y.detach().tolist() == [2.0] * 4
     print("wrote", wrote, "version", v0, y._version)
     print("OK" if wrote and y._version > v0 else "SILENT")
-    """ % SAXPY)
+    """ % (SAXPY, bits_end(bits)), pre=bits_pre(bits))
 
 
+@pytest.mark.parametrize("bits", TORCH_BITS)
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("route", ["from_dlpack", "convert"])
-def test_lazy_bit_not_dropped_on_import(case, route):
+def test_lazy_bit_not_dropped_on_import(case, route, bits):
     """Finding: x.conj(), x.conj().imag and negative-bit tensors import
     through torch's exchange table with the bit dropped (wrong values)."""
     pytest.importorskip("torch")
@@ -1087,14 +1106,16 @@ def test_lazy_bit_not_dropped_on_import(case, route):
         else:
             got = dlb.convert(x, "numpy").tolist()
     except BufferError:
+        %s
         print("OK"); sys.exit(0)
     print(got, want)
     print("OK" if got == want else "BIT DROPPED")
-    """ % (CASES[case], route))
+    """ % (CASES[case], route, bits_end(bits)), pre=bits_pre(bits))
 
 
+@pytest.mark.parametrize("bits", TORCH_BITS)
 @pytest.mark.parametrize("case", ["conj_imag", "neg"])
-def test_lazy_bit_not_dropped_in_function(case):
+def test_lazy_bit_not_dropped_in_function(case, bits):
     """Finding: a conj/neg-bit torch tensor passed to a Function is read with
     the bit dropped (wrong result, no error)."""
     pytest.importorskip("torch")
@@ -1108,13 +1129,15 @@ def test_lazy_bit_not_dropped_in_function(case):
     try:
         f(2.0, x, y)
     except BufferError:
+        %s
         print("OK"); sys.exit(0)
     print(y.tolist(), want)
     print("OK" if y.tolist() == want else "BIT DROPPED")
-    """ % CASES[case])
+    """ % (CASES[case], bits_end(bits)), pre=bits_pre(bits))
 
 
-def test_lazy_conj_not_dropped_in_function_mut():
+@pytest.mark.parametrize("bits", TORCH_BITS)
+def test_lazy_conj_not_dropped_in_function_mut(bits):
     """Finding: a mut argument with the negative bit is written as if it had
     none (the caller then sees negated values)."""
     pytest.importorskip("torch")
@@ -1127,10 +1150,11 @@ def test_lazy_conj_not_dropped_in_function_mut():
     try:
         f(1.0, np.ones(2, dtype=np.float32), y)
     except BufferError:
+        %s
         print("OK"); sys.exit(0)
     print(y.tolist())
     print("OK" if y.tolist() == [1.0, 1.0] else "BIT DROPPED")
-    """)
+    """ % bits_end(bits), pre=bits_pre(bits))
 
 
 def test_handler_not_used_after_class_reassigned_and_freed():
@@ -1165,10 +1189,45 @@ def test_handler_not_used_after_class_reassigned_and_freed():
     """)
 
 
-def test_lazy_bit_set_in_place_is_seen():
+def test_handler_of_owning_argument_not_used_after_its_type_died():
+    """Issue 15: the first argument's producer reassigns its class, a later
+    argument's producer collects the old class: the handler the first
+    argument was read with died with it, and the results' allocation used
+    it (SIGSEGV in alloc_like on main).  The first argument is read owning
+    (through __dlpack__), so it is not read again: its handler is looked up
+    again before use."""
+    check("""
+    f = dlb.load(KERNELS, "dlb_kernel_noop",
+                 "g(x: float32[n], y: float32[n]) -> float32[n]")
+    arr = np.ones(4, np.float32)
+    def make():
+        class B:
+            def __dlpack__(self, **kw): return arr.__dlpack__(**kw)
+            def __dlpack_device__(self): return (1, 0)
+        class A:
+            def __dlpack_device__(self): return (1, 0)
+            def __dlpack__(self, **kw):
+                self.__class__ = B
+                return arr.__dlpack__(**kw)
+        return A()
+    class C:
+        def __dlpack__(self, **kw):
+            gc.collect()
+            return arr.__dlpack__(**kw)
+        def __dlpack_device__(self): return (1, 0)
+    for _ in range(20):
+        r = f(make(), C())
+        assert r.shape == (4,), r.shape
+    print("OK")
+    """)
+
+
+@pytest.mark.parametrize("bits", TORCH_BITS)
+def test_lazy_bit_set_in_place_is_seen(bits):
     """The lazy bits are read where torch keeps them (an offset found once
-    by experiment): a bit set in place after the first sight, on a plain
-    tensor or a subclass, or by a later argument's producer, is seen."""
+    by experiment) or asked: a bit set in place after the first sight, on a
+    plain tensor or a subclass, or by a later argument's producer, is
+    seen."""
     pytest.importorskip("torch")
     check("""
     import torch
@@ -1204,13 +1263,126 @@ def test_lazy_bit_set_in_place_is_seen():
     try:
         f(1.0, x, Later())
     except BufferError:
+        %s
         print("OK"); sys.exit(0)
     print(y.tolist())
     print("OK" if y.tolist() == [-1.0, -1.0] else "BIT DROPPED")
-    """)
+    """ % bits_end(bits), pre=bits_pre(bits))
 
 
-def test_requires_grad_imports_read_only(lib):
+# A torch tensor subclass changed by a later argument's producer, between
+# Function's two reading passes: (what the later producer does, the
+# signature, how the arguments are passed, what a missed check gives).
+SUBCLASS_CHANGES = {
+    # the kernel reads x without its neg bit: y = -1 where torch says 1
+    "neg_input": ("torch._C._set_neg(x, True)",
+                  "saxpy(a: float32, x: float32[n], y: mut float32[n])",
+                  "dlb_kernel_saxpy", "f(1.0, x, later)"),
+    # the kernel writes into a parameter that now requires grad
+    "grad_mut_parameter": ("x.requires_grad_(True)",
+                           "g(x: mut float32[n], y: float32[n])",
+                           "dlb_kernel_noop", "f(x, later)"),
+    # the kernel writes through a dropped neg bit
+    "neg_mut_subclass": ("torch._C._set_neg(x, True)",
+                         "g(x: mut float32[n], y: float32[n])",
+                         "dlb_kernel_noop", "f(x, later)"),
+}
+
+
+@pytest.mark.parametrize("bits", TORCH_BITS)
+@pytest.mark.parametrize("change", sorted(SUBCLASS_CHANGES))
+def test_subclass_checked_again_after_later_producer(change, bits):
+    """Issue 15: for torch.nn.Parameter and other torch.Tensor subclasses,
+    a requires_grad_(True) or a lazy negative bit set by Python code that
+    runs between the two reading passes of a Function call was not seen
+    (the second pass skipped the checks of a type the first had checked,
+    as they could run Python code; now they run none)."""
+    pytest.importorskip("torch")
+    act, sig, kernel, call = SUBCLASS_CHANGES[change]
+    check("""
+    import torch
+    class Sub(torch.Tensor):
+        pass
+    if %(change)r == "grad_mut_parameter":
+        x = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    else:
+        x = torch.ones(2).as_subclass(Sub)
+    ybuf = np.zeros(2, dtype=np.float32)
+    class Later:
+        def __dlpack__(self, **kw):
+            %(act)s
+            return ybuf.__dlpack__(**kw)
+        def __dlpack_device__(self):
+            return (1, 0)
+    later = Later()
+    f = dlb.load(KERNELS, %(kernel)r, %(sig)r)
+    try:
+        %(call)s
+    except (BufferError, RuntimeError) as e:
+        %(end)s
+        print("OK"); sys.exit(0)
+    print("NOT SEEN", ybuf.tolist())
+    """ % dict(change=change, act=act, sig=sig, kernel=kernel, call=call,
+               end=bits_end(bits)), pre=bits_pre(bits))
+
+
+@pytest.mark.parametrize("bits", TORCH_BITS)
+def test_torch_checks_run_no_subclass_code(bits):
+    """What makes checking again on every pass terminate: torch's answers
+    are taken with __torch_function__ switched off, so a subclass's override
+    (or a TorchFunctionMode) never runs -- and cannot lie about the
+    TensorImpl the exchange table reads.  A view of a subclass has autograd
+    metadata, so its requires_grad is asked even when the bits are read."""
+    pytest.importorskip("torch")
+    check("""
+    import torch
+    calls = []
+    class Noisy(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            calls.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+    base = torch.zeros(4).as_subclass(Noisy)
+    y = base[::2]                     # a view: it has autograd metadata
+    calls.clear()
+    f = dlb.load(KERNELS, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    x = torch.ones(2).as_subclass(Noisy)
+    for _ in range(3):
+        f(1.0, x, y)
+    assert calls == [], calls
+    assert torch.Tensor.tolist(base) == [3.0, 0.0, 3.0, 0.0], base
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return func(*args, **(kwargs or {}))
+    a, b = torch.ones(2), torch.zeros(4)[::2]
+    calls.clear()
+    with Mode():
+        f(1.0, a, b)
+    assert calls == [], calls
+    %s
+    print("OK")
+    """ % bits_end(bits), pre=bits_pre(bits))
+
+
+@pytest.fixture(params=TORCH_BITS)
+def torch_bits(request):
+    """The torch checks read (the default) or asked, in this process."""
+    torch = pytest.importorskip("torch")
+    import dlbridge as dlb
+    from dlbridge import _core
+    dlb.from_dlpack(torch.zeros(1))    # the experiment has run
+    found = _core._torch_bits_state()
+    if request.param == "ask":
+        _core._torch_bits_force(-1)
+    elif found != 1:
+        pytest.skip("torchbits.c's experiment fails with this torch")
+    yield request.param
+    _core._torch_bits_force(found)
+
+
+def test_requires_grad_imports_read_only(lib, torch_bits):
     """Decision (docs/decisions.md): a tensor that requires grad is read
     through torch's exchange table as it is, but read-only, so nothing
     writes into it behind autograd's back; detach() to share it writable."""
@@ -1225,4 +1397,43 @@ def test_requires_grad_imports_read_only(lib):
     assert not dlb.from_dlpack(y.detach()).readonly
     fn = dlb.load(lib, "dlb_kernel_saxpy",
                   "saxpy(a: float32, x: float32[n], y: mut float32[n])")
-    fn(1.0, y, np.zeros(3, np.float32))      # an input: read as it is
+    with torch.no_grad():     # (with grad mode on: no backward, refused)
+        fn(1.0, y, np.zeros(3, np.float32))  # an input: read as it is
+    assert dlb._core._torch_bits_state() == (-1 if torch_bits == "ask" else 1)
+
+
+def test_function_has_no_backward(lib, torch_bits):
+    """Issue 16 (item 5, eager): saxpy_out(2.0, x.requires_grad_(), y)
+    returned a tensor with no grad_fn, so a loss using it got a silently
+    wrong x.grad.  With grad mode on and an argument that requires grad the
+    call raises; under no_grad and inference mode it reads as before, and a
+    write into a tensor that requires grad stays a BufferError."""
+    torch = pytest.importorskip("torch")
+    import dlbridge as dlb
+    so = dlb.load(lib, "dlb_kernel_saxpy_out",
+                  "saxpy_out(a: float32, x: float32[n], y: float32[n]) "
+                  "-> float32[n]")
+    s = dlb.load(lib, "dlb_kernel_saxpy",
+                 "saxpy(a: float32, x: float32[n], y: mut float32[n])")
+    x = torch.ones(3).requires_grad_()
+    y = torch.ones(3)
+    message = "^saxpy_out: dlbridge Function has no backward$"
+    with pytest.raises(RuntimeError, match=message):
+        so(2.0, x, y)
+    with pytest.raises(RuntimeError, match=message):
+        so(2.0, y, x[:])               # a view that requires grad, 2nd input
+    with torch.no_grad():
+        assert so(2.0, x, y).tolist() == [3.0] * 3
+    with torch.inference_mode():
+        assert so(2.0, x, y).tolist() == [3.0] * 3
+    assert so(2.0, x.detach(), y).tolist() == [3.0] * 3
+    v = torch.ones(6)[::2]             # autograd metadata, no grad
+    assert so(2.0, v, y).tolist() == [3.0] * 3
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(RuntimeError, match="^saxpy: dlbridge Function has no "
+                       "backward$"):
+        s(1.0, y, p)
+    with torch.no_grad(), pytest.raises(BufferError, match="requires grad"):
+        s(1.0, y, p)
+    assert p.tolist() == [0.0] * 3
+    assert dlb._core._torch_bits_state() == (-1 if torch_bits == "ask" else 1)

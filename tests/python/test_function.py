@@ -655,3 +655,220 @@ def test_torch_lazy_bits_read_on_the_fast_path(k):
     a = torch.ones(4)
     k.saxpy(1.0, a, torch.zeros(4))
     assert dlbridge._core._torch_bits_state() == 1
+
+
+def test_torch_bits_force_hook():
+    """The private hook the tests use to run torch's checks both ways: -1
+    asks every tensor; 1 only where the experiment found the bits."""
+    torch = pytest.importorskip("torch")
+    from dlbridge import _core
+    dlbridge.from_dlpack(torch.zeros(1))
+    found = _core._torch_bits_state()
+    try:
+        assert _core._torch_bits_force(-1) == found
+        assert _core._torch_bits_state() == -1
+        with pytest.raises(BufferError, match="negative"):
+            dlbridge.from_dlpack(torch._neg_view(torch.ones(2)))
+        with pytest.raises(ValueError):
+            _core._torch_bits_force(2)
+    finally:
+        _core._torch_bits_force(found)
+    assert _core._torch_bits_state() == found
+
+
+# ---- torch autograd: in-place writes are counted -------------------------------
+
+def test_mut_write_moves_torch_version_counter(k):
+    """Issue 15: a `mut` write into a tensor autograd saved went unseen:
+    backward() silently used the new values (a wrong w.grad), where torch's
+    own in-place write makes backward raise.  The version counter of every
+    `mut` torch argument now moves; inputs that are only read keep theirs."""
+    torch = pytest.importorskip("torch")
+    w = torch.ones(3, requires_grad=True)
+    x = torch.tensor([1.0, 2.0, 3.0])
+    y = x * w                          # saves x for w's gradient
+    v0 = x._version
+    k.saxpy(1.0, torch.ones(3), x)     # x += 1, behind autograd's back
+    assert x._version > v0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    # read, not written: no version change, backward works
+    w.grad = None
+    x = torch.tensor([1.0, 2.0, 3.0])
+    y = x * w
+    k.saxpy(1.0, x, torch.zeros(3))
+    assert x._version == 0
+    y.sum().backward()
+    assert w.grad.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_mut_write_moves_view_base_and_failed_kernel_counts(lib, k):
+    """A view shares its base's counter; a kernel that failed may have
+    written first, so its `mut` arguments count as written too; an
+    inference tensor has no counter and is written as before."""
+    torch = pytest.importorskip("torch")
+    base = torch.zeros(8)
+    k.saxpy(1.0, torch.ones(4), base[::2])
+    assert base._version == 1
+    assert base.tolist() == [1, 0, 1, 0, 1, 0, 1, 0]
+    fail = load(lib, "dlb_kernel_fail", SAXPY)
+    y = torch.zeros(2)
+    with pytest.raises(ValueError, match="fail was given"):
+        fail(1.0, torch.ones(2), y)
+    assert y._version == 1
+    with torch.inference_mode():
+        inf = torch.zeros(2)
+    k.saxpy(2.0, torch.ones(2), inf)
+    assert inf.tolist() == [2.0, 2.0]
+
+
+# ---- mut on frameworks whose arrays are immutable --------------------------------
+
+def _immutable(name):
+    if name == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        return lambda a: jnp.asarray(np.asarray(a, np.float32)), np.asarray
+    tf = pytest.importorskip("tensorflow")
+    return (lambda a: tf.constant(np.asarray(a, np.float32)),
+            lambda t: t.numpy())
+
+
+@pytest.mark.parametrize("framework", ["jax", "tensorflow"])
+def test_mut_on_immutable_framework_returns_new_value(k, lib, framework):
+    """Issue 16 (item 5, eager): an eager `mut` call wrote into a JAX (or
+    TensorFlow) array, whose arrays are immutable.  The caller's array is
+    never written: the kernel writes a copy its framework allocated, whose
+    value comes back after the declared results."""
+    make, host = _immutable(framework)
+    x, y = make([0, 1, 2, 3]), make([1, 1, 1, 1])
+    r = k.saxpy(2.0, x, y)                       # no declared result
+    assert type(r) is type(y)
+    np.testing.assert_array_equal(host(r), [1, 3, 5, 7])
+    np.testing.assert_array_equal(host(y), [1, 1, 1, 1])   # not written
+    z = make([0, 0, 0, 0])
+    r = k.add3(x, y, z)
+    np.testing.assert_array_equal(host(r), [1, 2, 3, 4])
+    np.testing.assert_array_equal(host(z), [0, 0, 0, 0])
+    # declared results first, then the new values, in parameter order
+    both = load(lib, "dlb_kernel_noop",
+                "g(x: float32[n], y: mut float32[n], z: mut float32[n]) "
+                "-> float32[n]")
+    out, new_y, new_z = both(x, y, z)
+    assert type(out) is type(new_y) is type(new_z) is type(y)
+    np.testing.assert_array_equal(host(new_y), [1, 1, 1, 1])
+    np.testing.assert_array_equal(host(new_z), [0, 0, 0, 0])
+    # a NumPy first argument: results in NumPy, the new value in its own
+    # framework; a NumPy `mut` argument is still written in place
+    out, new_y = both(np.zeros(4, np.float32), y, np.zeros(4, np.float32))
+    assert type(out) is np.ndarray and type(new_y) is type(y)
+    yn = np.ones(4, np.float32)
+    assert k.saxpy(2.0, x, yn) is None
+    np.testing.assert_array_equal(yn, [1, 3, 5, 7])
+
+
+def test_mut_on_immutable_framework_kernel_failure(lib):
+    """A failing kernel leaves the caller's JAX array as it was, and the
+    copy is freed."""
+    jnp = pytest.importorskip("jax.numpy")
+    fail = load(lib, "dlb_kernel_fail", SAXPY)
+    y = jnp.ones(4, jnp.float32)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="fail was given"):
+            fail(1.0, jnp.ones(4, jnp.float32), y)
+    np.testing.assert_array_equal(np.asarray(y), [1, 1, 1, 1])
+
+
+def test_mut_on_immutable_framework_no_leak(k):
+    """Each call's copy becomes its result or is freed: no growth over many
+    calls, the arguments' reference counts unchanged."""
+    jnp = pytest.importorskip("jax.numpy")
+    x, y, z = (jnp.ones(256, jnp.float32) for _ in range(3))
+    refs = [sys.getrefcount(o) for o in (x, y, z)]
+    # Counted in dlbridge's own allocations (the copy and its export are
+    # made by the core allocator): jaxlib 0.10.2's importer itself keeps
+    # ~90 bytes per array it imports, from NumPy as from anyone, so RSS
+    # would measure JAX.
+    for _ in range(10):
+        k.add3(x, y, z)
+    gc.collect()
+    _core._fail_allocations(-1)
+    try:
+        for _ in range(1000):
+            k.add3(x, y, z)
+        gc.collect()
+        stats = _core._allocation_stats()
+    finally:
+        _core._reset_allocations()
+    assert stats["attempts"] >= 1000 and stats["live"] == 0, stats
+    assert [sys.getrefcount(o) for o in (x, y, z)] == refs
+
+
+# ---- JAX arrays through their buffer protocol ------------------------------------
+
+def test_jax_read_through_buffer_then_dlpack(lib):
+    """Issue 16 (item 9): a JAX array is read through its buffer protocol
+    (zero-copy, read-only, several times cheaper than __dlpack__); what the
+    buffer refuses -- bfloat16, fp8, sub-byte types; arrays off the host --
+    is read through __dlpack__, with the same values."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    BUFFER_DLPACK = 8
+    assert _core._exchange_handler(jnp.ones(1))[:2] == (BUFFER_DLPACK, "jax")
+    for dtype in ("float32", "float16", "complex64", "int8", "bool",
+                  "bfloat16", "float8_e4m3fn"):
+        copy = load(lib, "dlb_kernel_copy",
+                    "copy(x: %s[n, m]) -> %s[n, m]" % (dtype, dtype))
+        x = jnp.arange(6).reshape(2, 3).astype(dtype)
+        y = copy(x)
+        assert type(y) is type(x) and y.dtype == x.dtype
+        assert (y == x).all(), (dtype, y, x)
+        # read zero-copy, through the buffer where it can: the array's own
+        # memory (the address its __dlpack__ gives), read-only
+        v = _core._exchange_view(x, 0, 0)
+        assert v["buffer"] == (dtype not in ("bfloat16", "float8_e4m3fn"))
+        assert v["data"] == dlbridge.from_dlpack(x).data_ptr
+        if v["buffer"]:   # the buffer export is read-only (READ_ONLY);
+            assert v["flags"] & 1   # __dlpack__'s says what JAX says
+
+
+def test_jax_buffer_kept_alive_for_the_call(k):
+    """The buffer export holds the array's memory for the call: a later
+    argument's producer that deletes the array and allocates over its
+    memory does not change what the kernel reads."""
+    jnp = pytest.importorskip("jax.numpy")
+    x = jnp.arange(1 << 16, dtype=jnp.float32)
+    yb = np.zeros(1 << 16, np.float32)
+    junk = []
+
+    class Later:
+        def __dlpack__(self, **kw):
+            x.delete()
+            junk.extend(jnp.full(1 << 16, 7.0) for _ in range(8))
+            return yb.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    k.saxpy(1.0, x, Later())
+    np.testing.assert_array_equal(yb, np.arange(1 << 16, dtype=np.float32))
+
+
+def test_jax_results_equal_the_public_import(lib):
+    """Results go to JAX through jaxlib's importer, called directly on the
+    host (jax.dlpack.from_dlpack spends ~40 us of Python around it): each
+    is what jax.dlpack.from_dlpack gives -- type, dtype (64-bit ones
+    canonicalised as JAX does), shape, values."""
+    jax = pytest.importorskip("jax")
+    for dtype in ("float32", "float64", "bfloat16", "bool", "complex64",
+                  "int64", "uint8"):
+        for x in (dlbridge.tensor([[0, 1, 1], [1, 0, 1]], dtype=dtype),
+                  dlbridge.zeros((0, 3), dtype=dtype),
+                  dlbridge.tensor(1, dtype=dtype)):
+            want = jax.dlpack.from_dlpack(dlbridge.from_dlpack(x))
+            got = dlbridge.convert(x, "jax")
+            assert type(got) is type(want)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    copy = load(lib, "dlb_kernel_copy", "copy(x: float32[n]) -> float32[n]")
+    y = copy(jax.numpy.arange(3.0, dtype="float32"))
+    assert isinstance(y, jax.Array) and y.tolist() == [0.0, 1.0, 2.0]
