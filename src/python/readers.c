@@ -3,9 +3,12 @@
  * can arrive by is read here, in one place, into an owned, validated
  * DLManagedTensorVersioned (0, or -1 with an exception and nothing owned):
  *   - DLPack capsules, "dltensor_versioned" / "dltensor" (dlb__consume_capsule);
- *   - __dlpack__ / __dlpack_device__, versioned first, then without the
- *     2023.12 keywords on TypeError; what copy= and dl_device= asked is then
- *     done by import.c (dlb__dunder_dlpack_managed);
+ *   - __dlpack__ / __dlpack_device__, versioned first, then without
+ *     dl_device= and copy=True when the producer cannot honour them, then
+ *     without the 2023.12 keywords on TypeError; what copy= and dl_device=
+ *     asked is then done by import.c (dlb__dunder_dlpack_managed);
+ *   - TensorFlow's eager tensors through TF's own capsule export, which
+ *     their __dlpack__ wraps (dlb__tf_eager_managed);
  *   - legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
  *     MXNet's obj.to_dlpack_for_write() / to_dlpack_for_read() (the latter
  *     imported read-only), and tensorflow.experimental.dlpack.to_dlpack(obj)
