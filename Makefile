@@ -13,6 +13,7 @@ PYTEST  := $(PY) -m pytest
 TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
 .PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
+        test-outside \
         test-install sanitize-python demo bench clean test-py312 test-py313 test-ft \
         wheel wheel-smoke
 
@@ -31,7 +32,8 @@ build: bootstrap
 # first stage that fails stops the run, as before.  The stages after `build`
 # skip their own `build` prerequisite (STAGED=1): it has just run.
 TEST_STAGES := build test-layering test-c test-valgrind sanitize fuzz-short \
-               test-install test-python test-py312 test-py313 sanitize-python
+               test-install test-python test-outside test-py312 test-py313 \
+               sanitize-python
 BUILT_DEP := $(if $(STAGED),,build)
 test:
 	@times=""; all=$$(date +%s%N); \
@@ -121,6 +123,13 @@ test-install: bootstrap
 
 test-python: $(BUILT_DEP)
 	@PYTHONPATH=$(TESTPATH) $(PYTEST) -q tests/python
+
+# Other projects' own DLPack suites, shipped in their wheels, each run plain
+# and with every tensor routed through dlbridge (tests/outside/run.py):
+# NumPy's numpy/_core/tests/test_dlpack.py and Warp's
+# warp.tests.interop.test_dlpack (skipped, saying so, without Warp).
+test-outside: $(BUILT_DEP)
+	@PYTHONPATH=$(TESTPATH) $(PY) tests/outside/run.py
 
 # The Python suite on CPython 3.13 (pyenv's) and on the free-threaded 3.13
 # that scripts/python-ft builds: each with its own .venv313[t], build-py313[t]

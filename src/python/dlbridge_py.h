@@ -329,6 +329,15 @@ PyObject *dlb__device_new(dlb_module_state *st, DLDevice device);
  * numpy.float32, torch.float32).  0 on success, -1 with ValueError/TypeError. */
 int dlb__dtype_converter(dlb_module_state *st, PyObject *obj, DLDataType *out);
 
+/* The int of a device type object, the one rule for producers'
+ * __dlpack_device__() and callers' (type, id) tuples: an int (an IntEnum is
+ * one), anything with __index__, or an enum.Enum member whose .value is
+ * such an int (Open3D's plain-Enum DLDeviceType; the array API types the
+ * result Tuple[Enum, int]).  A new reference to an exact int; NULL without
+ * an exception when o is none of these (the caller says what it expected);
+ * NULL with one when an __index__ or .value raised. */
+PyObject *dlb__device_type_int(PyObject *o);
+
 /* Read a device from a Device, "cuda:1", (type, id) tuple, or None (CPU).
  * 0 on success, -1 with an exception. */
 int dlb__device_converter(dlb_module_state *st, PyObject *obj, DLDevice *out);
@@ -410,6 +419,34 @@ int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
 
 /* dtype from an array interface typestr such as '<f4', '|b1', '=i8'. */
 int dlb__typestr_dtype(PyObject *ts, DLDataType *out);
+
+/* Byte strides -> DLPack element strides: the one rule of every reader of
+ * byte strides (buffers owned and viewed, __array_interface__ and
+ * __cuda_array_interface__, NumPy's fields).  A stride must be a multiple
+ * of the itemsize, except on a dimension of extent 0 or 1, where it never
+ * leads to another element: NumPy leaves whatever it was given there
+ * (np.ndarray((10, 5, 1), 'f8', strides=(8, 80, 4))), and such a stride
+ * becomes 0, as in NumPy's own DLPack export.  Inline because NumPy's
+ * direct read (Function's hot path) runs it per argument.  shape, bstrides
+ * and out hold ndim entries.  -1 when every stride converts; otherwise the
+ * first dimension that does not, for dlb__raise_stride_not_multiple. */
+static inline int dlb__elem_strides(int ndim, const int64_t *shape,
+                                    const int64_t *bstrides, int64_t itemsize,
+                                    int64_t *out) {
+  for (int i = 0; i < ndim; i++) {
+    int64_t q = bstrides[i] / itemsize;
+    if (q * itemsize != bstrides[i]) {
+      if (shape[i] > 1) return i;
+      q = 0;
+    }
+    out[i] = q;
+  }
+  return -1;
+}
+/* dlb__elem_strides' refusal of dimension dim: BufferError "<what> stride
+ * S of dimension D is not a multiple of the itemsize N ...".  -1. */
+int dlb__raise_stride_not_multiple(const char *what, const int64_t *bstrides,
+                                   int dim, int64_t itemsize);
 
 /* The DLTensor (CPU) for a Py_buffer; shape and strides are filled into
  * the caller's arrays of DLB_MAX_NDIM.  0, or -1 with BufferError. */
@@ -610,9 +647,12 @@ typedef enum {
   DLB_KIND_BUFFER,     /* buffer protocol */
   DLB_KIND_ARRAY_INTERFACE,      /* __array_interface__ */
   DLB_KIND_CUDA_ARRAY_INTERFACE, /* __cuda_array_interface__ */
-  DLB_KIND_BUFFER_DLPACK /* the buffer protocol, cheaper, then __dlpack__
-                            for what it refuses (the registry's
-                            Framework.read_buffer: JAX) */
+  DLB_KIND_BUFFER_DLPACK, /* the buffer protocol, cheaper, then __dlpack__
+                             for what it refuses (the registry's
+                             Framework.read_buffer: JAX) */
+  DLB_KIND_TF_EAGER    /* a TensorFlow eager tensor: TF's own capsule export
+                          (what its __dlpack__() calls, h->to_capsule),
+                          without that method's Python frame */
 } dlb_kind;
 
 typedef struct dlb_handler {
@@ -623,6 +663,11 @@ typedef struct dlb_handler {
    * share one code path. */
   const DLPackExchangeAPI *api;
   PyObject *api_owner;           /* keeps the capsule/int alive; may be NULL */
+  /* DLB_KIND_TF_EAGER: tensorflow.python.pywrap_tfe.TFE_ToDlpackCapsule
+   * and the type's _datatype_enum method descriptor, strong; NULL for
+   * every other kind. */
+  PyObject *to_capsule;
+  PyObject *dtype_enum;
   /* Framework name from the type's module ("numpy", "torch", "jax",
    * "tensorflow", "cupy", "dlbridge", ...): interned str, strong ref. */
   PyObject *framework;
@@ -1044,6 +1089,13 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
                                DLManagedTensorVersioned **out);
 int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
                                  DLManagedTensorVersioned **out);
+/* A TensorFlow eager tensor (h: its DLB_KIND_TF_EAGER handler) through
+ * h->to_capsule: the legacy capsule TF's __dlpack__() returns, ready to
+ * read (TF waits for pending work before it returns).  Strings, resources
+ * and variants are a BufferError before TF is asked: TF 2.21 aborts the
+ * process on them (its __dlpack__ does too). */
+int dlb__tf_eager_managed(const dlb_handler *h, PyObject *obj,
+                          DLManagedTensorVersioned **out);
 /* dlb__view_get for a caller that already holds h = the handler of
  * Py_TYPE(obj) (saves the second lookup). */
 int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
