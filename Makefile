@@ -13,6 +13,7 @@ PYTEST  := $(PY) -m pytest
 TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
 .PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
+        test-outside \
         test-install sanitize-python demo bench clean test-py312 test-py313 test-ft \
         test-tsan test-pycompat wheel wheel-smoke
 
@@ -31,7 +32,8 @@ build: bootstrap
 # first stage that fails stops the run, as before.  The stages after `build`
 # skip their own `build` prerequisite (STAGED=1): it has just run.
 TEST_STAGES := build test-layering test-c test-valgrind sanitize fuzz-short \
-               test-install test-python test-py312 test-py313 test-ft test-tsan \
+               test-install test-python test-outside test-py312 test-py313 \
+               test-ft test-tsan \
                sanitize-python
 BUILT_DEP := $(if $(STAGED),,build)
 test:
@@ -148,6 +150,13 @@ test-install: bootstrap
 test-python: $(BUILT_DEP)
 	@PYTHONPATH=$(TESTPATH) $(PYTEST) -q tests/python
 
+# Other projects' own DLPack suites, shipped in their wheels, each run plain
+# and with every tensor routed through dlbridge (tests/outside/run.py):
+# NumPy's numpy/_core/tests/test_dlpack.py and Warp's
+# warp.tests.interop.test_dlpack (skipped, saying so, without Warp).
+test-outside: $(BUILT_DEP)
+	@PYTHONPATH=$(TESTPATH) $(PY) tests/outside/run.py
+
 # The Python suite on pyenv's 3.12 and 3.13 (scripts/python-suite: a venv,
 # a build dir and requirements/pyXY.txt each): NumPy, JAX 0.12 (the newest;
 # 3.11's .venv keeps 0.10.2), array-api-strict, ml-dtypes; the heavy peers'
@@ -201,6 +210,9 @@ demo: build
 	@echo
 	@echo "== one C kernel, every framework: dlb.load + dlb.Function (examples/function_demo.py) =="
 	@$(PY) examples/function_demo.py $(BUILD)/libdlb_example_kernels.so
+	@echo
+	@echo "== the same Function inside jax.jit, torch.compile and tf.function (examples/compiled_demo.py) =="
+	@TF_CPP_MIN_LOG_LEVEL=3 $(PY) examples/compiled_demo.py $(BUILD)/libdlb_example_kernels.so
 	@echo
 	@echo "== a C extension using dlbridge's C API (examples/extension_demo.py) =="
 	@PYTHONPATH=$(BUILD)/examples/extension $(PY) examples/extension_demo.py

@@ -110,10 +110,11 @@ DLB_API const dlb_allocator *dlb_get_allocator(void);
 
 /* The dtype named name: NumPy's names for the common types ("bool", "int8"
  * ... "uint64", "float16", "float32", "float64", "complex64", "complex128"),
- * "bfloat16", "complex32", "int4"/"uint4", and DLPack's enum names in lower
- * case for the rest ("float8_e4m3fn", "float6_e2m3fn", "float4_e2m1fn", ...).
- * A vector type is written "float32x4".  Unknown names fail with DLB_EINVAL
- * and a message naming the string. */
+ * "bfloat16", "complex32", integers of any width dlb_dtype_check allows
+ * named by their bits ("int2", "uint4", "int24"), and DLPack's enum names in
+ * lower case for the rest ("float8_e4m3fn", "float6_e2m3fn", "float4_e2m1fn",
+ * ...).  A vector type is written "float32x4".  Unknown names fail with
+ * DLB_EINVAL and a message naming the string. */
 DLB_API int dlb_dtype_from_name(const char *name, DLDataType *out,
                                 dlb_error *err);
 
@@ -147,12 +148,19 @@ DLB_API int dlb_dtype_from_typestr(const char *typestr, DLDataType *out,
 DLB_API int dlb_dtype_from_buffer_format(const char *fmt, int64_t itemsize,
                                          DLDataType *out, dlb_error *err);
 
-/* DLB_OK when dtype is a combination dlbridge understands: a known code with
- * the bits that code allows, and lanes >= 1.  Otherwise DLB_EUNSUPPORTED with
- * a message saying which part is wrong. */
+/* DLB_OK when dtype is a combination dlbridge understands, lanes >= 1 and:
+ *   - kDLInt / kDLUInt of 1, 2 or 4 bits (sub-byte, packed unless the
+ *     managed tensor says IS_SUBBYTE_TYPE_PADDED), or of any bits when
+ *     bits * lanes is a multiple of 8 (int8 ... int64, int24, int12x2);
+ *   - every other code at its defined widths only (float 16/32/64,
+ *     bfloat 16, complex 32/64/128, bool 8, the float8 codes 8, fp6 6,
+ *     fp4 4); kDLOpaqueHandle never.
+ * Otherwise DLB_EUNSUPPORTED with a message naming code, bits and lanes and
+ * saying which part is wrong. */
 DLB_API int dlb_dtype_check(DLDataType dtype, dlb_error *err);
 
-/* True when bits * lanes is not a whole number of bytes (int4, fp6, fp4). */
+/* True when bits * lanes is not a whole number of bytes (int1, int2, int4,
+ * fp6, fp4). */
 DLB_API bool dlb_dtype_is_subbyte(DLDataType dtype);
 
 /* Bytes one element takes when each element is rounded up to whole bytes:

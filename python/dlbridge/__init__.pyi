@@ -85,8 +85,13 @@ def share(obj: Any, /) -> Tensor: ...
 def from_dlpack(obj: Any, /, *, device: _DeviceLike = None, copy: bool | None = None) -> Tensor: ...
 def convert(
     obj: Any,
-    to: Literal["numpy", "torch", "cupy", "jax", "tensorflow", "numba",
-                "cuda.core", "dlbridge"] | type | Any,
+    to: Literal["numpy", "torch", "cupy", "jax", "tensorflow", "paddle",
+                "tvm_ffi", "onnxruntime", "mlx", "warp", "open3d", "drjit",
+                "array_api_strict", "numba", "cuda.core", "dlbridge"]
+    | type | Any,
+    *,
+    copy: bool | None = None,
+    device: _DeviceLike = None,
 ) -> Any: ...
 
 class stream:

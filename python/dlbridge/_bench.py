@@ -36,6 +36,7 @@ REFERENCES = ("own", "nanobind", "tvm-ffi", "no-op")
 MODES = {"quick": _measure.QUICK, "default": _measure.DEFAULT,
          "full": _measure.FULL}
 N = 16                     # elements per tensor
+CONVERT_N = 256            # elements of convert's source: 1 KiB of float32
 MAX_VERSION = (1, 3)       # what __dlpack__ is asked for
 KERNEL_LIB = "libdlb_example_kernels.so"
 KERNEL_SYMBOL = "dlb_kernel_noop"
@@ -49,8 +50,9 @@ CHILD_TIMEOUT_S = 300
 DLB_EXPR = {"from_dlpack": "dlb.from_dlpack(x)", "convert": "dlb.convert(y, FW)",
             "__dlpack__": "t.__dlpack__(max_version=v)",
             "Function": "noop3(a, b, c)"}
-LEGEND = ("x, a, b, c: the framework's float32[16] tensors; y: a NumPy array "
-          "(for numpy: a dlb.Tensor); t = dlb.from_dlpack(x); v = (1, 3); noop3: "
+LEGEND = ("x, a, b, c: the framework's float32[16] tensors; y: a NumPy "
+          "float32[256] (1 KiB; for numpy: a dlb.Tensor of one); "
+          "t = dlb.from_dlpack(x); v = (1, 3); noop3: "
           "dlb.Function of a C kernel that does nothing; tf_from_dlpack: "
           "tf.experimental.dlpack.from_dlpack.  ns per call, best of "
           "interleaved rounds; ref/dlb: the reference's time over dlbridge's, "
@@ -112,7 +114,8 @@ def child(fw, cfg):
     def make(a):
         return kit.make(np, a, "float32", "contiguous")[0]
     x, a, b, c = (make(_aligned_ones(np, N)) for _ in range(4))
-    y = dlb.from_dlpack(_aligned_ones(np, N)) if fw == "numpy" else _aligned_ones(np, N)
+    y = _aligned_ones(np, CONVERT_N)
+    y = dlb.from_dlpack(y) if fw == "numpy" else y
     # dlbridge's own tensor for the __dlpack__ row (read through the kit's
     # export: Open3D's tensors, for one, dlbridge cannot read directly yet)
     t = dlb.from_dlpack(kit.exportable(x))

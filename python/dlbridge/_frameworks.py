@@ -1,42 +1,44 @@
-"""dlbridge.convert: zero-copy conversion between array frameworks.
+"""The framework registry: the one list of frameworks dlbridge knows, and
+what ``dlbridge.convert`` needs of each target.
 
-``convert(obj, to)`` imports ``obj`` with :func:`dlbridge.from_dlpack` (no
-copy) and hands the resulting :class:`dlbridge.Tensor` to the target
-framework's own DLPack importer, so the result shares memory with ``obj``.
+``dlbridge.convert(obj, to, *, copy=None, device=None)`` is C
+(``_core.convert``, src/python/convert.c): it asks this module once per
+target (``_c_convert_target``) and keeps the answer -- the bound importer or
+the framework's DLPack exchange table, and the rules below -- so a call
+touches no Python here.  The rules, per target (the table in
+docs/decisions.md, "convert"):
 
-Choices, written down because the DLPack spec leaves them open:
-
-* ``to`` is a framework name (``"numpy"``, ``"torch"``, ``"cupy"``, ``"jax"``,
-  ``"tensorflow"``, ``"dlbridge"``), a type (``numpy.ndarray``,
-  ``torch.Tensor``, ...) or an example object whose framework to match.
-  Types and objects are recognised by the root of ``type(x).__module__``
-  (``jaxlib`` counts as ``jax``, ``cupyx`` as ``cupy``).  Anything else is a
-  ``ValueError`` listing the valid names.
+* ``to`` is a framework name (``FRAMEWORKS``), a type or an example object
+  of the framework.  Types and objects are recognised by the root of
+  ``type(x).__module__`` (``jaxlib`` counts as ``jax``, ``cupyx`` as
+  ``cupy``).  Anything else is a ``ValueError`` listing the valid names.
+  Dr.Jit picks its tensor type by dtype (``TensorXf`` for float32, ...); a
+  Dr.Jit type passed as ``to`` is used exactly.
 * No framework is imported until it is the target (or was already imported
   because one of its objects was passed in): importing dlbridge stays cheap.
-* When ``obj`` already belongs to the target framework it is returned as it
-  is -- the cheapest zero-copy conversion there is.
-* Read-only data (a read-only NumPy array, ``bytes``, a producer that set
-  DLPack's READ_ONLY flag) is refused with ``BufferError`` for targets whose
-  tensors cannot be read-only -- PyTorch and CuPy.  ``torch.from_dlpack``
-  (checked with torch 2.13) silently returns a WRITABLE tensor over
-  read-only memory, which lets a later write corrupt the source or crash;
-  the spec's "ignore the flag" advice is a footgun we do not pass on.  To
-  convert anyway, copy first: ``convert(dlbridge.from_dlpack(x, copy=True),
-  "torch")``.  NumPy keeps the flag (its arrays can be read-only).
-* TensorFlow and JAX import through the legacy (unversioned) protocol,
-  which cannot say read-only, so dlbridge's export refuses read-only data
-  for them with a ``BufferError`` (legacy capsules are always writable).
-* A dtype the target cannot hold (``bfloat16`` into NumPy, for instance) is
-  a ``BufferError`` naming the target and the dtype.  Any other refusal by
-  the target's importer (device, layout) is re-raised as ``BufferError``
-  naming the target, chained to the framework's own exception.
-* Layouts a target cannot take are refused before it is asked: negative
-  strides into torch (torch.from_dlpack 2.13 aborts the process on them)
-  and anything but compact row-major into TensorFlow.  JAX copies
-  transposed data itself and refuses other strided layouts.
+* An object already of the target framework is returned as it is (unless
+  ``copy=True`` or ``device=`` asks otherwise).
+* ``copy=None`` shares memory whenever the target can hold it safely and
+  otherwise copies into compact, 256-byte aligned, writable memory on the
+  same device (on dlbridge's current stream); ``copy=False`` shares or raises
+  ``BufferError`` saying why; ``copy=True`` always copies.  What a target
+  cannot hold safely, each field of ``Framework``: read-only data in a
+  framework whose tensors are writable (torch 2.13 silently returns a
+  WRITABLE tensor over read-only memory; legacy-capsule importers cannot be
+  told), negative strides where the importer aborts or mis-reads them,
+  strided data where it takes compact data only, data less aligned than its
+  kernels need.  A framework whose importer always copies (MLX on the CPU,
+  Dr.Jit's scalar backend) makes the copy itself: ``copy=False`` is a
+  ``BufferError`` for it.
+* A dtype the target cannot hold (``bfloat16`` into NumPy), a device it has
+  no backend for, or a rank it cannot have (0-d into Warp) is a
+  ``BufferError`` naming the target whatever ``copy`` says: a copy would not
+  help.  Any other refusal by the target's importer (one of its ``errors``)
+  is re-raised as ``BufferError`` naming the target, chained to the
+  framework's own exception.
 """
 
+import functools
 import importlib
 import sys
 
@@ -44,22 +46,37 @@ from . import _core
 
 __all__ = ["convert", "framework_of", "FRAMEWORKS", "REGISTRY"]
 
+#: dlbridge.convert (C, src/python/convert.c).
+convert = _core.convert
+
+# How convert hands a tensor to a target (convert.c's target kinds).
+TAKES_DLBRIDGE = 0   # the dlbridge.Tensor itself
+TAKES_EXCHANGE = 1   # a managed tensor, through the type's DLPack exchange table
+TAKES_NUMPY = 2      # an ndarray made through NumPy's C API over the memory
+TAKES_OBJECT = 3     # importer(tensor), the tensor a dlbridge.Tensor
+TAKES_CAPSULE = 4    # importer(capsule), a legacy "dltensor" capsule
+
+# What convert reports as "<target> could not import ..." (BufferError).
+_IMPORT_ERRORS = (BufferError, TypeError, ValueError, RuntimeError)
+
 
 class Framework:
     """One entry of the framework registry: everything dlbridge knows about
     a framework, in one place.  The C extension asks this module (never a
     list of its own) and caches the answers: which framework a type belongs
-    to (``_type_framework``), how to hand it a tensor (``_c_converter``,
-    ``_c_target``)."""
+    to (``_type_framework``), how to hand it a tensor and what it can hold
+    (``_c_convert_target``)."""
 
-    __slots__ = ("name", "roots", "dist", "target", "tensor_type",
+    __slots__ = ("name", "roots", "dist", "target", "tensor_type", "takes",
                  "readonly", "negative_strides", "compact_only", "dtypes",
-                 "alignment", "devices", "immutable", "read_buffer")
+                 "alignment", "devices", "copies", "min_ndim", "objects",
+                 "immutable", "read_buffer")
 
     def __init__(self, name, roots=None, dist=None, target=True,
-                 tensor_type=None, readonly=True, negative_strides=True,
-                 compact_only=False, dtypes=None, alignment=None,
-                 devices=None, immutable=False, read_buffer=False):
+                 tensor_type=None, takes=TAKES_OBJECT, readonly=False,
+                 negative_strides=True, compact_only=False, dtypes=None,
+                 alignment=None, devices=None, copies=False, min_ndim=0,
+                 objects=False, immutable=False, read_buffer=False):
         self.name = name
         #: root module names whose types belong to it
         self.roots = roots or (name,)
@@ -68,24 +85,37 @@ class Framework:
         #: whether ``convert`` offers it as a target
         self.target = target
         #: "module:attr" of the type of its tensors, when they have one (the
-        #: C API reaches its DLPack exchange table through it)
+        #: C side reaches its DLPack exchange table through it)
         self.tensor_type = tensor_type
-        #: whether its tensors can be read-only
+        #: how convert hands it a tensor (TAKES_*)
+        self.takes = takes
+        #: whether its tensors can hold read-only memory safely (they say
+        #: so, or cannot be written); else read-only data is copied
         self.readonly = readonly
-        #: whether its tensors can have negative strides
+        #: whether its importer takes negative strides; else they are copied
         self.negative_strides = negative_strides
-        #: whether its importer takes only compact row-major data
+        #: whether its importer takes only compact row-major data; else
+        #: other layouts are copied
         self.compact_only = compact_only
-        #: the dtypes its importer is known to accept (None: ask it)
+        #: the dtypes its tensors can hold (None: ask its importer)
         self.dtypes = dtypes
-        #: the data alignment (bytes) its kernels need; unaligned data is
-        #: copied into dlbridge's own (256-byte aligned) memory
+        #: the data alignment (bytes) its kernels need; less aligned data
+        #: is copied into dlbridge's own (256-byte aligned) memory
         self.alignment = alignment
         #: DLPack device types it can hold, each mapped to the name of the
         #: framework's predicate saying whether this build has the backend
         #: (None: always); any other device is refused before the
         #: framework sees it.  None: no restriction known.
         self.devices = devices
+        #: its importer copies every tensor (so copy=False is refused)
+        self.copies = copies
+        #: the fewest dimensions its tensors have
+        self.min_ndim = min_ndim
+        #: its importer takes any object with __dlpack__ (and no capsule):
+        #: a NumPy array it can share as it is goes to it directly, as its
+        #: own importer's caller would pass it, not through a
+        #: dlbridge.Tensor
+        self.objects = objects
         #: whether its arrays are immutable: a Function never writes into
         #: one (a ``mut`` argument's new value is returned instead)
         self.immutable = immutable
@@ -99,9 +129,8 @@ class Framework:
         return f"<dlbridge framework {self.name!r}>"
 
 
-# dtypes each target's DLPack importer is known to accept (checked against
-# numpy 2.x and torch 2.13).  Targets not listed are asked and their refusal
-# is reported.
+# dtypes each target's tensors can hold, where its importer would not say
+# so itself (checked against numpy 2.x, torch 2.13, MLX 0.32, Dr.Jit 1.5).
 _NUMPY_DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 "
     "float16 float32 float64 complex64 complex128".split()
@@ -110,74 +139,93 @@ _TORCH_DTYPES = _NUMPY_DTYPES | frozenset(
     "bfloat16 complex32 float8_e4m3fn float8_e5m2 float8_e4m3fnuz "
     "float8_e5m2fnuz float8_e8m0fnu".split()
 )
+# MLX: mx.from_dlpack narrows float64 to float32 without a word, so
+# convert names the dtype (mx.array(t, dtype=...)); these are MLX's.
+_MLX_DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 "
+    "float16 float32 float64 bfloat16 complex64".split()
+)
+# Dr.Jit's tensor types, by dtype (it converts nothing implicitly).
+_DRJIT_TENSORS = {
+    "bool": "TensorXb", "int8": "TensorXi8", "int32": "TensorXi",
+    "int64": "TensorXi64", "uint8": "TensorXu8", "uint32": "TensorXu",
+    "uint64": "TensorXu64", "float16": "TensorXf16", "float32": "TensorXf",
+    "float64": "TensorXf64",
+}
 
 #: The framework registry: the one list of frameworks in dlbridge (C and
-#: Python).  Order is display order (CLI, doctor).
-#:  - torch tensors cannot be read-only (torch.from_dlpack 2.13 silently
-#:    returns a writable tensor over read-only memory) and have no negative
-#:    strides (its importer aborts the process on them);
-#:  - cupy arrays cannot be read-only;
-#:  - TensorFlow's importer only takes compact row-major data ("Invalid
-#:    strides array from DLPack" otherwise);
-#:  - paddle: Function hands results back as paddle tensors; not a convert
-#:    target yet.  pyarrow and tvm_ffi are known to the doctor only.
+#: Python).  Order is display order (CLI, doctor).  Facts behind each
+#: entry: docs/decisions.md ("convert") and ../reference/peers.md.
 REGISTRY = {fw.name: fw for fw in (
-    Framework("numpy", tensor_type="numpy:ndarray", dtypes=_NUMPY_DTYPES),
-    # torch 2.13 mis-handles devices it has no backend for (an OpenCL tensor
-    # makes it run the deleter without renaming the capsule, Metal and MAIA
-    # ones are imported over a host address, CUDA without a CUDA build is an
+    # NumPy arrays say read-only; the ndarray is made over the memory
+    # through NumPy's C API (what np.from_dlpack does, minus its capsule).
+    Framework("numpy", tensor_type="numpy:ndarray", takes=TAKES_NUMPY,
+              readonly=True, dtypes=_NUMPY_DTYPES),
+    # torch 2.13's importer aborts the process on negative strides and
+    # returns a writable tensor over read-only memory; it mis-handles
+    # devices it has no backend for (an OpenCL tensor makes it run the
+    # deleter without renaming the capsule, Metal and MAIA ones are
+    # imported over a host address, CUDA without a CUDA build is an
     # AssertionError): only these reach it.
-    Framework("torch", tensor_type="torch:Tensor", readonly=False,
+    Framework("torch", tensor_type="torch:Tensor", takes=TAKES_EXCHANGE,
               negative_strides=False, dtypes=_TORCH_DTYPES,
               devices={1: None, 2: "cuda", 10: "hip"}),
-    Framework("cupy", roots=("cupy", "cupyx"), readonly=False),
-    # jax.Array's buffer export (jaxlib's PyArray_bf_getbuffer) is
-    # read-only, waits for the array to be ready, holds the buffer against
-    # deletion and donation while exported, and refuses GPU arrays, bfloat16,
-    # fp8 and sub-byte types with BufferError.
-    Framework("jax", roots=("jax", "jaxlib"), immutable=True,
-              read_buffer=True),
-    # TensorFlow's importer accepts data at any address, but its kernels
-    # check Tensor::IsAligned() (64 bytes) and abort the process on the
-    # first op over unaligned data; NumPy's small arrays are 16-byte aligned.
-    Framework("tensorflow", dist="tensorflow-cpu", compact_only=True,
-              alignment=64, immutable=True),
+    Framework("cupy", roots=("cupy", "cupyx")),
+    # JAX imports a legacy capsule (no read-only flag), copies data that is
+    # strided or not 64-byte aligned itself (dlbridge copies instead, so
+    # copy=False can say so).  jax.Array's buffer export (jaxlib's
+    # PyArray_bf_getbuffer) is read-only, waits for the array to be ready,
+    # holds the buffer against deletion and donation while exported, and
+    # refuses GPU arrays, bfloat16, fp8 and sub-byte types with BufferError.
+    Framework("jax", roots=("jax", "jaxlib"), compact_only=True,
+              alignment=64, immutable=True, read_buffer=True),
+    # TensorFlow's importer takes a legacy capsule and only compact
+    # row-major data ("Invalid strides array from DLPack" otherwise); it
+    # accepts data at any address, but its kernels check
+    # Tensor::IsAligned() (64 bytes) and abort the process on the first op
+    # over unaligned data; NumPy's small arrays are 16-byte aligned.
+    Framework("tensorflow", dist="tensorflow-cpu", takes=TAKES_CAPSULE,
+              compact_only=True, alignment=64, immutable=True),
+    # PaddlePaddle 3.3's table imports strided data, but negative strides
+    # make it allocate 2**64 bytes ("Fail to alloc memory").
+    Framework("paddle", dist="paddlepaddle", tensor_type="paddle:Tensor",
+              takes=TAKES_EXCHANGE, negative_strides=False),
+    Framework("tvm_ffi", dist="apache-tvm-ffi", objects=True),
+    # onnxruntime 1.32: legacy capsules, contiguous data only
+    # ("IsContiguousTensor(...) was false").  The importers below take a
+    # raw legacy capsule as readily as an object with __dlpack__: convert
+    # hands them one, which spares them the protocol's method calls.
+    Framework("onnxruntime", takes=TAKES_CAPSULE, compact_only=True),
+    # MLX 0.32 copies every import on its CPU backend and refuses negative
+    # strides.
+    Framework("mlx", takes=TAKES_CAPSULE, readonly=True,
+              negative_strides=False, copies=True, dtypes=_MLX_DTYPES),
+    # Warp 1.19: legacy capsules, zero-copy for any strides; its arrays
+    # have at least one dimension.
+    Framework("warp", dist="warp-lang", takes=TAKES_CAPSULE, min_ndim=1),
+    # Open3D 0.20 (CPU build): legacy capsules, zero-copy for any strides.
+    Framework("open3d", dist="open3d-cpu", takes=TAKES_CAPSULE),
+    # Dr.Jit 1.5: exact dtype and C-contiguous layout; the LLVM backend
+    # shares CPU memory, the scalar one copies (_c_convert_target says
+    # which, per backend).
+    Framework("drjit", takes=TAKES_CAPSULE, compact_only=True,
+              dtypes=frozenset(_DRJIT_TENSORS)),
+    # NumPy underneath, read-only kept.
+    Framework("array_api_strict", dist="array-api-strict", readonly=True,
+              objects=True),
     # CUDA only: numba's device arrays (read over __cuda_array_interface__)
     # and cuda.core's StridedMemoryView (types under the "cuda" package)
-    Framework("numba"),
-    Framework("cuda.core", roots=("cuda",), dist="cuda-core"),
+    Framework("numba", readonly=True),
+    Framework("cuda.core", roots=("cuda",), dist="cuda-core", readonly=True),
     Framework("pyarrow", target=False),
-    Framework("paddle", dist="paddlepaddle", target=False),
-    Framework("tvm_ffi", dist="apache-tvm-ffi", target=False),
-    Framework("dlbridge"),
+    Framework("dlbridge", takes=TAKES_DLBRIDGE, readonly=True),
 )}
 
 #: The names ``convert`` accepts as ``to``.
 FRAMEWORKS = tuple(fw.name for fw in REGISTRY.values() if fw.target)
 
-# Per-call cost matters here: convert is a few hundred ns of Python around
-# importers that cost 0.2-1 us, so everything that can be worked out once is
-# (the framework of a type, the target's bound importer), and each check
-# reads the fewest Tensor attributes it can.
-_from_dlpack = _core.from_dlpack
-_Tensor = _core.Tensor
-_NAMES = {name: name for name in FRAMEWORKS}
-
 # Root module name of a type -> the framework it belongs to.
 _ROOTS = {root: fw.name for fw in REGISTRY.values() for root in fw.roots}
-
-_SUPPORTED_DTYPES = {fw.name: fw.dtypes for fw in REGISTRY.values()
-                     if fw.dtypes is not None}
-# Targets whose tensors cannot be read-only, cannot have negative strides,
-# take only compact data.
-_NO_READONLY = frozenset(fw.name for fw in REGISTRY.values() if not fw.readonly)
-_NO_NEGATIVE_STRIDES = frozenset(
-    fw.name for fw in REGISTRY.values() if not fw.negative_strides)
-_COMPACT_ONLY = frozenset(fw.name for fw in REGISTRY.values() if fw.compact_only)
-_MIN_ALIGNMENT = {fw.name: fw.alignment for fw in REGISTRY.values()
-                  if fw.alignment is not None}
-_DEVICE_LIMITED = frozenset(
-    fw.name for fw in REGISTRY.values() if fw.devices is not None)
 
 
 def _type_framework(tp):
@@ -219,17 +267,8 @@ def _is_traced(tp):
 
 
 # The framework of a type is cached by the C handler cache (weakly: an entry
-# dies with its type), read back through _core._type_framework.  type.
-# __module__ of a C type is a new string built from tp_name on every read
-# (~150 ns with the split), so it is worth a cache; a dict here would keep
-# every type it saw alive.
+# dies with its type), read back through _core._type_framework.
 _type_fw = _core._type_framework
-
-
-def _root_framework(tp):
-    """The convert target type ``tp`` belongs to, or None."""
-    fw = _type_fw(tp)
-    return fw if fw in _NAMES else None
 
 
 def framework_of(obj):
@@ -239,6 +278,9 @@ def framework_of(obj):
 
 
 def _resolve_target(to):
+    """The target name ``to`` stands for (a name, a type or an example
+    object), or ValueError listing the valid names.  Asked by convert.c
+    when its cache has no answer."""
     if isinstance(to, str):
         if to in FRAMEWORKS:
             return to
@@ -247,8 +289,9 @@ def _resolve_target(to):
             + ", ".join(repr(n) for n in FRAMEWORKS)
             + " (or pass a type or an object of the target framework)"
         )
-    fw = _root_framework(to if isinstance(to, type) else type(to))
-    if fw is None:
+    tp = to if isinstance(to, type) else type(to)
+    fw = _type_fw(tp)
+    if fw not in FRAMEWORKS:
         what = (
             f"type {to.__module__}.{to.__qualname__}"
             if isinstance(to, type)
@@ -276,15 +319,19 @@ def _import(name):
         ) from exc
 
 
-# Each loader imports its framework once and returns the function that turns
-# a dlbridge.Tensor into one of its tensors; convert keeps that function in
-# _BOUND, so later calls touch no import machinery at all.
+# ---- the importers ----------------------------------------------------------
+# Each loader imports its framework and returns what convert.c hands a tensor
+# to: the importer (a callable; for TAKES_EXCHANGE and TAKES_NUMPY the way in
+# when the fast path does not apply), and optionally a dict of fields that
+# override the registry's for this process.
 
 def _load_numpy():
-    global _numpy_from_dlpack
-    # np.from_dlpack is C; it wants the object with __dlpack__ (no capsules).
-    _numpy_from_dlpack = _import("numpy").from_dlpack
-    return _numpy_from_dlpack
+    np = _import("numpy")
+    # NumPy's C API table, for convert.c's ndarray maker; np.from_dlpack
+    # takes what it cannot make (devices other than the CPU).
+    core = getattr(np, "_core", None) or np.core
+    api = getattr(getattr(core, "_multiarray_umath", None), "_ARRAY_API", None)
+    return np.from_dlpack, {"numpy_api": api}
 
 
 def _load_torch():
@@ -295,19 +342,13 @@ def _load_torch():
         return slow
 
     def to_torch(t):
-        # What torch.from_dlpack(t) does for a producer off CUDA/ROCm (no
-        # stream to pass), minus its Python-level kwargs handling, which is
-        # half its cost: __dlpack__(max_version=(1, 0)), then the C
-        # importer.  On CUDA/ROCm (2, 10) it picks the consumer stream, so
-        # those go through torch.from_dlpack itself; so does any producer
-        # that refuses max_version (torch then retries without it).
+        # Only without torch's exchange table (DLBRIDGE_SKIP_EXCHANGE_API):
+        # what torch.from_dlpack(t) does for a producer off CUDA/ROCm, minus
+        # its Python-level keyword handling; on CUDA/ROCm (2, 10) it picks
+        # the consumer stream, so those go through torch.from_dlpack.
         if t.__dlpack_device__()[0] in (2, 10):
             return slow(t)
-        try:
-            capsule = t.__dlpack__(max_version=(1, 0))
-        except TypeError:
-            return slow(t)
-        return fast(capsule)
+        return fast(t.__dlpack__(max_version=(1, 0)))
 
     return to_torch
 
@@ -319,61 +360,71 @@ def _load_cupy():
 def _load_jax():
     _import("jax")
     from_dlpack = importlib.import_module("jax.dlpack").from_dlpack
-    # jax.dlpack.from_dlpack spends ~40 us in Python (backend, device and
-    # stream lookups, a canonicalising asarray) around jaxlib's importer,
-    # which takes ~2 us: for host memory it is called directly.  It is
-    # private, so only with the signature known for this jaxlib (extension
-    # version 467: capsule, device, stream, copy, DLPack device type); any
-    # other jaxlib, device or dtype takes the public route.
     try:
-        from jax._src import dtypes as jax_dtypes
-        from jax._src import xla_bridge
+        # What jax.dlpack.from_dlpack does on the CPU, without its steps
+        # that cost most and change nothing there: the backend and device
+        # lookups (kept per device id here), the stream query (which raises
+        # and catches an "UNIMPLEMENTED" error on every CPU call) and a
+        # jnp.asarray that only canonicalises the dtype (done when it
+        # changes one: float64 without jax_enable_x64).  About half of
+        # from_dlpack's 20 us.  Any other device, or a JAX whose internals
+        # differ, takes from_dlpack itself.
+        from jax._src import dtypes, xla_bridge
         from jax._src.lib import _jax, jaxlib_extension_version
+        import jax.numpy as jnp
         to_buffer = _jax.dlpack_managed_tensor_to_buffer
+        canonical = dtypes.canonicalize_dtype
+        # private: only the signature known for this jaxlib (extension
+        # version 467: capsule, device, stream, copy, DLPack device type)
+        if jaxlib_extension_version != 467:
+            raise ImportError("a jaxlib whose importer is not known here")
     except (ImportError, AttributeError):
         return from_dlpack
-    if jaxlib_extension_version != 467:
-        return from_dlpack
-    canonical = jax_dtypes.canonicalize_dtype
     devices = {}
 
     def to_jax(t):
         kind, index = t.__dlpack_device__()
-        if kind != 1:   # kDLCPU only: other devices have streams to order
+        if kind != 1:
             return from_dlpack(t)
         device = devices.get(index)
         if device is None:
             device = devices[index] = xla_bridge.get_backend(
                 "cpu").device_from_local_hardware_id(index)
-        # What from_dlpack asks for on the host: a legacy capsule (no
-        # max_version), no stream, no copy.
-        arr = to_buffer(t.__dlpack__(), device, None, None, kind)
-        if arr.dtype != canonical(arr.dtype):   # 64-bit types without x64
-            return importlib.import_module("jax.numpy").asarray(
-                arr, dtype=canonical(arr.dtype))
-        return arr
+        arr = to_buffer(t.__dlpack__(), device, None, None, 1)
+        want = canonical(arr.dtype)
+        return arr if want == arr.dtype else jnp.asarray(arr, dtype=want)
 
     return to_jax
 
 
 def _load_tensorflow():
     tf = _import("tensorflow")
-    tf_from_dlpack = importlib.import_module(
-        "tensorflow.experimental.dlpack").from_dlpack
-    op_error = tf.errors.OpError
+    errors = {"errors": _IMPORT_ERRORS + (tf.errors.OpError,)}
+    # TensorFlow's importer takes a legacy capsule; its errors derive from
+    # Exception alone, so they are named for convert to report.
+    public = importlib.import_module("tensorflow.experimental.dlpack").from_dlpack
+    try:
+        # What tf.experimental.dlpack.from_dlpack does (make sure the eager
+        # context is initialised, hand the capsule and the context's handle
+        # to TFE_FromDlpackCapsule), reading the handle straight from the
+        # context whenever it has one: a third of its cost.
+        from tensorflow.python import pywrap_tfe
+        from tensorflow.python.eager import context
+        from_capsule = pywrap_tfe.TFE_FromDlpackCapsule
+        context.context()._context_handle  # noqa: B018 (exists?)
+    except (ImportError, AttributeError):
+        return public, errors
 
-    def to_tensorflow(t):
-        # TensorFlow only reads legacy capsules: __dlpack__() without
-        # max_version makes one (and refuses read-only data, see above).
-        capsule = t.__dlpack__()
-        try:
-            return tf_from_dlpack(capsule)
-        except op_error as exc:
-            # TF's errors derive from Exception alone; report them as the
-            # BufferError convert promises.
-            raise BufferError(str(exc).strip()) from exc
+    def to_tensorflow(capsule):
+        c = context._context
+        handle = c._context_handle if c is not None else None
+        if handle is None:
+            c = context.context()
+            c.ensure_initialized()
+            handle = c._handle
+        return from_capsule(capsule, handle)
 
-    return to_tensorflow
+    return to_tensorflow, errors
 
 
 # kDLCUDA and kDLCUDAManaged: the memory numba and cuda.core take on a GPU.
@@ -389,8 +440,7 @@ def _load_numba():
         if t.__dlpack_device__()[0] not in _CUDA_TYPES:
             raise BufferError(
                 f"convert: numba device arrays hold CUDA memory, and this "
-                f"tensor is on {t.device}; copy it first: convert("
-                "dlbridge.from_dlpack(x, device='cuda:0'), 'numba')")
+                f"tensor is on {t.device}; pass device='cuda:0'")
         return cuda.as_cuda_array(t)
 
     return to_numba
@@ -427,6 +477,63 @@ def _load_paddle():
         "paddle.utils.dlpack").from_dlpack
 
 
+def _load_tvm_ffi():
+    return _import("tvm_ffi").from_dlpack
+
+
+def _load_onnxruntime():
+    return _import("onnxruntime").OrtValue.from_dlpack
+
+
+def _load_mlx():
+    mx = importlib.import_module("mlx.core")
+    # mx.from_dlpack narrows float64 to float32 (MLX's default float type)
+    # without a word; mx.array(x, dtype=mx.float64) keeps it.
+    return mx.from_dlpack, {"by_dtype": {
+        "float64": functools.partial(mx.array, dtype=mx.float64)}}
+
+
+def _load_warp():
+    wp = _import("warp")
+    # wp.from_dlpack needs an initialised runtime; init() is idempotent (and
+    # prints Warp's banner unless warp.config.quiet is set).
+    wp.init()
+    return wp.from_dlpack
+
+
+def _load_open3d():
+    # Tensor.from_dlpack takes a legacy capsule; the result is on the
+    # source's device.
+    return importlib.import_module("open3d.core").Tensor.from_dlpack
+
+
+def _drjit_backend():
+    """drjit.llvm when it loads (it needs libLLVM), else drjit.scalar."""
+    _import("drjit")
+    try:
+        return importlib.import_module("drjit.llvm")
+    except ImportError:
+        return importlib.import_module("drjit.scalar")
+
+
+def _no_drjit_tensor(x):
+    # Unreachable: convert refuses the dtypes without a TensorX type first.
+    raise BufferError("convert: drjit has no tensor type of this dtype")
+
+
+def _load_drjit():
+    backend = _drjit_backend()
+    # The result type is chosen by dtype (Dr.Jit converts nothing implicitly).
+    return _no_drjit_tensor, {
+        "by_dtype": {dt: getattr(backend, name)
+                     for dt, name in _DRJIT_TENSORS.items()},
+        "copies": backend.__name__ == "drjit.scalar"}
+
+
+def _load_array_api_strict():
+    return _import("array_api_strict").from_dlpack
+
+
 _LOADERS = {
     "numpy": _load_numpy,
     "torch": _load_torch,
@@ -434,190 +541,79 @@ _LOADERS = {
     "jax": _load_jax,
     "tensorflow": _load_tensorflow,
     "paddle": _load_paddle,
+    "tvm_ffi": _load_tvm_ffi,
+    "onnxruntime": _load_onnxruntime,
+    "mlx": _load_mlx,
+    "warp": _load_warp,
+    "open3d": _load_open3d,
+    "drjit": _load_drjit,
+    "array_api_strict": _load_array_api_strict,
     "numba": _load_numba,
     "cuda.core": _load_cuda_core,
 }
-_BOUND = {}
-# numpy's importer once bound: convert's fast path for the commonest target.
-_numpy_from_dlpack = None
-
-_IMPORT_ERRORS = (BufferError, TypeError, ValueError, RuntimeError)
-_NUMPY = "numpy"  # the interned constant convert's fast path compares with
 
 
-def _numpy_dtype_refused(t, exc):
-    """After np.from_dlpack(t) raised ``exc``: True when t's dtype is one
-    NumPy cannot hold (the caller raises that error, outside its except
-    block so it has no context, as the check before the import has none);
-    raises convert's BufferError for an importer error; False when ``exc``
-    is to pass through as it is."""
-    dtype = t.dtype.name
-    if dtype not in _NUMPY_DTYPES:
-        return True
-    if isinstance(exc, _IMPORT_ERRORS):
-        raise BufferError(
-            f"convert: numpy could not import the {dtype} tensor "
-            f"(shape {t.shape}, device {t.device}): {exc}"
-        ) from exc
-    return False
+# Frameworks whose result type a type passed as ``to`` picks exactly
+# (``drjit.llvm.TensorXf``): convert.c binds such a type as a target of
+# its own, the type itself its importer.
+_BY_TYPE = frozenset({"drjit"})
 
 
-def _dtype_error(target, dtype, supported):
-    return BufferError(
-        f"convert: {target} cannot hold dtype {dtype}; supported dtypes "
-        f"are {', '.join(sorted(supported))}"
-    )
+def _holds(fw, device_type, predicate):
+    """Whether framework ``fw``'s build has the backend ``predicate`` names
+    (the registry's ``devices``); torch: CUDA or ROCm (hip), with a
+    device."""
+    torch = _import(fw)
+    return bool(torch.cuda.is_available()) and (
+        (getattr(torch.version, "hip", None) is not None)
+        == (predicate == "hip"))
 
 
-def _has_negative_stride(t):
-    # A compact non-empty tensor has only positive strides on extents > 1;
-    # only other layouts need the strides looked at.
-    if t.is_contiguous and t.size:
-        return False
-    return any(st < 0 for st, n in zip(t.strides, t.shape) if n > 1)
+def _dtype_triple(name):
+    d = _core.dtype(name)
+    return (d.code, d.bits, d.lanes)
 
 
-def _check(t, target):
-    """Raise BufferError when ``target``'s tensors cannot hold ``t`` (dtype,
-    read-only data, negative strides, layout): the registry's rules, for
-    convert and for the C API (through ``_c_target``) alike."""
-    supported = _SUPPORTED_DTYPES.get(target)
-    if supported is not None:
-        dtype = t.dtype.name
-        if dtype not in supported:
-            raise _dtype_error(target, dtype, supported)
-    if t.readonly and target in _NO_READONLY:
-        raise BufferError(
-            f"convert: the data is read-only and {target} tensors cannot be "
-            f"read-only ({target}'s from_dlpack would make it silently "
-            "writable); copy it first: "
-            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
-        )
-    if target in _NO_NEGATIVE_STRIDES and _has_negative_stride(t):
-        raise BufferError(
-            f"convert: {target} tensors cannot have negative strides "
-            f"(strides {t.strides}); copy it first: "
-            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
-        )
-    if (target in _DEVICE_LIMITED
-            and not _holds(target, t.__dlpack_device__()[0])):
-        raise BufferError(
-            f"convert: {target} cannot hold a tensor on {t.device} (this "
-            f"{target} build has no such device); copy it to a device "
-            f"{target} has first"
-        )
-    if target in _COMPACT_ONLY and not t.is_contiguous:
-        raise BufferError(
-            f"convert: {target} imports only compact row-major data (strides "
-            f"{t.strides} for shape {t.shape}); copy it first: "
-            f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
-        )
-
-
-_HOLDS = {}
-
-
-def _holds(target, device_type):
-    """Whether framework ``target`` can hold a tensor on DLPack device type
-    ``device_type`` (decided once per pair)."""
-    key = (target, device_type)
-    ok = _HOLDS.get(key)
-    if ok is None:
-        devices = REGISTRY[target].devices
-        if devices is None:
-            ok = True
-        elif device_type not in devices:
-            ok = False
-        elif devices[device_type] is None:
-            ok = True
-        else:   # torch: a CUDA or a ROCm (hip) build, with a device
-            torch = _import("torch")
-            ok = bool(torch.cuda.is_available()) and (
-                (getattr(torch.version, "hip", None) is not None)
-                == (devices[device_type] == "hip"))
-        _HOLDS[key] = ok
-    return ok
-
-
-def _import_checked(t, target):
-    """The checks for ``target``, then its importer (bound on first use)."""
-    _check(t, target)
-    align = _MIN_ALIGNMENT.get(target)
-    if align is not None and t.data_ptr % align:
-        if t.readonly:
-            # A copy would be writable: refuse as for aligned read-only data
-            # (which the target's legacy importer cannot take).
-            raise BufferError(
-                f"convert: the data is read-only and not aligned to {align} "
-                f"bytes as {target} needs; copy it first: "
-                f"convert(dlbridge.from_dlpack(x, copy=True), {target!r})"
-            )
-        t = _from_dlpack(t, copy=True)
-    try:
-        importer = _BOUND.get(target)
-        if importer is None:
-            importer = _BOUND[target] = _LOADERS[target]()
-        return importer(t)
-    except _IMPORT_ERRORS as exc:
-        raise BufferError(
-            f"convert: {target} could not import the {t.dtype.name} tensor "
-            f"(shape {t.shape}, device {t.device}): {exc}"
-        ) from exc
-
-
-def convert(obj, to):
-    """Convert ``obj`` into framework ``to`` without copying.
-
-    ``to`` is one of ``"numpy"``, ``"torch"``, ``"cupy"``, ``"jax"``,
-    ``"tensorflow"``, ``"dlbridge"``, a type of one of those frameworks, or
-    an object whose framework to match.  The result shares memory with
-    ``obj``.  Raises ``ValueError`` for an unknown target, ``TypeError`` when
-    ``obj`` is not tensor-like, and ``BufferError`` when the target cannot
-    hold the data (dtype, device, read-only data for targets without
-    read-only tensors).
-    """
-    if to is _NUMPY and _numpy_from_dlpack is not None:
-        # The commonest call, convert(x, "numpy") once NumPy is bound, in
-        # the fewest steps: a literal "numpy" is the interned string, so
-        # identity suffices (anything else takes the general path below).
-        tp = type(obj)
-        if tp is _Tensor:
-            t = obj  # what from_dlpack(obj) returns for a Tensor
-        else:
-            fw = _type_fw(tp)
-            if fw == _NUMPY and hasattr(obj, "__dlpack__"):
-                return obj
-            t = _from_dlpack(obj)
-        # NumPy refuses exactly the dtypes outside _NUMPY_DTYPES (its
-        # importer takes bool, int/uint 8-64, float 16-64, complex 64/128,
-        # one lane) and nothing else is checked for it, so the dtype (~130
-        # ns to read) is only looked at once NumPy has refused: the outcome
-        # is the one checking first gives.
-        try:
-            return _numpy_from_dlpack(t)
-        except Exception as exc:
-            if not _numpy_dtype_refused(t, exc):
-                raise
-        raise _dtype_error("numpy", t.dtype.name, _NUMPY_DTYPES)
-    # Subscripts and `in` rather than dict.get: no method call, and this
-    # function's own cost is what is being kept small.
-    if type(to) is str and to in _NAMES:
-        target = to
-    else:
-        target = _resolve_target(to)
-    # Already the target's tensor (numpy scalars, which have no __dlpack__,
-    # are not arrays and go through the import).
-    fw = _type_fw(type(obj))
-    if (
-        fw == target
-        and target != "dlbridge"
-        and (hasattr(obj, "__dlpack__") or target == "tensorflow")
-    ):
-        return obj
-    t = _from_dlpack(obj)
-    if target == "dlbridge":
-        return t
-    return _import_checked(t, target)
+def _c_convert_target(name, tp=None):
+    """What convert.c needs of target ``name`` (a FRAMEWORKS name), as a
+    tuple read by its parser (convert.c, bind_target): (takes, importer,
+    errors, tensor_type, numpy_api, readonly, negative_strides,
+    compact_only, copies, by_type, objects, min_ndim, alignment, dtypes,
+    dtype_names, devices, by_dtype: ((code, bits, lanes), importer) pairs
+    tried before ``importer``).  Imports the framework.  ``tp``: a type passed as ``to`` of a
+    framework that picks its result type by type (Dr.Jit), used as the
+    importer; None otherwise.  The answer is cached per name (per type for
+    ``tp``)."""
+    fw = REGISTRY[name]
+    importer, extra = None, {}
+    tensor_type = None
+    if name != "dlbridge":
+        loaded = _LOADERS[name]()
+        importer, extra = loaded if isinstance(loaded, tuple) else (loaded, {})
+    if fw.tensor_type is not None:
+        module, _, attr = fw.tensor_type.partition(":")
+        tensor_type = getattr(_import(module), attr)
+    copies = extra.get("copies", fw.copies)
+    if tp is not None:
+        importer = tp
+        copies = tp.__module__.startswith("drjit.scalar")
+    devices = None
+    if fw.devices is not None:
+        devices = tuple(d for d, pred in fw.devices.items()
+                        if pred is None or _holds(name, d, pred))
+    dtypes = names = None
+    if fw.dtypes is not None:
+        names = ", ".join(sorted(fw.dtypes))
+        dtypes = tuple(_dtype_triple(n) for n in sorted(fw.dtypes))
+    by_dtype = None
+    if extra.get("by_dtype") and tp is None:
+        by_dtype = tuple((_dtype_triple(n), f)
+                         for n, f in sorted(extra["by_dtype"].items()))
+    return (fw.takes, importer, extra.get("errors", _IMPORT_ERRORS),
+            tensor_type, extra.get("numpy_api"), fw.readonly,
+            fw.negative_strides, fw.compact_only, copies,
+            name in _BY_TYPE, fw.objects, fw.min_ndim, fw.alignment or 0,
+            dtypes, names, devices, by_dtype)
 
 
 # ---- what the C extension asks (answers cached on the C side) ----------------
@@ -636,39 +632,13 @@ def _c_traits(name):
 def _c_converter(name):
     """For results handed back to framework ``name`` (Function outputs, the
     C API's ``like=``) when its type publishes no exchange table: a callable
-    turning a dlbridge.Tensor into one of its tensors, checked as convert
-    checks; None for a framework the registry does not know (results stay
+    turning a dlbridge.Tensor into one of its tensors (convert's rules);
+    None for a framework that is no convert target (results stay
     dlbridge.Tensor).  Imports nothing until the callable is called."""
-    if name not in _LOADERS:
+    if name not in FRAMEWORKS:
         return None
 
     def to_framework(t):
-        return _import_checked(t, name)
+        return convert(t, name)
 
     return to_framework
-
-
-def _c_target(name):
-    """For the C API's exports (by framework name or ``like=``):
-    ``(tensor_type, check, convert)``, or None for a name that is not a
-    convert target (the C side then raises ``_resolve_target``'s ValueError
-    for an explicit name).  tensor_type is the type of the framework's
-    tensors when it has one (its DLPack exchange table, if any, is the C
-    fast path), else None; check(t) raises the BufferError convert would
-    (read-only data into torch, ...); convert(t) is the checked import."""
-    if name not in _NAMES:
-        return None
-    target = name
-    fw = REGISTRY[target]
-    tensor_type = None
-    if fw.tensor_type is not None:
-        module, _, attr = fw.tensor_type.partition(":")
-        tensor_type = getattr(_import(module), attr)
-
-    def check(t):
-        _check(t, target)
-
-    def to_target(t):
-        return t if target == "dlbridge" else _import_checked(t, target)
-
-    return tensor_type, check, to_target

@@ -1,8 +1,15 @@
 /* dtype.c -- names, checks and sizes of DLPack element types.
  *
- * One table drives everything: a (code, bits) pair is known exactly when it
- * appears here, so names, checks and the "allowed bits" lists in error
- * messages can never disagree with each other. */
+ * The rule (internal.h's dlb__dtype_ok is the same rule as one lookup):
+ *   - integers (kDLInt, kDLUInt) of 1, 2 or 4 bits, packed below a byte
+ *     unless a managed tensor says IS_SUBBYTE_TYPE_PADDED, with any lanes;
+ *     of any other bits when bits * lanes is a whole number of bytes
+ *     (int8, int24, int12x2); their names are made from the bits;
+ *   - every other code only at its defined widths (the table below), with
+ *     any lanes: fp6 is 6 bits, bool 8, complex64 is (5, 64);
+ *   - lanes >= 1; the opaque-handle code never.
+ * Names, checks and the "allowed bits" lists in messages all read the one
+ * table and the one integer rule, so they cannot disagree. */
 #include <stdio.h>
 #include <string.h>
 
@@ -14,18 +21,10 @@ typedef struct {
   uint8_t bits;
 } dtype_entry;
 
+/* Every code with fixed widths, at each width it allows.  Integers are not
+ * listed: any width the rule allows is named "int<bits>" / "uint<bits>". */
 static const dtype_entry dtype_table[] = {
     {"bool", kDLBool, 8},
-    {"int4", kDLInt, 4},
-    {"int8", kDLInt, 8},
-    {"int16", kDLInt, 16},
-    {"int32", kDLInt, 32},
-    {"int64", kDLInt, 64},
-    {"uint4", kDLUInt, 4},
-    {"uint8", kDLUInt, 8},
-    {"uint16", kDLUInt, 16},
-    {"uint32", kDLUInt, 32},
-    {"uint64", kDLUInt, 64},
     {"float16", kDLFloat, 16},
     {"float32", kDLFloat, 32},
     {"float64", kDLFloat, 64},
@@ -48,7 +47,8 @@ static const dtype_entry dtype_table[] = {
 
 #define DTYPE_TABLE_LEN (sizeof dtype_table / sizeof dtype_table[0])
 
-/* Names of the codes for messages, indexed by code. */
+/* Names of the codes for messages, indexed by code; the first two are also
+ * the prefixes of the integer names. */
 static const char *const code_names[] = {
     "int",           "uint",          "float",
     "opaque handle", "bfloat",        "complex",
@@ -59,6 +59,16 @@ static const char *const code_names[] = {
 };
 
 #define CODE_NAMES_LEN (sizeof code_names / sizeof code_names[0])
+
+static bool is_integer_code(unsigned code) {
+  return code == kDLInt || code == kDLUInt;
+}
+
+/* The integer rule on its own (bits and lanes of an int or uint). */
+static bool integer_width_ok(unsigned bits, unsigned lanes) {
+  return bits == 1 || bits == 2 || bits == 4 ||
+         (bits != 0 && (bits * lanes) % 8u == 0);
+}
 
 static const dtype_entry *find_entry(uint8_t code, uint8_t bits) {
   for (size_t i = 0; i < DTYPE_TABLE_LEN; i++) {
@@ -85,7 +95,13 @@ static int dtype_check_slow(DLDataType dtype, dlb_error *err) {
                          "dtype %s: unknown type "
                          "code %u (known codes are 0-17)",
                          d, code);
-  if (find_entry(dtype.code, dtype.bits) == NULL) {
+  if (is_integer_code(code)) {
+    if (!integer_width_ok(bits, lanes))
+      return dlb_error_set(err, DLB_EUNSUPPORTED,
+                           "dtype %s: %s allows 1, 2 or 4 bits, or bits "
+                           "that make bits x lanes a multiple of 8",
+                           d, code_names[code]);
+  } else if (find_entry(dtype.code, dtype.bits) == NULL) {
     /* List what the code does allow so the producer's bug is obvious. */
     char allowed[64];
     size_t used = 0;
@@ -115,9 +131,22 @@ DLB__OUT_OF_LINE(int, dtype_check_slow, (DLDataType, dlb_error *));
 int dlb_dtype_check(DLDataType dtype, dlb_error *err) {
   /* Every validated tensor comes through here: answer the common case
    * with one table lookup and leave messages to the slow path. */
-  if (dlb__dtype_known(dtype.code, dtype.bits) && dtype.lanes != 0)
-    return DLB_OK;
+  if (dlb__dtype_ok(dtype)) return DLB_OK;
   return dtype_check_slow_out_of_line(dtype, err);
+}
+
+/* The canonical name of a dtype dlb__dtype_ok accepts, into tmp (40 bytes
+ * always suffice: "float8_e4m3b11fnuzx65535"); snprintf's result. */
+static int format_name(DLDataType dtype, char *tmp, size_t len) {
+  char base[24];
+  if (is_integer_code(dtype.code))
+    snprintf(base, sizeof base, "%s%u", code_names[dtype.code],
+             (unsigned)dtype.bits);
+  else
+    snprintf(base, sizeof base, "%s", find_entry(dtype.code, dtype.bits)->name);
+  return dtype.lanes == 1
+             ? snprintf(tmp, len, "%s", base)
+             : snprintf(tmp, len, "%sx%u", base, (unsigned)dtype.lanes);
 }
 
 int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen,
@@ -126,12 +155,8 @@ int dlb_dtype_name(DLDataType dtype, char *buf, size_t buflen,
   if (rc != DLB_OK) return rc;
   if (buf == NULL)
     return dlb_error_set(err, DLB_EINVAL, "dtype name buffer is NULL");
-  const dtype_entry *e = find_entry(dtype.code, dtype.bits);
   char tmp[40];
-  int n = dtype.lanes == 1
-              ? snprintf(tmp, sizeof tmp, "%s", e->name)
-              : snprintf(tmp, sizeof tmp, "%sx%u", e->name,
-                         (unsigned)dtype.lanes);
+  int n = format_name(dtype, tmp, sizeof tmp);
   if (n < 0 || (size_t)n >= sizeof tmp)
     return dlb_error_set(err, DLB_EINVAL, "dtype name does not fit");
   if ((size_t)n >= buflen)
@@ -147,11 +172,8 @@ const char *dlb_dtype_describe(DLDataType dtype, char *buf, size_t buflen) {
   if (buf == NULL || buflen == 0) return buf;
   /* Not through dlb_dtype_name: its check's messages describe the dtype
    * with this very function. */
-  if (dlb__dtype_known(dtype.code, dtype.bits) && dtype.lanes == 1)
-    snprintf(buf, buflen, "%s", find_entry(dtype.code, dtype.bits)->name);
-  else if (dlb__dtype_known(dtype.code, dtype.bits) && dtype.lanes != 0)
-    snprintf(buf, buflen, "%sx%u", find_entry(dtype.code, dtype.bits)->name,
-             (unsigned)dtype.lanes);
+  if (dlb__dtype_ok(dtype))
+    format_name(dtype, buf, buflen);
   else
     snprintf(buf, buflen, "(code %u, bits %u, lanes %u)", (unsigned)dtype.code,
              (unsigned)dtype.bits, (unsigned)dtype.lanes);
@@ -211,6 +233,37 @@ int dlb_dtype_from_name(const char *name, DLDataType *out, dlb_error *err) {
     if (rc != DLB_OK) return rc;
     out->code = dtype_table[i].code;
     out->bits = dtype_table[i].bits;
+    out->lanes = lanes;
+    return DLB_OK;
+  }
+  /* Integers: "int" or "uint", the bits in decimal (no sign, no leading
+   * zero), then the lanes suffix. */
+  for (unsigned code = kDLInt; code <= kDLUInt; code++) {
+    size_t len = strlen(code_names[code]);
+    const char *p = name + len;
+    if (strncmp(name, code_names[code], len) != 0 || *p < '1' || *p > '9')
+      continue;
+    unsigned bits = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+      bits = bits * 10 + (unsigned)(*p - '0');
+      if (bits > UINT8_MAX)
+        return dlb_error_set(err, DLB_EINVAL,
+                             "bad dtype name \"%.64s\": an integer has at "
+                             "most 255 bits",
+                             name);
+    }
+    if (*p != '\0' && *p != 'x') break;
+    uint16_t lanes = 1;
+    int rc = parse_lanes(name, p, &lanes, err);
+    if (rc != DLB_OK) return rc;
+    if (!integer_width_ok(bits, lanes))
+      return dlb_error_set(err, DLB_EINVAL,
+                           "bad dtype name \"%.64s\": %s allows 1, 2 or 4 "
+                           "bits, or bits that make bits x lanes a multiple "
+                           "of 8",
+                           name, code_names[code]);
+    out->code = (uint8_t)code;
+    out->bits = (uint8_t)bits;
     out->lanes = lanes;
     return DLB_OK;
   }
@@ -278,6 +331,16 @@ overflow:
 
 /* ---- other protocols' spellings: typestrs and buffer formats -------------- */
 
+/* The widths those protocols mean: NumPy's and the struct module's.  An
+ * integer of 3 or 16 bytes is a valid DLPack dtype, but no exporter of these
+ * spellings has one, so "<i3" is far likelier a mistake than an int24. */
+static bool foreign_width_ok(DLDataType dt) {
+  if (is_integer_code(dt.code) && dt.bits != 8 && dt.bits != 16 &&
+      dt.bits != 32 && dt.bits != 64)
+    return false;
+  return dlb_dtype_check(dt, NULL) == DLB_OK;
+}
+
 static bool host_is_little_endian(void) {
   const uint16_t one = 1;
   uint8_t first;
@@ -320,7 +383,7 @@ int dlb_dtype_from_typestr(const char *typestr, DLDataType *out,
     default: goto unsupported;
   }
   DLDataType dt = {code, (uint8_t)(size * 8), 1};
-  if (dlb_dtype_check(dt, NULL) != DLB_OK) goto unsupported;
+  if (!foreign_width_ok(dt)) goto unsupported;
   *out = dt;
   return DLB_OK;
 
@@ -370,7 +433,7 @@ int dlb_dtype_from_buffer_format(const char *fmt, int64_t itemsize,
    * depending on the prefix and the platform). */
   if (itemsize <= 0 || itemsize > 32) goto unsupported;
   DLDataType dt = {code, (uint8_t)(itemsize * 8), 1};
-  if (dlb_dtype_check(dt, NULL) != DLB_OK) goto unsupported;
+  if (!foreign_width_ok(dt)) goto unsupported;
   *out = dt;
   return DLB_OK;
 

@@ -77,11 +77,17 @@ static inline bool dlb__size_overflow(int64_t bytes, size_t extra,
   return false;
 }
 
-/* Whether (code, bits) names a dtype in dtype.c's table, as one lookup.
- * Bit b of row `code` is set when that code allows b bits.  The table in
- * dtype.c stays the authority: dlb_dtype_check's slow path consults it, and
- * tests/c/test_dtype.c compares the two over every (code, bits) pair.
- * Code 3 (kDLOpaqueHandle) allows nothing. */
+/* The dtype rule, as one lookup: whether DLDataType d is one dlbridge
+ * accepts.  Bit b of row `code` is set when that code allows b bits at any
+ * lanes:
+ *   - kDLInt / kDLUInt: 1, 2 and 4 (packed sub-byte integers, any lanes)
+ *     and every multiple of 8; other bits only when bits * lanes is a
+ *     multiple of 8 (int12x2), which the last line of dlb__dtype_ok checks;
+ *   - every other code: its defined widths only (fp6 is 6 bits, bool 8).
+ * Code 3 (kDLOpaqueHandle) allows nothing.  dtype.c's tables stay the
+ * authority for names and messages: dlb_dtype_check's slow path consults
+ * them, and tests/c/test_dtype.c and test_validate.c compare the two over
+ * every (code, bits) pair. */
 #define DLB__BITW(n, w) \
   ((n) != 0 && (n) / 64 == (w) ? (uint64_t)1 << ((n) % 64) : (uint64_t)0)
 #define DLB__ALLOW(a, b, c, d, e)                                         \
@@ -93,12 +99,18 @@ static inline bool dlb__size_overflow(int64_t bytes, size_t extra,
        DLB__BITW(e, 2),                                                   \
    DLB__BITW(a, 3) | DLB__BITW(b, 3) | DLB__BITW(c, 3) | DLB__BITW(d, 3) | \
        DLB__BITW(e, 3)}
+/* Every multiple of 8 from 8 to 248, plus 1, 2 and 4: the integer rows. */
+#define DLB__BYTES_WORD UINT64_C(0x0101010101010101)
+#define DLB__INT_BITS                                                  \
+  {(DLB__BYTES_WORD & ~(uint64_t)1) | DLB__BITW(1, 0) | DLB__BITW(2, 0) | \
+       DLB__BITW(4, 0),                                                \
+   DLB__BYTES_WORD, DLB__BYTES_WORD, DLB__BYTES_WORD}
 #define DLB__DTYPE_CODES 18
 
-static inline bool dlb__dtype_known(unsigned code, unsigned bits) {
+static inline bool dlb__dtype_ok(DLDataType d) {
   static const uint64_t allowed[DLB__DTYPE_CODES][4] = {
-      DLB__ALLOW(4, 8, 16, 32, 64),   /* kDLInt */
-      DLB__ALLOW(4, 8, 16, 32, 64),   /* kDLUInt */
+      DLB__INT_BITS,                  /* kDLInt */
+      DLB__INT_BITS,                  /* kDLUInt */
       DLB__ALLOW(16, 32, 64, 0, 0),   /* kDLFloat */
       DLB__ALLOW(0, 0, 0, 0, 0),      /* kDLOpaqueHandle */
       DLB__ALLOW(16, 0, 0, 0, 0),     /* kDLBfloat */
@@ -116,9 +128,11 @@ static inline bool dlb__dtype_known(unsigned code, unsigned bits) {
       DLB__ALLOW(6, 0, 0, 0, 0),      /* kDLFloat6_e3m2fn */
       DLB__ALLOW(4, 0, 0, 0, 0),      /* kDLFloat4_e2m1fn */
   };
+  unsigned code = d.code, bits = d.bits;
+  if (d.lanes == 0 || code >= DLB__DTYPE_CODES) return false;
   /* bits is a uint8_t field, so bits / 64 < 4. */
-  return code < DLB__DTYPE_CODES && bits < 256 &&
-         ((allowed[code][bits / 64] >> (bits % 64)) & 1u) != 0;
+  if (((allowed[code][bits / 64] >> (bits % 64)) & 1u) != 0) return true;
+  return code <= kDLUInt && bits != 0 && (bits * d.lanes) % 8u == 0;
 }
 
 /* One pass over the dims of a tensor whose ndim is in [0, DLB_MAX_NDIM] and

@@ -41,7 +41,7 @@ static inline bool dlb__validate_ok(const DLTensor *t, unsigned options,
   if (dtype.lanes == 0) return false;
   if (options & DLB_VALIDATE_ANY_DTYPE) {
     if (dtype.bits == 0) return false;
-  } else if (!dlb__dtype_known(dtype.code, dtype.bits)) {
+  } else if (!dlb__dtype_ok(dtype)) {
     return false;
   }
   int32_t device_type = (int32_t)t->device.device_type;

@@ -3,7 +3,8 @@
  * that C extensions import (NumPy's import_array() pattern).
  *
  * Every entry is a thin shell over the functions dlbridge itself uses
- * (views.c, handlers.c, outputs.c, import.c, export.c), so extensions read
+ * (views.c, handlers.c, outputs.c, import.c, convert.c, export.c), so
+ * extensions read
  * each framework exactly the way dlbridge itself does.
  *
  * One table per module instance (sub-interpreters, re-created modules): it is
@@ -120,56 +121,15 @@ done:
   return rc;
 }
 
-/* The registry's answer for an export to framework name (new reference
- * to a (tensor_type, check, convert) tuple, or None for a name that is not
- * a convert target), asked once per name and
- * cached: python/dlbridge/_frameworks.py is the one list of frameworks, so
- * what a name means -- and what the framework refuses -- does not depend
- * on a list kept here.  NULL with an exception (ValueError for a name the
- * registry does not know, ImportError for a framework not installed). */
-static PyObject *export_target(dlb_module_state *st, PyObject *name) {
-  struct dlb_handler_cache *c = st->handlers;
-  PyObject *target, *registry;
-  if (c == NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
-    return NULL;
-  }
-  /* Strong references: the dict is shared by every thread. */
-  int found = dlb__dict_get_ref(c->targets, name, &target);
-  if (found != 0) return found > 0 ? target : NULL;
-  registry = PyImport_Import(c->str_registry);
-  if (registry == NULL) return NULL;
-  target = PyObject_CallMethod(registry, "_c_target", "O", name);
-  Py_DECREF(registry);
-  if (target == NULL) return NULL;
-  if (target != Py_None &&
-      (!PyTuple_CheckExact(target) || PyTuple_GET_SIZE(target) != 3)) {
-    PyErr_SetString(PyExc_TypeError,
-                    "dlbridge._frameworks._c_target must return None or a "
-                    "3-tuple");
-    Py_DECREF(target);
-    return NULL;
-  }
-  /* st->handlers may have gone while Python ran; the answer is then just
-   * not cached.  Another thread's answer, put there first, is kept. */
-  if (st->handlers == c) {
-    PyObject *kept = NULL;
-    int rc = dlb__dict_setdefault_ref(c->targets, name, target, &kept);
-    Py_DECREF(target);
-    return rc < 0 ? NULL : kept;
-  }
-  return target;
-}
-
 static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
                                const char *framework, PyObject *like,
                                PyObject **out) {
   dlb_module_state *st = state_of(api);
   const dlb_handler *h = NULL;
-  /* The type whose handler is used, held: the handler lives as long as
-   * the type, and the conversion below runs Python code. */
-  PyObject *fast = NULL;
-  PyObject *name = NULL, *target = NULL, *tensor = NULL, *result = NULL;
+  /* like's type, held while its handler is used: the handler lives as long
+   * as the type, and handing the result over runs Python code. */
+  PyObject *like_type = NULL;
+  PyObject *name = NULL, *tensor = NULL, *result = NULL;
   dlb_error err;
   int rc = -1;
 
@@ -227,55 +187,36 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
     }
   }
 
-  /* Every target, by name or like=, goes through the registry's checks
-   * (read-only data into torch is refused whichever way torch is named).
-   * A framework the registry does not know (like= of some other type) has
-   * none; an unknown name is the registry's ValueError. */
+  /* Every target, by name or like=, goes through convert's rules (read-only
+   * data into torch is copied whichever way torch is named), so an
+   * extension's results are what dlbridge.convert would give.  A like= of a
+   * framework that is no convert target is handed to it the way Function
+   * hands results back (dlb__to_framework: a dlbridge.Tensor when the
+   * registry does not know it); an unknown name is the registry's
+   * ValueError. */
   tensor = dlb__tensor_from_managed(st, m);
   m = NULL; /* stolen, on failure too */
   if (tensor == NULL) goto done;
-  target = export_target(st, name);
-  if (target == NULL) goto done;
-  if (target == Py_None && like == NULL) {
-    PyObject *registry = PyImport_Import(st->handlers->str_registry);
-    if (registry != NULL) {
-      Py_XDECREF(PyObject_CallMethod(registry, "_resolve_target", "O", name));
-      Py_DECREF(registry);
-    }
-    if (!PyErr_Occurred())
-      PyErr_Format(PyExc_ValueError, "dlb_py_export: unknown framework %R",
-                   name);
-    goto done;
-  }
-  if (target != Py_None) {
-    PyObject *ok = PyObject_CallOneArg(PyTuple_GET_ITEM(target, 1), tensor);
-    if (ok == NULL) goto done;
-    Py_DECREF(ok);
-  }
-  /* The handler is looked up only now, after the Python code above. */
   if (like != NULL) {
-    fast = Py_NewRef((PyObject *)Py_TYPE(like));
-  } else if (PyType_Check(PyTuple_GET_ITEM(target, 0))) {
-    fast = Py_NewRef(PyTuple_GET_ITEM(target, 0));
-  }
-  if (fast != NULL) {
-    h = dlb__handler_for(st, (PyTypeObject *)fast);
-    if (h == NULL) goto done;
-  }
-  /* like's handler hands the result to its framework (its exchange table,
-   * or the registry's importer); a named framework's tensor type is used
-   * only for its exchange table, the fast path. */
-  if (h != NULL && (like != NULL || h->kind == DLB_KIND_EXCHANGE)) {
-    DLManagedTensorVersioned *e = NULL;
-    if (dlb__tensor_export_managed((dlb_TensorObject *)tensor, &e, &err) < 0) {
-      dlb__raise(&err);
+    int known = dlb__convert_is_target(st, name);
+    if (known < 0) goto done;
+    if (!known) {
+      /* The handler is looked up only now, after the Python code above. */
+      like_type = Py_NewRef((PyObject *)Py_TYPE(like));
+      h = dlb__handler_for(st, (PyTypeObject *)like_type);
+      if (h == NULL) goto done;
+      DLManagedTensorVersioned *e = NULL;
+      if (dlb__tensor_export_managed((dlb_TensorObject *)tensor, &e, &err) <
+          0) {
+        dlb__raise(&err);
+        goto done;
+      }
+      rc = dlb__to_framework(st, h, e, &result); /* steals e */
+      if (rc < 0) result = NULL;
       goto done;
     }
-    rc = dlb__to_framework(st, h, e, &result); /* steals e */
-    if (rc < 0) result = NULL;
-    goto done;
   }
-  result = PyObject_CallOneArg(PyTuple_GET_ITEM(target, 2), tensor);
+  result = dlb__convert(st, tensor, like != NULL ? like : name, NULL, -1);
   if (result != NULL) rc = 0;
 done:
   if (m != NULL) {
@@ -284,9 +225,8 @@ done:
     dlb__delete_keep_error(m);
   }
   Py_XDECREF(name);
-  Py_XDECREF(target);
   Py_XDECREF(tensor);
-  if (fast != NULL) dlb__clear_keep_error(&fast);
+  if (like_type != NULL) dlb__clear_keep_error(&like_type);
   if (rc == 0)
     *out = result;
   else
@@ -331,8 +271,7 @@ static int capi_alloc_like(const dlb_capi *api, PyObject *like, int32_t ndim,
   /* A borrowed view is the cheapest way to learn like's device.  Its
    * handler is not kept: releasing the view may run Python code (a
    * producer's deleter) that reassigns like's class and frees the old type
-   * with its handler, so the handler is looked up again afterwards -- its
-   * type held, as the lookup and the allocation may run Python too. */
+   * with its handler, so the handler is looked up again afterwards. */
   if (dlb__view_get(st, like, 0, &view) < 0) return -1;
   memset(&prototype, 0, sizeof prototype);
   prototype.device = view.t.device;
@@ -341,11 +280,9 @@ static int capi_alloc_like(const dlb_capi *api, PyObject *like, int32_t ndim,
   prototype.shape = (int64_t *)(uintptr_t)shape;
   dlb__view_release(&view);
   {
-    PyObject *type = Py_NewRef((PyObject *)Py_TYPE(like));
-    const dlb_handler *h = dlb__handler_for(st, (PyTypeObject *)type);
-    int rc = h != NULL ? dlb__alloc_like(st, h, &prototype, out) : -1;
-    dlb__clear_keep_error(&type);
-    return rc;
+    const dlb_handler *h = dlb__handler_for(st, Py_TYPE(like));
+    if (h == NULL) return -1;
+    return dlb__alloc_like(st, h, &prototype, out);
   }
 }
 
@@ -359,17 +296,9 @@ static int capi_current_stream(const dlb_capi *api, PyObject *obj,
                     "dlb_py_current_stream: obj and stream must not be NULL");
     return -1;
   }
-  /* The view's handler belongs to obj's type as it was before the read,
-   * which may run Python code (a producer's __dlpack__) that reassigns the
-   * class: the type is held, and its handler with it. */
-  PyObject *type = Py_NewRef((PyObject *)Py_TYPE(obj));
-  if (dlb__view_get(st, obj, 0, &view) < 0) {
-    dlb__clear_keep_error(&type);
-    return -1;
-  }
+  if (dlb__view_get(st, obj, 0, &view) < 0) return -1;
   rc = dlb__current_stream(st, view.handler, view.t.device, stream);
   dlb__view_release(&view);
-  dlb__clear_keep_error(&type);
   return rc;
 }
 

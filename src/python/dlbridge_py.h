@@ -29,6 +29,8 @@
  *   views.c    borrowed views (dlb__view_get / dlb__view_release)
  *   outputs.c  current stream, allocate-like, hand a result to a framework
  *   import.c   from_dlpack's policy: which reader, device= and copy=
+ *   convert.c  dlbridge.convert: targets bound from the registry, what
+ *              each can hold, copy= and device=, the hand-over
  *   function.c Function and load()
  *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
  *              Functions compiled graphs name, by identity
@@ -213,6 +215,11 @@ void dlb__error_prefix_argument(PyObject *fname, PyObject *argname);
  * saying the table failed to <what> ("describe", "export") without saying
  * why. */
 void dlb__error_exchange_refusal(PyTypeObject *type, const char *what);
+/* When the pending exception is one of types (a class or a tuple of them)
+ * and no MemoryError: BufferError "<prefix>: <its first line>", the
+ * original chained as __cause__ (convert.c: an importer's refusal).  Any
+ * other exception is left as it is. */
+void dlb__error_as_buffer_error(PyObject *types, PyObject *prefix);
 /* o as an int64 (o must be an int or have __index__): an integer outside
  * int64 is a BufferError naming what ("from_dlpack: __array_interface__
  * shape entry"), not an OverflowError.  0, or -1 with an exception. */
@@ -320,6 +327,15 @@ PyObject *dlb__device_new(dlb_module_state *st, DLDevice device);
  * numpy.float32, torch.float32).  0 on success, -1 with ValueError/TypeError. */
 int dlb__dtype_converter(dlb_module_state *st, PyObject *obj, DLDataType *out);
 
+/* The int of a device type object, the one rule for producers'
+ * __dlpack_device__() and callers' (type, id) tuples: an int (an IntEnum is
+ * one), anything with __index__, or an enum.Enum member whose .value is
+ * such an int (Open3D's plain-Enum DLDeviceType; the array API types the
+ * result Tuple[Enum, int]).  A new reference to an exact int; NULL without
+ * an exception when o is none of these (the caller says what it expected);
+ * NULL with one when an __index__ or .value raised. */
+PyObject *dlb__device_type_int(PyObject *o);
+
 /* Read a device from a Device, "cuda:1", (type, id) tuple, or None (CPU).
  * 0 on success, -1 with an exception. */
 int dlb__device_converter(dlb_module_state *st, PyObject *obj, DLDevice *out);
@@ -401,6 +417,34 @@ int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
 
 /* dtype from an array interface typestr such as '<f4', '|b1', '=i8'. */
 int dlb__typestr_dtype(PyObject *ts, DLDataType *out);
+
+/* Byte strides -> DLPack element strides: the one rule of every reader of
+ * byte strides (buffers owned and viewed, __array_interface__ and
+ * __cuda_array_interface__, NumPy's fields).  A stride must be a multiple
+ * of the itemsize, except on a dimension of extent 0 or 1, where it never
+ * leads to another element: NumPy leaves whatever it was given there
+ * (np.ndarray((10, 5, 1), 'f8', strides=(8, 80, 4))), and such a stride
+ * becomes 0, as in NumPy's own DLPack export.  Inline because NumPy's
+ * direct read (Function's hot path) runs it per argument.  shape, bstrides
+ * and out hold ndim entries.  -1 when every stride converts; otherwise the
+ * first dimension that does not, for dlb__raise_stride_not_multiple. */
+static inline int dlb__elem_strides(int ndim, const int64_t *shape,
+                                    const int64_t *bstrides, int64_t itemsize,
+                                    int64_t *out) {
+  for (int i = 0; i < ndim; i++) {
+    int64_t q = bstrides[i] / itemsize;
+    if (q * itemsize != bstrides[i]) {
+      if (shape[i] > 1) return i;
+      q = 0;
+    }
+    out[i] = q;
+  }
+  return -1;
+}
+/* dlb__elem_strides' refusal of dimension dim: BufferError "<what> stride
+ * S of dimension D is not a multiple of the itemsize N ...".  -1. */
+int dlb__raise_stride_not_multiple(const char *what, const int64_t *bstrides,
+                                   int dim, int64_t itemsize);
 
 /* The DLTensor (CPU) for a Py_buffer; shape and strides are filled into
  * the caller's arrays of DLB_MAX_NDIM.  0, or -1 with BufferError. */
@@ -548,6 +592,13 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err);
 
+/* A legacy "dltensor" capsule of view, whose memory owner keeps alive:
+ * the export block and capsule rules of a Tensor's export (a strong
+ * reference to owner until the consumer's deleter runs, a capsule nobody
+ * took runs it once).  view must be describable by a legacy capsule
+ * (writable; not padded sub-byte).  NULL with an exception. */
+PyObject *dlb__legacy_capsule_of(PyObject *owner, const DLTensor *view);
+
 /* The Tensor a zero-copy export made by dlb__tensor_export_managed /
  * __dlpack__ keeps alive (borrowed: valid while m is), or NULL when m was
  * not made here.  Its view is the Tensor's (byte_offset folded), its flags
@@ -594,9 +645,12 @@ typedef enum {
   DLB_KIND_BUFFER,     /* buffer protocol */
   DLB_KIND_ARRAY_INTERFACE,      /* __array_interface__ */
   DLB_KIND_CUDA_ARRAY_INTERFACE, /* __cuda_array_interface__ */
-  DLB_KIND_BUFFER_DLPACK /* the buffer protocol, cheaper, then __dlpack__
-                            for what it refuses (the registry's
-                            Framework.read_buffer: JAX) */
+  DLB_KIND_BUFFER_DLPACK, /* the buffer protocol, cheaper, then __dlpack__
+                             for what it refuses (the registry's
+                             Framework.read_buffer: JAX) */
+  DLB_KIND_TF_EAGER    /* a TensorFlow eager tensor: TF's own capsule export
+                          (what its __dlpack__() calls, h->to_capsule),
+                          without that method's Python frame */
 } dlb_kind;
 
 typedef struct dlb_handler {
@@ -607,6 +661,11 @@ typedef struct dlb_handler {
    * share one code path. */
   const DLPackExchangeAPI *api;
   PyObject *api_owner;           /* keeps the capsule/int alive; may be NULL */
+  /* DLB_KIND_TF_EAGER: tensorflow.python.pywrap_tfe.TFE_ToDlpackCapsule
+   * and the type's _datatype_enum method descriptor, strong; NULL for
+   * every other kind. */
+  PyObject *to_capsule;
+  PyObject *dtype_enum;
   /* Framework name from the type's module ("numpy", "torch", "jax",
    * "tensorflow", "cupy", "dlbridge", ...): interned str, strong ref. */
   PyObject *framework;
@@ -665,8 +724,14 @@ struct dlb_handler_cache {
   PyObject *converters; /* dict framework name -> from_dlpack callable */
   /* dlbridge._streams.framework_stream, imported on first use (outputs.c) */
   PyObject *framework_stream;
-  PyObject *targets;    /* dict framework name -> the registry's
-                           (tensor_type, check, convert), capi.c */
+  PyObject *targets;    /* dict framework name (or a type bound by
+                           type) -> convert's bound target, convert.c */
+  /* convert.c: the last `to` (a str or a type, strong) and its bound
+   * target (strong): a call naming the same target as the last one finds
+   * it by identity, without a dict lookup. */
+  PyObject *target_memo_key;
+  PyObject *target_memo;
+  PyObject *str_module; /* "__module__" */
   PyObject *str_tag_probe; /* an interned name no class defines: looking
                               it up tags a type on 3.11 (pycompat.h) */
   PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
@@ -984,6 +1049,22 @@ PyObject *dlb__py_from_dlpack(PyObject *module, PyObject *const *args,
 PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
                       const DLDevice *device, int copy);
 
+/* ---- Convert (convert.c) ----------------------------------------------------- */
+
+/* dlbridge.convert(obj, to, *, copy=None, device=None). */
+PyObject *dlb__py_convert(PyObject *module, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames);
+
+/* obj as a tensor of the framework `to` stands for (a registry name, a
+ * type or an object of the framework), under convert's rules: device as
+ * for dlb__import, copy -1 None, 0 False, 1 True.  New reference. */
+PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
+                       const DLDevice *device, int copy);
+
+/* Whether framework name is a convert target (the registry's FRAMEWORKS):
+ * 1, 0, or -1 with an exception. */
+int dlb__convert_is_target(dlb_module_state *st, PyObject *name);
+
 /* ---- Function (function.c), the C API capsule (capi.c), tests (testing.c) -- */
 
 /* Adds the Function type and load() to the module. */
@@ -1034,6 +1115,13 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
                                DLManagedTensorVersioned **out);
 int dlb__array_interface_managed(dlb_module_state *st, PyObject *obj, int cuda,
                                  DLManagedTensorVersioned **out);
+/* A TensorFlow eager tensor (h: its DLB_KIND_TF_EAGER handler) through
+ * h->to_capsule: the legacy capsule TF's __dlpack__() returns, ready to
+ * read (TF waits for pending work before it returns).  Strings, resources
+ * and variants are a BufferError before TF is asked: TF 2.21 aborts the
+ * process on them (its __dlpack__ does too). */
+int dlb__tf_eager_managed(const dlb_handler *h, PyObject *obj,
+                          DLManagedTensorVersioned **out);
 /* dlb__view_get for a caller that already holds h = the handler of
  * Py_TYPE(obj) (saves the second lookup). */
 int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,

@@ -181,6 +181,33 @@ void dlb__error_exchange_refusal(PyTypeObject *type, const char *what) {
   Py_XDECREF(tb);
 }
 
+/* ---- an importer refused ------------------------------------------------------ */
+
+void dlb__error_as_buffer_error(PyObject *types, PyObject *prefix) {
+  if (!PyErr_Occurred() || !PyErr_ExceptionMatches(types) ||
+      PyErr_ExceptionMatches(PyExc_MemoryError))
+    return;
+  PyObject *type_, *value, *tb;
+  PyErr_Fetch(&type_, &value, &tb);
+  PyErr_NormalizeException(&type_, &value, &tb);
+  if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+  PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+  PyObject *line = text != NULL ? first_line(text) : NULL;
+  Py_XDECREF(text);
+  if (line == NULL) {
+    PyErr_Clear();
+    line = PyUnicode_FromString("(no message)");
+  }
+  if (line != NULL) {
+    PyErr_Format(PyExc_BufferError, "%U: %U", prefix, line);
+    Py_DECREF(line);
+    set_cause(value);
+  }
+  Py_XDECREF(type_);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+}
+
 /* ---- integers that describe a tensor ------------------------------------------- */
 
 /* An int from a producer's description (a shape entry, a device id, an

@@ -12,12 +12,16 @@
  * made into a new Tensor of its own (dlb_managed_empty), which is then
  * exported the same way, so every capsule we make holds an export_block.
  *
- * A capsule and its managed tensor share the block, which records who still
- * holds it (live bits) and is freed by the last one.  The capsule destructor
- * runs the deleter only when the capsule was not renamed AND the deleter has
- * not run yet: a consumer that deletes the tensor without renaming the
- * capsule (torch 2.13 does on a failure path) would otherwise make the
- * destructor run the deleter a second time, on freed memory.
+ * The block belongs to the managed tensor alone: its deleter frees it.  A
+ * capsule's destructor must run the deleter when nobody took the tensor,
+ * and must not when someone did -- also when a consumer ran the deleter
+ * without renaming the capsule (torch 2.13 does on a failure path), which
+ * a name cannot tell; and nothing may depend on the destructor running at
+ * all (jaxlib renames the capsule and clears its destructor).  So a capsule
+ * names its export by a serial number (its context), listed as pending
+ * from the export until the deleter runs: the destructor of a capsule
+ * nobody renamed runs the deleter only if its serial is still pending,
+ * and never reads the block otherwise.
  *
  * Decisions recorded here (known-bugs.md section 3, DESIGN.md):
  *
@@ -93,7 +97,8 @@
  */
 #include "dlbridge_py.h"
 
-#include <stdatomic.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char kVersionedName[] = "dltensor_versioned";
@@ -134,17 +139,14 @@ static int address_device(DLDeviceType t) {
  * (known-bugs B11); the copy is 2 * ndim stores into memory we allocate
  * anyway.  The allocator is copied too, so the block is freed through the
  * allocator that made it even after dlb_set_allocator changed it. */
-enum {
-  LIVE_MANAGED = 1u, /* the deleter has not run yet */
-  LIVE_CAPSULE = 2u  /* a capsule of ours points at the block */
-};
-
 typedef struct export_block {
   dlb_allocator allocator;
-  PyObject *owner; /* strong reference to the exported Tensor */
-  /* LIVE_* bits of those still holding the block; the last one out frees
-   * it.  Atomic: a consumer may run the deleter on any thread. */
-  atomic_uint live;
+  PyObject *owner; /* strong reference to the exported Tensor (or, for
+                      dlb__legacy_capsule_of, whatever owns the memory) */
+  int owner_is_tensor; /* owner is the Tensor the export views */
+  /* The serial of the capsule made around it (pending until the deleter
+   * runs), 0 for an export in no capsule (the exchange table's). */
+  uintptr_t serial;
   union {
     DLManagedTensorVersioned versioned;
     DLManagedTensor legacy;
@@ -152,37 +154,131 @@ typedef struct export_block {
   int64_t dims[]; /* shape[ndim], then strides[ndim] */
 } export_block;
 
-/* holder (LIVE_MANAGED or LIVE_CAPSULE) lets go of the block.  The managed
- * side drops the Tensor too (after the block is freed or left to the
- * capsule: freeing touches no Python, and the DECREF may run arbitrary
- * code); the block itself is freed by whichever side leaves last. */
-static void export_block_drop(export_block *b, unsigned holder, int have_gil) {
-  PyObject *owner = holder == LIVE_MANAGED ? b->owner : NULL;
-  unsigned before = atomic_fetch_and(&b->live, ~holder);
-  if ((before & ~holder) == 0) {
-    dlb_allocator allocator = b->allocator;
-    allocator.release(b, allocator.ctx);
+/* ---- capsules still pending: serial -> block, until the deleter runs ------------
+ *
+ * A small open-addressing table (linear probing, backward-shift deletion,
+ * grown at half load) under a mutex: a deleter may run on any thread, with
+ * or without the GIL.  Serials count up from 1 and are never reused (a
+ * uintptr_t: on 64-bit platforms it never wraps). */
+typedef struct {
+  uintptr_t serial; /* 0: a free slot */
+  export_block *block;
+} pending_slot;
+
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static pending_slot *pending;
+static size_t pending_mask, pending_count;
+static uintptr_t pending_next = 1;
+
+static size_t pending_home(uintptr_t serial) {
+  uint64_t x = (uint64_t)serial * UINT64_C(0x9E3779B97F4A7C15);
+  return (size_t)(x >> 32) & pending_mask;
+}
+
+/* With pending_lock held: room for one more, growing at half load.  0, or
+ * -1 when the larger table cannot be allocated (the old one is kept). */
+static int pending_reserve(void) {
+  if (pending != NULL && 2 * (pending_count + 1) <= pending_mask + 1) return 0;
+  size_t capacity = pending == NULL ? 64 : 2 * (pending_mask + 1);
+  pending_slot *grown = calloc(capacity, sizeof *grown);
+  if (grown == NULL) return -1;
+  pending_slot *old = pending;
+  size_t old_capacity = old == NULL ? 0 : pending_mask + 1;
+  pending = grown;
+  pending_mask = capacity - 1;
+  for (size_t i = 0; i < old_capacity; i++) {
+    if (old[i].serial == 0) continue;
+    size_t j = pending_home(old[i].serial);
+    while (pending[j].serial != 0) j = (j + 1) & pending_mask;
+    pending[j] = old[i];
   }
-  if (owner != NULL) dlb__release_ref(owner, have_gil);
+  free(old);
+  return 0;
+}
+
+/* List b as pending under a new serial (written into b).  0, or -1 with
+ * nothing listed (out of memory). */
+static int pending_add(export_block *b) {
+  pthread_mutex_lock(&pending_lock);
+  int rc = pending_reserve();
+  if (rc == 0) {
+    uintptr_t serial = pending_next++;
+    size_t i = pending_home(serial);
+    while (pending[i].serial != 0) i = (i + 1) & pending_mask;
+    pending[i].serial = serial;
+    pending[i].block = b;
+    pending_count++;
+    b->serial = serial;
+  }
+  pthread_mutex_unlock(&pending_lock);
+  return rc;
+}
+
+/* Take serial off the list: its block, or NULL when it was not pending
+ * (the deleter already ran).  Whoever gets the block runs the deleter's
+ * work, exactly once. */
+static export_block *pending_take(uintptr_t serial) {
+  export_block *b = NULL;
+  pthread_mutex_lock(&pending_lock);
+  if (pending != NULL) {
+    size_t i = pending_home(serial);
+    while (pending[i].serial != 0 && pending[i].serial != serial)
+      i = (i + 1) & pending_mask;
+    if (pending[i].serial == serial) {
+      b = pending[i].block;
+      /* backward-shift: later members of the run move up into the hole */
+      size_t j = i;
+      for (;;) {
+        j = (j + 1) & pending_mask;
+        if (pending[j].serial == 0) break;
+        size_t k = pending_home(pending[j].serial);
+        int stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
+        if (stays) continue;
+        pending[i] = pending[j];
+        i = j;
+      }
+      pending[i].serial = 0;
+      pending[i].block = NULL;
+      pending_count--;
+    }
+  }
+  pthread_mutex_unlock(&pending_lock);
+  return b;
+}
+
+/* The deleter's work: free the block, then drop the Tensor (freeing
+ * touches no Python; the DECREF may run arbitrary code). */
+static void export_block_free(export_block *b, int have_gil) {
+  PyObject *owner = b->owner;
+  dlb_allocator allocator = b->allocator;
+  allocator.release(b, allocator.ctx);
+  dlb__release_ref(owner, have_gil);
+}
+
+/* The deleter: a block made for a capsule is taken off the pending list
+ * first (if the capsule's destructor got there first, it is not listed
+ * and this call is a consumer's second, wrong, one: nothing is done). */
+static void export_delete(export_block *b) {
+  if (b->serial != 0 && pending_take(b->serial) != b) return;
+  export_block_free(b, 0);
 }
 
 static void versioned_export_deleter(DLManagedTensorVersioned *self) {
-  if (self != NULL)
-    export_block_drop((export_block *)self->manager_ctx, LIVE_MANAGED, 0);
+  if (self != NULL) export_delete((export_block *)self->manager_ctx);
 }
 
 static void legacy_export_deleter(DLManagedTensor *self) {
-  if (self != NULL)
-    export_block_drop((export_block *)self->manager_ctx, LIVE_MANAGED, 0);
+  if (self != NULL) export_delete((export_block *)self->manager_ctx);
 }
 
-/* A zero-copy export of self, versioned (*out is a DLManagedTensorVersioned)
- * or legacy (a DLManagedTensor), that keeps self alive until its deleter
- * runs.  Nothing is owned on failure.  The caller has checked that a legacy
- * export can describe self (not read-only, not padded sub-byte). */
-static int export_view(dlb_TensorObject *self, int versioned, int copied,
-                       void **out, dlb_error *err) {
-  const DLTensor *src = &self->t;
+/* A zero-copy export of src (with flags), versioned (*out is a
+ * DLManagedTensorVersioned) or legacy (a DLManagedTensor), that keeps owner
+ * (whose memory src views) alive until its deleter runs.  Nothing is owned
+ * on failure.  The caller has checked that a legacy export can describe src
+ * (not read-only, not padded sub-byte). */
+static int export_block_make(PyObject *owner, const DLTensor *src,
+                             uint64_t flags, int versioned, int copied,
+                             void **out, dlb_error *err) {
   int32_t ndim = src->ndim;
   /* A Tensor's view was validated when it was made: ndim is in
    * [0, DLB_MAX_NDIM] and shape is non-NULL when ndim > 0, so the size
@@ -230,10 +326,10 @@ static int export_view(dlb_TensorObject *self, int versioned, int copied,
   }
 
   b->allocator = *allocator;
-  b->owner = (PyObject *)self;
-  atomic_init(&b->live, LIVE_MANAGED);
-  Py_INCREF(self); /* last: nothing above can fail after it */
-  dlb__tensor_note_exported(self); /* so an import of it is recognised */
+  b->owner = owner;
+  b->owner_is_tensor = 0;
+  b->serial = 0;
+  Py_INCREF(owner); /* last: nothing above can fail after it */
   if (versioned) {
     DLManagedTensorVersioned *m = &b->m.versioned;
     m->version.major = DLPACK_MAJOR_VERSION;
@@ -242,7 +338,7 @@ static int export_view(dlb_TensorObject *self, int versioned, int copied,
     m->deleter = versioned_export_deleter;
     /* IS_COPIED describes the export, not the tensor: sharing our memory
      * is a copy only when the Tensor was made for this consumer. */
-    m->flags = (self->flags & ~(uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED) |
+    m->flags = (flags & ~(uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED) |
                (copied ? (uint64_t)DLPACK_FLAG_BITMASK_IS_COPIED : 0u);
     m->dl_tensor = t;
     *out = m;
@@ -256,6 +352,22 @@ static int export_view(dlb_TensorObject *self, int versioned, int copied,
   return DLB_OK;
 }
 
+/* export_block_make for a Tensor: its own view and flags. */
+static int export_view(dlb_TensorObject *self, int versioned, int copied,
+                       void **out, dlb_error *err) {
+  int rc = export_block_make((PyObject *)self, &self->t, self->flags,
+                             versioned, copied, out, err);
+  if (rc == DLB_OK) {
+    export_block *b =
+        versioned
+            ? (export_block *)((DLManagedTensorVersioned *)*out)->manager_ctx
+            : (export_block *)((DLManagedTensor *)*out)->manager_ctx;
+    b->owner_is_tensor = 1;
+    dlb__tensor_note_exported(self); /* so an import of it is recognised */
+  }
+  return rc;
+}
+
 int dlb__tensor_export_managed(dlb_TensorObject *self,
                                DLManagedTensorVersioned **out,
                                dlb_error *err) {
@@ -267,33 +379,33 @@ int dlb__tensor_export_managed(dlb_TensorObject *self,
 
 PyObject *dlb__export_source(const DLManagedTensorVersioned *m) {
   if (m == NULL || m->deleter != versioned_export_deleter) return NULL;
-  return ((const export_block *)m->manager_ctx)->owner;
+  const export_block *b = m->manager_ctx;
+  return b->owner_is_tensor ? b->owner : NULL;
 }
 
 PyObject *dlb__export_source_legacy(const DLManagedTensor *m) {
   if (m == NULL || m->deleter != legacy_export_deleter) return NULL;
-  return ((const export_block *)m->manager_ctx)->owner;
+  const export_block *b = m->manager_ctx;
+  return b->owner_is_tensor ? b->owner : NULL;
 }
 
 /* ---- capsules ------------------------------------------------------------------------ */
 
-/* The capsule's context is its export_block (DLPack consumers never touch
- * a capsule's context), so the destructor reaches the block whatever the
- * capsule is called now and never reads the managed tensor, which a
- * consumer may have deleted.  The deleter runs here only when nobody took
- * the tensor: the capsule still has our name (compared by pointer first:
- * a capsule nobody renamed still carries our static name) and the deleter
- * has not run.  Nothing here sets an error, and dlb__release_ref keeps an
- * in-flight one (a capsule is often dropped while an exception
- * propagates).  A capsule destructor runs with the GIL. */
+/* The capsule's context is the serial of its export (see the header): the
+ * destructor never reads the managed tensor or the block unless the
+ * serial is still pending, which means the deleter has not run -- so it
+ * runs it, exactly once however consumers misbehave.  A capsule that was
+ * renamed was taken: its consumer owns the tensor, and nothing is done.
+ * (The name is compared by pointer first: a capsule nobody renamed still
+ * carries our static name.)  Nothing here sets an error, and
+ * dlb__release_ref keeps an in-flight one (a capsule is often dropped while
+ * an exception propagates).  A capsule destructor runs with the GIL. */
 static void capsule_destructor(PyObject *capsule, const char *ours) {
-  export_block *b = PyCapsule_GetContext(capsule);
-  if (b == NULL) return; /* cannot happen for a capsule of ours */
   const char *name = PyCapsule_GetName(capsule);
-  int taken = !(name == ours || (name != NULL && strcmp(name, ours) == 0));
-  if (!taken && (atomic_load(&b->live) & LIVE_MANAGED))
-    export_block_drop(b, LIVE_MANAGED, 1);
-  export_block_drop(b, LIVE_CAPSULE, 1);
+  if (!(name == ours || (name != NULL && strcmp(name, ours) == 0))) return;
+  uintptr_t serial = (uintptr_t)PyCapsule_GetContext(capsule);
+  export_block *b = serial != 0 ? pending_take(serial) : NULL;
+  if (b != NULL) export_block_free(b, 1);
 }
 
 static void versioned_capsule_destructor(PyObject *capsule) {
@@ -313,18 +425,29 @@ static PyObject *capsule_of(void *m, int versioned) {
   export_block *b =
       versioned ? (export_block *)((DLManagedTensorVersioned *)m)->manager_ctx
                 : (export_block *)((DLManagedTensor *)m)->manager_ctx;
+  if (pending_add(b) < 0) {
+    export_block_free(b, 1);
+    return PyErr_NoMemory();
+  }
   PyObject *cap =
       versioned
           ? PyCapsule_New(m, kVersionedName, versioned_capsule_destructor)
           : PyCapsule_New(m, kLegacyName, legacy_capsule_destructor);
   if (cap == NULL) {
-    export_block_drop(b, LIVE_MANAGED, 1);
+    if (pending_take(b->serial) == b) export_block_free(b, 1);
     return NULL;
   }
-  atomic_fetch_or(&b->live, LIVE_CAPSULE);
   /* Cannot fail on the valid capsule just made. */
-  (void)PyCapsule_SetContext(cap, b);
+  (void)PyCapsule_SetContext(cap, (void *)b->serial);
   return cap;
+}
+
+PyObject *dlb__legacy_capsule_of(PyObject *owner, const DLTensor *view) {
+  dlb_error err;
+  void *m = NULL;
+  if (export_block_make(owner, view, 0, 0, 0, &m, &err) != DLB_OK)
+    return dlb__raise(&err);
+  return capsule_of(m, 0);
 }
 
 /* A zero-copy export of self in a capsule; copied: self is a copy made for

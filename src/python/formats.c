@@ -7,7 +7,9 @@
  * Not yet one rule each (issue 7, section 2): a Py_buffer is read into a
  * DLTensor here for owning imports (dlb__dltensor_from_buffer, called by
  * readers.c) and a second time by views.c's view_buffer for borrowed views,
- * with a different request strategy.
+ * with a different request strategy.  Both convert its byte strides with
+ * the one rule every reader of byte strides shares (dlb__elem_strides,
+ * dlbridge_py.h).
  */
 #include "dlbridge_py.h"
 
@@ -103,22 +105,13 @@ int dlb__typestr_dtype(PyObject *ts, DLDataType *out) {
 
 /* ---- Py_buffer -> DLTensor ------------------------------------------------------- */
 
-/* Fill shape/strides (elements) from byte strides; BufferError when a byte
- * stride is not a multiple of the itemsize (B31). */
-static int elem_strides(int ndim, const Py_ssize_t *bstrides, Py_ssize_t itemsize,
-                        int64_t *strides, const char *what) {
-  for (int i = 0; i < ndim; i++) {
-    if (bstrides[i] % itemsize != 0) {
-      PyErr_Format(PyExc_BufferError,
-                   "from_dlpack: %s stride %zd of dimension %d is not a "
-                   "multiple of the itemsize %zd; DLPack strides count "
-                   "elements",
-                   what, bstrides[i], i, itemsize);
-      return -1;
-    }
-    strides[i] = bstrides[i] / itemsize;
-  }
-  return 0;
+int dlb__raise_stride_not_multiple(const char *what, const int64_t *bstrides,
+                                   int dim, int64_t itemsize) {
+  PyErr_Format(PyExc_BufferError,
+               "%s stride %lld of dimension %d is not a multiple of the "
+               "itemsize %lld; DLPack strides count elements",
+               what, (long long)bstrides[dim], dim, (long long)itemsize);
+  return -1;
 }
 
 /* Build the DLTensor for a Py_buffer (CPU). */
@@ -154,8 +147,11 @@ int dlb__dltensor_from_buffer(const Py_buffer *b, DLTensor *t, int64_t *shape,
     }
     t->shape = shape;
     if (b->strides != NULL) {
-      if (elem_strides(b->ndim, b->strides, b->itemsize, strides, "buffer") < 0)
-        return -1;
+      const int64_t *bs = (const int64_t *)b->strides;
+      int bad = dlb__elem_strides(b->ndim, shape, bs, b->itemsize, strides);
+      if (bad >= 0)
+        return dlb__raise_stride_not_multiple("from_dlpack: buffer", bs, bad,
+                                              b->itemsize);
       t->strides = strides;
     } /* else: C-contiguous, which NULL strides mean */
   }

@@ -1529,7 +1529,10 @@ static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
   int nin = fn->nin, nout = fn->nout, nmut = 0;
   DLTensor *ts = NULL, **argv = NULL;
   int64_t *shapes = NULL;
-  seq = PySequence_Fast(specs, "_result_specs() takes a sequence of specs");
+  /* A list is read from a copy: another thread may change it meanwhile. */
+  seq = PyList_Check(specs)
+            ? PyList_AsTuple(specs)
+            : PySequence_Fast(specs, "_result_specs() takes a sequence of specs");
   if (seq == NULL) goto cleanup;
   if (PySequence_Fast_GET_SIZE(seq) != nin) {
     nargs_error(fn, PySequence_Fast_GET_SIZE(seq));

@@ -151,6 +151,13 @@ static PyMethodDef module_methods[] = {
      "from_dlpack(obj, /, *, device=None, copy=None) -> Tensor\n\nA Tensor "
      "viewing the memory of any tensor-like object, without copying unless "
      "asked or needed."},
+    {"convert", (PyCFunction)(void (*)(void))dlb__py_convert,
+     METH_FASTCALL | METH_KEYWORDS,
+     "convert(obj, to, *, copy=None, device=None) -> object\n\nobj as a "
+     "tensor of framework `to` (a name such as 'torch', a type, or an "
+     "object of the framework), sharing memory whenever that framework can "
+     "hold it safely and copying otherwise (copy=None); copy=False shares or "
+     "raises BufferError, copy=True always copies; device= moves it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,9 +3,12 @@
  * can arrive by is read here, in one place, into an owned, validated
  * DLManagedTensorVersioned (0, or -1 with an exception and nothing owned):
  *   - DLPack capsules, "dltensor_versioned" / "dltensor" (dlb__consume_capsule);
- *   - __dlpack__ / __dlpack_device__, versioned first, then without the
- *     2023.12 keywords on TypeError; what copy= and dl_device= asked is then
- *     done by import.c (dlb__dunder_dlpack_managed);
+ *   - __dlpack__ / __dlpack_device__, versioned first, then without
+ *     dl_device= and copy=True when the producer cannot honour them, then
+ *     without the 2023.12 keywords on TypeError; what copy= and dl_device=
+ *     asked is then done by import.c (dlb__dunder_dlpack_managed);
+ *   - TensorFlow's eager tensors through TF's own capsule export, which
+ *     their __dlpack__ wraps (dlb__tf_eager_managed);
  *   - legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
  *     MXNet's obj.to_dlpack_for_write() / to_dlpack_for_read() (the latter
  *     imported read-only), and tensorflow.experimental.dlpack.to_dlpack(obj)
@@ -189,7 +192,16 @@ int dlb__consume_capsule(PyObject *cap, DLManagedTensorVersioned **out) {
 
 /* ---- c. __dlpack__ ---------------------------------------------------------- */
 
-/* Read a (device_type, device_id) pair from __dlpack_device__'s result. */
+/* Device types whose memory is the host's own, one space per process:
+ * there a device id says nothing, and a producer that gives None for it
+ * (PaddlePaddle 3.3: (kDLCPU, None)) means 0. */
+static int is_host_device_type(int64_t type) {
+  return type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost;
+}
+
+/* Read a (device_type, device_id) pair from __dlpack_device__'s result:
+ * the type as dlb__device_type_int reads it (an int, an IntEnum, a plain
+ * Enum with an int value), the id an int, or None on a host device. */
 static int parse_device_pair(PyObject *r, DLDevice *out) {
   if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
     PyErr_Format(PyExc_TypeError,
@@ -198,13 +210,41 @@ static int parse_device_pair(PyObject *r, DLDevice *out) {
                  Py_TYPE(r)->tp_name);
     return -1;
   }
-  int64_t type, id;
-  if (dlb__read_int64(PyTuple_GET_ITEM(r, 0),
-                      "from_dlpack: __dlpack_device__() device type",
-                      &type) < 0 ||
-      dlb__read_int64(PyTuple_GET_ITEM(r, 1),
-                      "from_dlpack: __dlpack_device__() device id", &id) < 0)
+  PyObject *ot = PyTuple_GET_ITEM(r, 0), *oi = PyTuple_GET_ITEM(r, 1);
+  int64_t type, id = 0;
+  PyObject *tv = dlb__device_type_int(ot);
+  if (tv == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_Format(PyExc_TypeError,
+                   "from_dlpack: __dlpack_device__() returned %R: the device "
+                   "type must be an int or an enum.Enum member with an int "
+                   "value, not %.200s",
+                   r, Py_TYPE(ot)->tp_name);
     return -1;
+  }
+  int rc = dlb__read_int64(tv, "from_dlpack: __dlpack_device__() device type",
+                           &type);
+  Py_DECREF(tv);
+  if (rc < 0) return -1;
+  if (oi == Py_None) {
+    if (!is_host_device_type(type)) {
+      PyErr_Format(PyExc_BufferError,
+                   "from_dlpack: __dlpack_device__() returned %R: a device "
+                   "id of None is read as 0 only for host memory (CPU, "
+                   "CUDA host, ROCm host); device type %lld needs an id",
+                   r, (long long)type);
+      return -1;
+    }
+  } else if (!PyLong_Check(oi) && !PyIndex_Check(oi)) {
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: __dlpack_device__() returned %R: the device id "
+                 "must be an int, not %.200s",
+                 r, Py_TYPE(oi)->tp_name);
+    return -1;
+  } else if (dlb__read_int64(oi, "from_dlpack: __dlpack_device__() device id",
+                             &id) < 0) {
+    return -1;
+  }
   if (type < INT32_MIN || type > INT32_MAX || id < 0 || id > INT32_MAX) {
     PyErr_Format(PyExc_BufferError,
                  "from_dlpack: __dlpack_device__() returned (%lld, %lld), "
@@ -217,23 +257,90 @@ static int parse_device_pair(PyObject *r, DLDevice *out) {
   return 0;
 }
 
-/* Shared with views.c (DLB_KIND_DLPACK views): call __dlpack__ with the
- * negotiation below and take ownership of what it returns.  0 with *out
- * owned and validated, -1 with an exception. */
-int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
-                               const DLDevice *target, int copy,
-                               DLManagedTensorVersioned **out) {
-  int result = -1;
-  PyObject *cap = NULL, *dev_res = NULL;
-  PyObject *kwnames = NULL, *stream = NULL, *dl_device = NULL;
+/* The keywords a __dlpack__ call may carry, as a mask. */
+enum {
+  KW_MAX_VERSION = 1u << 0,
+  KW_STREAM = 1u << 1,
+  KW_DL_DEVICE = 1u << 2,
+  KW_COPY = 1u << 3,
+};
+
+/* obj.__dlpack__() with the keywords in mask (values: stream, dl_device,
+ * copy 0/1); a new reference, or NULL with the producer's exception. */
+static PyObject *call_dunder(dlb_module_state *st, PyObject *obj,
+                             unsigned mask, PyObject *stream,
+                             PyObject *dl_device, int copy) {
   /* buf[0] is the spare slot PY_VECTORCALL_ARGUMENTS_OFFSET lets the
    * callee borrow; args[0] is self, then the keyword values. */
   PyObject *buf[6];
   PyObject **args = buf + 1;
   PyObject *names[4];
+  Py_ssize_t nkw = 0;
+  args[0] = obj;
+  if (mask & KW_MAX_VERSION) {
+    args[1 + nkw] = st->max_version_tuple;
+    names[nkw++] = st->str_max_version;
+  }
+  if (mask & KW_STREAM) {
+    args[1 + nkw] = stream;
+    names[nkw++] = st->str_stream;
+  }
+  if (mask & KW_DL_DEVICE) {
+    args[1 + nkw] = dl_device;
+    names[nkw++] = st->str_dl_device;
+  }
+  if (mask & KW_COPY) {
+    args[1 + nkw] = copy ? Py_True : Py_False;
+    names[nkw++] = st->str_copy;
+  }
+  if (nkw == 0) return PyObject_CallMethodNoArgs(obj, st->str_dlpack);
+  PyObject *kwnames = PyTuple_New(nkw);
+  if (kwnames == NULL) return NULL;
+  for (Py_ssize_t i = 0; i < nkw; i++)
+    PyTuple_SET_ITEM(kwnames, i, Py_NewRef(names[i]));
+  PyObject *cap = PyObject_VectorcallMethod(
+      st->str_dlpack, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+  Py_DECREF(kwnames);
+  return cap;
+}
+
+/* After a failed call with `mask`, ask again with `retry` (a subset), the
+ * retry's error (if any) carrying the first as its __context__. */
+static PyObject *call_dunder_again(dlb_module_state *st, PyObject *obj,
+                                   unsigned retry, PyObject *stream,
+                                   PyObject *dl_device, int copy) {
+  dlb__saved_error first;
+  dlb__error_save(&first);
+  PyObject *cap = call_dunder(st, obj, retry, stream, dl_device, copy);
+  if (cap == NULL)
+    dlb__error_chain_context(&first);
+  else
+    dlb__error_discard(&first);
+  return cap;
+}
+
+/* Shared with views.c (DLB_KIND_DLPACK views): call __dlpack__ with the
+ * negotiation below and take ownership of what it returns.  0 with *out
+ * owned and validated, -1 with an exception.
+ *
+ * The ladder (docs/decisions.md, "Keywords producers refuse"): first every
+ * keyword that applies (max_version, the stream, dl_device, copy).  A
+ * producer that cannot honour dl_device= or copy=True -- any exception
+ * but MemoryError: TensorFlow 2.21 raises RuntimeError for copy=True -- is
+ * asked again without those two, since dlbridge then moves or copies the
+ * data itself (import.c's plan()) and nothing asked for is lost; copy=False
+ * is never dropped this way (a producer that cannot share must say so).  A
+ * TypeError (a producer older than the 2023.12 keywords) is then asked once
+ * more with the stream alone, which the old signature had. */
+int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
+                               const DLDevice *target, int copy,
+                               DLManagedTensorVersioned **out) {
+  int result = -1;
+  PyObject *cap = NULL, *dev_res = NULL;
+  PyObject *stream = NULL, *dl_device = NULL;
   DLDevice src = {kDLCPU, 0};
   int have_src = 0;
-  Py_ssize_t nkw = 0;
+  unsigned mask = KW_MAX_VERSION;
 
   /* As the array API does: the device first, to choose stream and target.
    * Its errors (BufferError above all) propagate.  A producer without it
@@ -242,6 +349,15 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
     dev_res = PyObject_CallMethodNoArgs(obj, st->str_dlpack_device);
     if (dev_res == NULL) goto cleanup;
     if (parse_device_pair(dev_res, &src) < 0) goto cleanup;
+    /* A device DLPack does not define would be refused in the capsule
+     * anyway: say so before the producer exports (or copies) anything. */
+    if (!dlb_device_type_known((int32_t)src.device_type)) {
+      PyErr_Format(PyExc_BufferError,
+                   "from_dlpack: __dlpack_device__() returned %R: device "
+                   "type %d is not a DLPack device type",
+                   dev_res, (int)src.device_type);
+      goto cleanup;
+    }
     have_src = 1;
   }
 
@@ -251,21 +367,13 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
     /* dlbridge's current stream (dlb.stream; 1, the legacy stream, by
      * default): the producer orders its work before it. */
     stream = dlb__stream_current_object();
+    if (stream == NULL) goto cleanup;
   } else if (have_src && src.device_type == kDLROCM) {
     stream = PyLong_FromLong(0); /* ROCm's default stream */
+    if (stream == NULL) goto cleanup;
   }
-  if (have_src && (src.device_type == kDLCUDA || src.device_type == kDLCUDAManaged ||
-                   src.device_type == kDLROCM) &&
-      stream == NULL)
-    goto cleanup;
+  if (stream != NULL) mask |= KW_STREAM;
 
-  args[0] = obj;
-  args[1 + nkw] = st->max_version_tuple;
-  names[nkw++] = st->str_max_version;
-  if (stream != NULL) {
-    args[1 + nkw] = stream;
-    names[nkw++] = st->str_stream;
-  }
   /* dl_device only when the data has to move: asking a producer for the
    * device it is already on gains nothing and trips old producers.  Moves
    * from or to CUDA memory, and copies of it, are dlbridge's own (import.c
@@ -274,54 +382,35 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
   int we_copy = (have_src && dlb__is_cuda_device(src)) ||
                 (target != NULL && dlb__is_cuda_device(*target));
   if (we_copy && copy == 1) copy = -1;
-  int asked_device = !we_copy && target != NULL &&
-                     !(have_src && dlb__same_device(*target, src));
-  if (asked_device) {
+  if (!we_copy && target != NULL &&
+      !(have_src && dlb__same_device(*target, src))) {
     dl_device = Py_BuildValue("(ii)", (int)target->device_type,
                               (int)target->device_id);
     if (dl_device == NULL) goto cleanup;
-    args[1 + nkw] = dl_device;
-    names[nkw++] = st->str_dl_device;
+    mask |= KW_DL_DEVICE;
   }
-  if (copy >= 0) {
-    args[1 + nkw] = copy ? Py_True : Py_False;
-    names[nkw++] = st->str_copy;
-  }
-  kwnames = PyTuple_New(nkw);
-  if (kwnames == NULL) goto cleanup;
-  for (Py_ssize_t i = 0; i < nkw; i++)
-    PyTuple_SET_ITEM(kwnames, i, Py_NewRef(names[i]));
+  if (copy >= 0) mask |= KW_COPY;
 
-  cap = PyObject_VectorcallMethod(st->str_dlpack, args,
-                                  1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
-  if (cap == NULL) {
-    /* Fall back to the pre-2023.12 signature on TypeError.  Nothing the
-     * caller asked for is lost by it (B57, B58): the old protocol exports
-     * without copying and where the data is, so import.c's plan() then does
-     * what copy= and dl_device= asked -- copies for copy=True or another
-     * device (a legacy capsule never says IS_COPIED), and refuses
-     * copy=False only when the capsule says it was copied. */
-    if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto cleanup;
-    dlb__saved_error first;
-    dlb__error_save(&first);
-    if (stream != NULL) {
-      /* stream was in the old signature too. */
-      PyObject *kw = PyTuple_Pack(1, st->str_stream);
-      if (kw != NULL) {
-        args[1] = stream;
-        cap = PyObject_VectorcallMethod(st->str_dlpack, args,
-                                        1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw);
-        Py_DECREF(kw);
-      }
-    } else {
-      cap = PyObject_CallMethodNoArgs(obj, st->str_dlpack);
-    }
-    if (cap == NULL) {
-      dlb__error_chain_context(&first); /* the retry's error, with the first */
-      goto cleanup;
-    }
-    dlb__error_discard(&first);
+  cap = call_dunder(st, obj, mask, stream, dl_device, copy);
+  if (cap == NULL && ((mask & KW_DL_DEVICE) || copy == 1) && copy != 0 &&
+      !PyErr_ExceptionMatches(PyExc_TypeError) &&
+      PyErr_ExceptionMatches(PyExc_Exception) &&
+      !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+    /* A request the producer cannot carry out, which dlbridge can. */
+    mask &= ~(unsigned)(KW_DL_DEVICE | KW_COPY);
+    cap = call_dunder_again(st, obj, mask, stream, dl_device, copy);
   }
+  if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+    /* The pre-2023.12 signature.  Nothing the caller asked for is lost by
+     * it (B57, B58): the old protocol exports without copying and where
+     * the data is, so import.c's plan() then does what copy= and dl_device=
+     * asked -- copies for copy=True or another device (a legacy capsule
+     * never says IS_COPIED), and refuses copy=False only when the capsule
+     * says it was copied. */
+    cap = call_dunder_again(st, obj, mask & KW_STREAM, stream, dl_device,
+                            copy);
+  }
+  if (cap == NULL) goto cleanup;
   if (!PyCapsule_CheckExact(cap)) {
     PyErr_Format(PyExc_TypeError,
                  "from_dlpack: __dlpack__() returned %.200s, not a DLPack "
@@ -341,10 +430,55 @@ cleanup:
     Py_XDECREF(cap);
     Py_XDECREF(dev_res);
   }
-  Py_XDECREF(kwnames);
   Py_XDECREF(stream);
   Py_XDECREF(dl_device);
   return result;
+}
+
+/* ---- c'. TensorFlow's eager tensors -------------------------------------------- */
+
+/* TensorFlow's DT_STRING, DT_RESOURCE and DT_VARIANT: not plain memory,
+ * and TFE_ToDlpackCapsule fails a CHECK (abort) on them. */
+static int tf_dtype_aborts(long dt) { return dt == 7 || dt == 20 || dt == 21; }
+
+int dlb__tf_eager_managed(const dlb_handler *h, PyObject *obj,
+                          DLManagedTensorVersioned **out) {
+  /* Held: the calls run Python code, and h is only borrowed. */
+  PyObject *fn = Py_NewRef(h->to_capsule);
+  PyObject *dtype_enum = Py_NewRef(h->dtype_enum);
+  PyObject *cap = NULL, *e = PyObject_CallOneArg(dtype_enum, obj);
+  Py_DECREF(dtype_enum);
+  long dt = e != NULL ? PyLong_AsLong(e) : -1;
+  Py_XDECREF(e);
+  if (dt == -1 && PyErr_Occurred()) {
+    Py_DECREF(fn);
+    return -1;
+  }
+  if (tf_dtype_aborts(dt)) {
+    Py_DECREF(fn);
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: a TensorFlow tensor of dtype %s has no "
+                 "DLPack form (TensorFlow would abort the process exporting "
+                 "it)",
+                 dt == 7 ? "string" : dt == 20 ? "resource" : "variant");
+    return -1;
+  }
+  cap = PyObject_CallOneArg(fn, obj);
+  Py_DECREF(fn);
+  if (cap == NULL) return -1;
+  int rc = -1;
+  if (!PyCapsule_CheckExact(cap))
+    PyErr_Format(PyExc_TypeError,
+                 "from_dlpack: TensorFlow's TFE_ToDlpackCapsule returned "
+                 "%.200s, not a DLPack PyCapsule",
+                 Py_TYPE(cap)->tp_name);
+  else
+    rc = dlb__consume_capsule(cap, out);
+  if (rc < 0)
+    dlb__clear_keep_error(&cap);
+  else
+    Py_DECREF(cap);
+  return rc;
 }
 
 /* ---- e. legacy producers ------------------------------------------------------ */
@@ -652,16 +786,13 @@ int dlb__array_interface_dict_managed(PyObject *obj, PyObject *ai, int cuda,
                    ns, nd);
       goto error;
     }
-    for (int i = 0; i < nd; i++) {
-      if (bstrides[i] % itemsize != 0) {
-        PyErr_Format(PyExc_BufferError,
-                     "from_dlpack: %s stride %lld of dimension %d is not a "
-                     "multiple of the itemsize %lld; DLPack strides count "
-                     "elements",
-                     which, (long long)bstrides[i], i, (long long)itemsize);
-        goto error;
-      }
-      strides[i] = bstrides[i] / itemsize;
+    int bad = dlb__elem_strides(nd, shape, bstrides, itemsize, strides);
+    if (bad >= 0) {
+      dlb__raise_stride_not_multiple(
+          cuda ? "from_dlpack: __cuda_array_interface__"
+               : "from_dlpack: __array_interface__",
+          bstrides, bad, itemsize);
+      goto error;
     }
     t.strides = nd > 0 ? strides : NULL;
   }
@@ -781,8 +912,16 @@ int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
                     int copy, DLManagedTensorVersioned **out) {
   int found;
 
-  if (dlb__type_has(Py_TYPE(obj), st->str_dlpack))
+  if (dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
+    /* TensorFlow's eager tensors: its own export, which __dlpack__() would
+     * call (handlers.c checked that); what copy= and device= ask is done by
+     * the caller, as for any producer that shares without copying. */
+    const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
+    if (h == NULL) return -1;
+    if (h->kind == DLB_KIND_TF_EAGER)
+      return dlb__tf_eager_managed(h, obj, out) < 0 ? -1 : 1;
     return dlb__dunder_dlpack_managed(st, obj, target, copy, out) < 0 ? -1 : 1;
+  }
   if (PyCapsule_CheckExact(obj))
     return dlb__consume_capsule(obj, out) < 0 ? -1 : 1;
   found = dlb__legacy_producer_managed(st, obj, out);

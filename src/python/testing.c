@@ -178,6 +178,10 @@ static int get_view(dlb_module_state *st, PyObject *obj, unsigned options,
     PyErr_SetString(PyExc_TypeError, "the type has no exchange table");
     return -1;
   }
+  if (k == DLB_KIND_TF_EAGER && h->to_capsule == NULL) {
+    PyErr_SetString(PyExc_TypeError, "not a TensorFlow eager tensor");
+    return -1;
+  }
   return dlb__view_fill(st, obj, options, h, k, v);
 }
 

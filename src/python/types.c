@@ -475,6 +475,29 @@ static Py_hash_t device_hash(PyObject *self) {
 
 /* Read an int that must fit int32; 1 ok, 0 not an int / out of range (no
  * exception), -1 error. */
+PyObject *dlb__device_type_int(PyObject *o) {
+  if (PyLong_Check(o) || PyIndex_Check(o)) return PyNumber_Index(o);
+  /* enum is never imported here: an Enum member exists only once it is. */
+  PyObject *name = PyUnicode_FromString("enum");
+  if (name == NULL) return NULL;
+  PyObject *mod = PyImport_GetModule(name);
+  Py_DECREF(name);
+  if (mod == NULL) return NULL;
+  PyObject *enum_type = PyObject_GetAttrString(mod, "Enum");
+  Py_DECREF(mod);
+  if (enum_type == NULL) return NULL;
+  int is_enum = PyObject_IsInstance(o, enum_type);
+  Py_DECREF(enum_type);
+  if (is_enum <= 0) return NULL;
+  PyObject *value = PyObject_GetAttrString(o, "value");
+  if (value == NULL) return NULL;
+  PyObject *res = PyLong_Check(value) || PyIndex_Check(value)
+                      ? PyNumber_Index(value)
+                      : NULL;
+  Py_DECREF(value);
+  return res;
+}
+
 static int as_int32(PyObject *o, int32_t *out) {
   if (!PyLong_Check(o)) return 0;
   int overflow = 0;
@@ -578,7 +601,12 @@ int dlb__device_converter(dlb_module_state *st, PyObject *obj,
       return -1;
     }
     PyObject *ot = PyTuple_GET_ITEM(obj, 0), *oi = PyTuple_GET_ITEM(obj, 1);
-    if (!PyLong_Check(ot) || !PyLong_Check(oi)) {
+    /* The type as __dlpack_device__() gives it (an Enum member too), so
+     * dlb.device(x.__dlpack_device__()) names x's device. */
+    PyObject *tv = dlb__device_type_int(ot);
+    if (tv == NULL && PyErr_Occurred()) return -1;
+    if (tv == NULL || !PyLong_Check(oi)) {
+      Py_XDECREF(tv);
       PyErr_Format(PyExc_TypeError,
                    "a device tuple holds two ints (device_type, device_id), "
                    "got (%.100s, %.100s)",
@@ -586,7 +614,8 @@ int dlb__device_converter(dlb_module_state *st, PyObject *obj,
       return -1;
     }
     int32_t t, i;
-    int r = as_int32(ot, &t);
+    int r = as_int32(tv, &t);
+    Py_DECREF(tv);
     if (r < 0) return -1;
     if (r == 0 || !dlb_device_type_known(t)) {
       PyErr_Format(PyExc_ValueError,

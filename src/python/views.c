@@ -29,17 +29,11 @@ static int view_numpy(struct dlb_handler_cache *c, PyObject *obj, dlb_view *v) {
     PyErr_Format(PyExc_BufferError, "numpy array ndim %d is out of range", nd);
     return -1;
   }
-  for (int i = 0; i < nd; i++) {
-    int64_t s = a->strides[i];
-    if (s % itemsize != 0) {
-      PyErr_Format(PyExc_BufferError,
-                   "numpy array stride %lld of dimension %d is not a multiple "
-                   "of the itemsize %lld; DLPack strides count elements",
-                   (long long)s, i, (long long)itemsize);
-      return -1;
-    }
-    v->strides_storage[i] = s / itemsize;
-  }
+  const int64_t *bs = (const int64_t *)a->strides;
+  int bad = dlb__elem_strides(nd, (const int64_t *)a->dimensions, bs,
+                              itemsize, v->strides_storage);
+  if (bad >= 0)
+    return dlb__raise_stride_not_multiple("numpy array", bs, bad, itemsize);
   v->t.data = a->data;
   v->t.device.device_type = kDLCPU;
   v->t.device.device_id = 0;
@@ -90,16 +84,11 @@ static int view_buffer(PyObject *obj, unsigned options, dlb_view *v) {
       v->t.shape = (int64_t *)b->shape;
     }
     if (b->strides != NULL) {
-      for (int i = 0; i < b->ndim; i++) {
-        if (b->strides[i] % b->itemsize != 0) {
-          PyErr_Format(PyExc_BufferError,
-                       "buffer stride %zd of dimension %d is not a multiple "
-                       "of the itemsize %zd; DLPack strides count elements",
-                       b->strides[i], i, b->itemsize);
-          return -1;
-        }
-        v->strides_storage[i] = b->strides[i] / b->itemsize;
-      }
+      const int64_t *bs = (const int64_t *)b->strides;
+      int bad = dlb__elem_strides(b->ndim, v->t.shape, bs, b->itemsize,
+                                  v->strides_storage);
+      if (bad >= 0)
+        return dlb__raise_stride_not_multiple("buffer", bs, bad, b->itemsize);
     } else if (dlb_strides_row_major(b->ndim, v->t.shape, v->strides_storage,
                                      NULL) != DLB_OK) {
       PyErr_SetString(PyExc_BufferError, "buffer shape is invalid");
@@ -251,6 +240,15 @@ int dlb__view_fill(dlb_module_state *st, PyObject *obj, unsigned options,
       break;
     case DLB_KIND_BUFFER_DLPACK:
       rc = view_buffer_dlpack_out_of_line(st, obj, options, v);
+      break;
+    case DLB_KIND_TF_EAGER:
+      /* TF's export shares without copying, so a writable view writes the
+       * caller's tensor, as DLB_KIND_DLPACK's copy=False asks. */
+      rc = dlb__tf_eager_managed(h, obj, &v->owned);
+      if (rc == 0) {
+        v->t = v->owned->dl_tensor;
+        v->flags = v->owned->flags;
+      }
       break;
     case DLB_KIND_ARRAY_INTERFACE:
     case DLB_KIND_CUDA_ARRAY_INTERFACE:

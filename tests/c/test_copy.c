@@ -633,6 +633,31 @@ static void test_subbyte(void) {
   CHECK_EQ(dlb_copy(&dd, &ss, &err), DLB_EUNSUPPORTED);
   CHECK_MSG(err, "sub-byte");
   CHECK_MSG(err, "src");
+
+  /* Packed int2 (onnxruntime's): 7 elements are 14 bits, 2 bytes; a stride
+   * on the extent-1 dim does not make it strided.  Byte 3 stays. */
+  unsigned char c[3] = {0xE4, 0x1B, 0xAA}, e[3] = {0, 0, 0x55};
+  int64_t sh17[2] = {1, 7}, st17[2] = {99, 1};
+  DLDataType i2 = {kDLInt, 2, 1}, u1 = {kDLUInt, 1, 1};
+  DLTensor s2 = {c, CPU, 2, i2, sh17, NULL, 0};
+  DLTensor d2 = {e, CPU, 2, i2, sh17, st17, 0};
+  CHECK_EQ(dlb_copy(&d2, &s2, NULL), DLB_OK);
+  CHECK_EQ(e[0], 0xE4);
+  CHECK_EQ(e[1], 0x1B);
+  CHECK_EQ(e[2], 0x55);
+  /* uint1: 9 bits are 2 bytes. */
+  int64_t sh9[1] = {9};
+  DLTensor s1 = {c, CPU, 1, u1, sh9, NULL, 0};
+  DLTensor d1 = {e, CPU, 1, u1, sh9, NULL, 0};
+  e[0] = e[1] = 0;
+  CHECK_EQ(dlb_copy(&d1, &s1, NULL), DLB_OK);
+  CHECK_EQ(e[0], 0xE4);
+  CHECK_EQ(e[1], 0x1B);
+  CHECK_EQ(e[2], 0x55);
+  DLTensor s1s = {c, CPU, 1, u1, sh3, st, 0};
+  DLTensor d1s = {e, CPU, 1, u1, sh3, NULL, 0};
+  CHECK_EQ(dlb_copy(&d1s, &s1s, &err), DLB_EUNSUPPORTED);
+  CHECK_MSG(err, "sub-byte elements (1 bits x 1 lanes)");
 }
 
 static void test_errors(void) {

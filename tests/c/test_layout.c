@@ -439,6 +439,14 @@ static void test_byte_span(void) {
   SPAN(1, s0, st2, I4, 0, 0);
   /* Two nibbles per element are a whole byte: strided is fine. */
   SPAN(1, s3, st2, dt(0, 4, 2), 0, 5);
+  /* int2 and uint1: packed, compact only. */
+  SPAN(1, s3, NULL, dt(0, 2, 1), 0, 1);
+  SPAN(1, s3, st1, dt(1, 1, 1), 0, 1);
+  int64_t s9[] = {9};
+  SPAN(1, s9, NULL, dt(1, 1, 1), 0, 2);
+  SPAN(2, s41, st17, dt(0, 2, 1), 0, 1);
+  SPAN_FAIL(1, s3, st2, dt(0, 2, 1), DLB_EUNSUPPORTED, "sub-byte dtype int2");
+  SPAN(1, s3, st2, dt(0, 2, 4), 0, 5);
 
   SPAN_FAIL(1, s3, st1, dt(2, 32, 0), DLB_EINVAL, "zero-size");
   int64_t sneg[] = {-1};

@@ -243,6 +243,17 @@ static void test_padded_subbyte(void) {
   dlb_managed_delete(packed);
   dlb_managed_delete(padded);
   CHECK_EQ(tag.frees, 2);
+  /* 5 int2: 2 bytes packed, 5 padded. */
+  DLDataType i2 = {kDLInt, 2, 1};
+  packed = padded = NULL;
+  CHECK_EQ(dlb_managed_zeros(1, shape, i2, CPU, false, &packed, NULL), DLB_OK);
+  packed_size = tag.last_size;
+  CHECK_EQ(dlb_managed_zeros(1, shape, i2, CPU, true, &padded, NULL), DLB_OK);
+  padded_size = tag.last_size;
+  CHECK_EQ(padded_size - packed_size, 3);
+  dlb_managed_delete(packed);
+  dlb_managed_delete(padded);
+  CHECK_EQ(tag.frees, 4);
   failing_allocator_remove();
 }
 

@@ -239,6 +239,36 @@ static void test_dtype_checks(void) {
   t = tensor(1, s3, st2);
   t.dtype = dt(0, 4, 2);
   OK(&t, 0);
+
+  /* 1- and 2-bit integers (onnxruntime's int2/uint2): packed, contiguous
+   * only, like int4.  int2x4 and uint1x8 fill whole bytes. */
+  t = tensor(1, s3, st2);
+  t.dtype = dt(0, 2, 1);
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "sub-byte dtype int2 in a non-contiguous");
+  t.dtype = dt(1, 1, 1);
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "sub-byte dtype uint1 in a non-contiguous");
+  t.dtype = dt(0, 2, 4);
+  OK(&t, 0);
+  t.dtype = dt(1, 1, 8);
+  OK(&t, 0);
+  int64_t st1[] = {1};
+  t = tensor(1, s3, st1);
+  t.dtype = dt(0, 2, 1);
+  OK(&t, 0);
+  t.dtype = dt(1, 1, 3);
+  OK(&t, 0);
+  /* Other integer widths only in whole bytes: int24, int12x2, never int3
+   * or int12 alone. */
+  t.dtype = dt(0, 24, 1);
+  OK(&t, 0);
+  t.dtype = dt(1, 12, 2);
+  OK(&t, 0);
+  t.dtype = dt(0, 3, 1);
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "code 0, bits 3, lanes 1");
+  t.dtype = dt(1, 12, 1);
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "uint allows 1, 2 or 4 bits");
+  t.dtype = dt(0, 0, 8);
+  FAIL(&t, 0, DLB_EUNSUPPORTED, "code 0, bits 0, lanes 8");
 }
 
 static void test_device_checks(void) {
@@ -406,16 +436,6 @@ typedef struct {
 
 static const ref_dtype_entry ref_dtype_table[] = {
     {"bool", kDLBool, 8},
-    {"int4", kDLInt, 4},
-    {"int8", kDLInt, 8},
-    {"int16", kDLInt, 16},
-    {"int32", kDLInt, 32},
-    {"int64", kDLInt, 64},
-    {"uint4", kDLUInt, 4},
-    {"uint8", kDLUInt, 8},
-    {"uint16", kDLUInt, 16},
-    {"uint32", kDLUInt, 32},
-    {"uint64", kDLUInt, 64},
     {"float16", kDLFloat, 16},
     {"float32", kDLFloat, 32},
     {"float64", kDLFloat, 64},
@@ -472,7 +492,18 @@ static int ref_dtype_check(DLDataType dtype, dlb_error *err) {
                          "dtype (code %u, bits %u, lanes %u): unknown type "
                          "code %u (known codes are 0-17)",
                          code, bits, lanes, code);
-  if (ref_find_entry(dtype.code, dtype.bits) == NULL) {
+  /* Integers: 1, 2 or 4 bits (packed), or any bits with bits x lanes a
+   * whole number of bytes; written apart from dtype.c, from the rule. */
+  if (code <= 1) {
+    bool sub = bits == 1 || bits == 2 || bits == 4;
+    bool whole = bits > 0 && (bits * lanes) % 8 == 0;
+    if (!sub && !whole)
+      return dlb_error_set(err, DLB_EUNSUPPORTED,
+                           "dtype (code %u, bits %u, lanes %u): %s allows 1, "
+                           "2 or 4 bits, or bits that make bits x lanes a "
+                           "multiple of 8",
+                           code, bits, lanes, ref_code_names[code]);
+  } else if (ref_find_entry(dtype.code, dtype.bits) == NULL) {
     /* List what the code does allow so the producer's bug is obvious. */
     char allowed[64];
     size_t used = 0;
@@ -949,7 +980,7 @@ static void test_differential(void) {
 /* Every (code, bits) pair and several lane counts: the lookup table of the
  * fast dtype check must agree with dtype.c's table. */
 static void test_differential_dtype(void) {
-  static const unsigned lanes[] = {0, 1, 2, 65535};
+  static const unsigned lanes[] = {0, 1, 2, 8, 65535};
   for (unsigned code = 0; code < 256; code++) {
     for (unsigned bits = 0; bits < 256; bits++) {
       for (size_t l = 0; l < sizeof lanes / sizeof lanes[0]; l++) {

@@ -314,6 +314,59 @@ def test_copies_run_on_the_current_stream():
     """)
 
 
+def test_convert_copies_on_the_device_and_moves_with_device():
+    """dlb.convert on CUDA data (gh-17): what a target cannot share (here
+    read-only, negative-stride data into a stand-in for CuPy, whose arrays
+    cannot be read-only) is copied on the same device, on dlbridge's
+    current stream, into compact writable memory; copy=False refuses;
+    device= moves between the CPU and CUDA."""
+    run("""
+    from dlbridge import _frameworks as fw
+    fw._LOADERS["cupy"] = lambda: (lambda t: t)   # cupy.from_dlpack's place
+    d = dlb.from_dlpack(np.arange(8, dtype=np.float32), device="cuda:0")
+    class ReadOnlyReversed:    # another framework's view, through CAI
+        __cuda_array_interface__ = {
+            "shape": (8,), "typestr": "<f4", "version": 3, "stream": None,
+            "data": (d.data_ptr + 7 * 4, True), "strides": (-4,)}
+    v = dlb.from_dlpack(ReadOnlyReversed())
+    assert v.readonly and v.strides == (-1,)
+    s = new_stream()
+    with dlb.stream(s):
+        clear()
+        r = dlb.convert(ReadOnlyReversed(), "cupy")
+    lines = [l for l in log().splitlines()
+             if l.startswith(("cuMemcpy", "cuLaunchKernel", "cuMemAllocAsync"))]
+    assert lines and all("stream=s1" in l for l in lines), lines
+    assert not calls("cuStreamSynchronize"), log()
+    assert isinstance(r, dlb.Tensor) and r.device == "cuda:0"
+    assert not r.readonly and r.is_contiguous and r.data_ptr != v.data_ptr
+    assert r.tolist() == list(range(7, -1, -1)), r.tolist()
+    try:
+        dlb.convert(ReadOnlyReversed(), "cupy", copy=False)
+    except BufferError as e:
+        assert "read-only" in str(e), e
+    else:
+        raise AssertionError("copy=False copied")
+    h = np.arange(6.0).reshape(2, 3)
+    c = dlb.convert(h, "dlbridge", device="cuda:0")
+    assert c.device == "cuda:0" and host(c).tolist() == h.tolist()
+    n = dlb.convert(c, "numpy", device="cpu")
+    assert isinstance(n, np.ndarray) and n.tolist() == h.tolist()
+    for bad in (lambda: dlb.convert(c, "numpy", device="cpu", copy=False),
+                lambda: dlb.convert(h, "dlbridge", device="cuda:0", copy=False),
+                lambda: dlb.convert(c, "numpy")):
+        try:
+            bad()
+        except BufferError:
+            pass
+        else:
+            raise AssertionError("no BufferError")
+    del r, v, c, n, d
+    import gc; gc.collect()
+    assert fake.dlb_fake_cuda_live_allocations() == 0
+    """)
+
+
 # ---- __cuda_array_interface__ import --------------------------------------------------------
 
 def test_cai_import_device_from_pointer_and_stream_ordering():

@@ -28,7 +28,8 @@ import dlbridge as dlb
 np = pytest.importorskip("numpy")
 core = dlb._core
 
-NONE, TENSOR, EXCHANGE, NUMPY, DLPACK, BUFFER, AI, CAI, BUFFER_DLPACK = range(9)
+NONE, TENSOR, EXCHANGE, NUMPY, DLPACK, BUFFER, AI, CAI, BUFFER_DLPACK, TF_EAGER = \
+    range(10)
 WRITABLE = 1
 
 
@@ -707,6 +708,79 @@ def test_numpy_direct_errors():
         core._exchange_view(object(), 0, 0)
 
 
+# ---- byte strides on dimensions of extent 0 or 1 ---------------------------------
+# One rule for every reader of byte strides (dlb__elem_strides): a stride
+# that is no multiple of the itemsize is refused only where it could lead to
+# another element.  NumPy's own test_dlpack.py::test_size1dims_arrays.
+
+
+def _odd_size1():
+    return [
+        np.ndarray((10, 5, 1), "f8", strides=(8, 80, 4),
+                   buffer=np.arange(50.0)),
+        np.lib.stride_tricks.as_strided(np.arange(4.0), (4, 1), (8, 3)),
+        np.lib.stride_tricks.as_strided(np.arange(4.0), (1, 4), (5, 8)),
+        np.lib.stride_tricks.as_strided(np.arange(4.0), (0, 4), (3, 8)),
+        # not contiguous: NumPy's buffer export keeps the 3 as it is
+        np.lib.stride_tricks.as_strided(np.arange(8.0), (2, 1, 2), (32, 3, 8)),
+    ]
+
+
+class ArrayInterface:
+    """An __array_interface__ owner with exactly the strides it is given."""
+
+    def __init__(self, a):
+        self.a = a
+        self.__array_interface__ = dict(a.__array_interface__,
+                                        strides=a.strides)
+
+
+@pytest.mark.parametrize("i", range(5))
+def test_odd_strides_on_size1_dims_imported(i):
+    a = _odd_size1()[i]
+    expect = tuple(0 if n <= 1 and s % a.itemsize else s // a.itemsize
+                   for n, s in zip(a.shape, a.strides))
+    objs = [a, ArrayInterface(a)]
+    if memoryview(a).strides == a.strides:
+        objs.append(memoryview(a))  # the owning buffer reader
+        v = core._exchange_view(memoryview(a), 0, 0)  # the buffer view
+        assert v["kind"] == BUFFER and v["strides"] == expect
+    for obj in objs:
+        t = dlb.from_dlpack(obj)
+        assert t.shape == a.shape and t.strides == expect
+        assert t.data_ptr == a.ctypes.data
+        # exports of the import describe the same values
+        np.testing.assert_array_equal(np.from_dlpack(t), a)
+        np.testing.assert_array_equal(np.asarray(t), a)
+        np.testing.assert_array_equal(np.asarray(t.copy()), a)
+        if a.size:
+            np.testing.assert_array_equal(np.asarray(memoryview(t)), a)
+    # the borrowed view (Function's reader) and the forced buffer reader
+    v = core._exchange_view(a, 0, 0)
+    assert v["kind"] == NUMPY and v["strides"] == expect
+    assert core._exchange_view(a, 0, BUFFER)["shape"] == a.shape
+
+
+def test_odd_strides_on_size1_dims_through_function(lib):
+    a = _odd_size1()[0]
+    copy = dlb.load(lib, "dlb_kernel_copy",
+                    "copy(x: float64[a, b, c]) -> float64[a, b, c]")
+    np.testing.assert_array_equal(copy(a), a)
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(torch.from_dlpack(dlb.from_dlpack(a)), a)
+
+
+def test_odd_stride_on_a_longer_dim_still_refused():
+    a = np.lib.stride_tricks.as_strided(np.arange(4.0), (4, 2), (8, 3))
+    for obj, what in ((a, "numpy array stride 3 of dimension 1"),
+                      (ArrayInterface(a), "__array_interface__ stride 3 of "
+                                          "dimension 1")):
+        with pytest.raises(BufferError, match=what):
+            dlb.from_dlpack(obj)
+    with pytest.raises(BufferError, match="not a multiple of the itemsize 8"):
+        core._exchange_view(a, 0, 0)
+
+
 def test_buffer_views():
     v = core._exchange_view(bytearray(b"abcd"), 0, 0)
     assert v["shape"] == (4,) and v["strides"] == (1,) and v["flags"] == 0
@@ -797,3 +871,68 @@ def test_to_framework_jax_and_tensorflow():
     z = core._exchange_to_framework(t, dlb.tensor([1.0, 2.0, 3.0],
                                                   dtype="float32"))
     assert isinstance(z, tf.Tensor) and z.numpy().tolist() == [1.0, 2.0, 3.0]
+
+
+# ---- TensorFlow's eager tensors: TF's own capsule export -----------------------
+
+def test_tensorflow_eager_fast_path(lib):
+    tf = pytest.importorskip("tensorflow")
+    x = tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+    kind, fw, _ = core._exchange_handler(x)
+    assert (kind, fw) == (TF_EAGER, "tensorflow")
+    # zero-copy: the very memory TF's own export names
+    shared = dlb.from_dlpack(tf.experimental.dlpack.to_dlpack(x))
+    t = dlb.from_dlpack(x)
+    assert t.data_ptr == shared.data_ptr and t.tolist() == x.numpy().tolist()
+    assert not t.readonly  # a legacy capsule (docs/decisions.md)
+    v = core._exchange_view(x, 0, 0)
+    assert v["kind"] == TF_EAGER and v["owned"] and v["data"] == t.data_ptr
+    # copy=True and device= are carried out here (TF refuses copy=True)
+    c = dlb.from_dlpack(x, copy=True)
+    assert c.data_ptr != t.data_ptr and c.tolist() == t.tolist()
+    assert dlb.from_dlpack(x, device="cpu", copy=False).data_ptr == t.data_ptr
+    # Function arguments take the same path
+    copy = dlb.load(lib, "dlb_kernel_copy",
+                    "copy(x: float32[m, n]) -> float32[m, n]")
+    out = copy(x)
+    assert isinstance(out, tf.Tensor) and out.numpy().tolist() == t.tolist()
+    # what TF cannot export is TF's own error, as through __dlpack__ ...
+    with pytest.raises(Exception, match="not supported by dlpack"):
+        dlb.from_dlpack(tf.cast(tf.constant([1, 2]), tf.as_dtype("int4")))
+    # ... except strings, which TF 2.21 aborts the process on
+    with pytest.raises(BufferError, match="dtype string has no DLPack form"):
+        dlb.from_dlpack(tf.constant(["a"]))
+    with pytest.raises(BufferError, match="dtype string"):
+        copy(tf.constant([["a"]]))
+
+
+def test_tensorflow_patched_dlpack_is_honoured(monkeypatch):
+    # The fast path stands only while __dlpack__ is TF's own: a replaced
+    # method is called (the class's version tag moved, so it is classified
+    # again), and the fast path comes back with the original.
+    tf = pytest.importorskip("tensorflow")
+    x = tf.constant([1.0, 2.0])
+    cls = type(x)
+    assert core._exchange_handler(x)[0] == TF_EAGER
+    calls = []
+    original = cls.__dlpack__
+
+    def patched(self, **kw):
+        calls.append(kw)
+        return original(self, **kw)
+    monkeypatch.setattr(cls, "__dlpack__", patched)
+    assert core._exchange_handler(x)[0] == DLPACK
+    assert dlb.from_dlpack(x).tolist() == [1.0, 2.0] and len(calls) == 1
+    monkeypatch.undo()
+    assert core._exchange_handler(x)[0] == TF_EAGER
+
+
+def test_tensorflow_named_type_without_tf_export_is_plain_dlpack():
+    # A type TensorFlow's module names but whose __dlpack__ is its own.
+    a = np.arange(3.0)
+    Fake = type("EagerTensor", (), {
+        "__module__": "tensorflow.python.framework.ops",
+        "__dlpack__": lambda self, **kw: a.__dlpack__(**kw),
+        "__dlpack_device__": lambda self: (1, 0)})
+    assert core._exchange_handler(Fake())[:2] == (DLPACK, "tensorflow")
+    assert dlb.from_dlpack(Fake()).tolist() == [0.0, 1.0, 2.0]

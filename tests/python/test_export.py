@@ -162,6 +162,61 @@ def test_consumed_capsule_deleter_runs_once():
     assert sys.getrefcount(t) == base
 
 
+def _counting_blocks():
+    """Count the core allocator's live blocks from here on (test hook)."""
+    from dlbridge import _core
+    _core._fail_allocations(-1)
+    return lambda: _core._allocation_stats()["live"]
+
+
+def test_consumer_that_clears_the_destructor_leaks_nothing():
+    """A consumer may rename the capsule AND clear its destructor (jaxlib
+    does: PyCapsule_SetDestructor(capsule, NULL)), so the destructor never
+    runs: the export block must still be freed by the deleter alone."""
+    from dlbridge import _core
+    set_destructor = _capi("PyCapsule_SetDestructor", ctypes.c_int,
+                           ctypes.py_object, ctypes.c_void_p)
+    t = dlb.zeros((3, 4))
+    base = sys.getrefcount(t)
+    live = _counting_blocks()
+    try:
+        start = live()
+        for versioned in (True, False):
+            for _ in range(50):
+                cap = (t.__dlpack__(max_version=(1, 0)) if versioned
+                       else t.__dlpack__())
+                m = versioned_struct(cap) if versioned else legacy_struct(cap)
+                used = (b"used_dltensor_versioned" if versioned
+                        else b"used_dltensor")
+                assert _api.PyCapsule_SetName(cap, used) == 0
+                assert set_destructor(cap, None) == 0
+                del cap                         # no destructor runs
+                deleter = _DELETER_V if versioned else _DELETER_L
+                deleter(m.deleter)(ctypes.pointer(m))
+        assert live() == start
+    finally:
+        _core._reset_allocations()
+    assert sys.getrefcount(t) == base
+
+
+def test_jax_consuming_exports_leaks_nothing():
+    jax = pytest.importorskip("jax")
+    from dlbridge import _core
+    t = dlb.tensor([[1.0, 2.0], [3.0, 4.0]], dtype="float32")
+    jax.dlpack.from_dlpack(t).block_until_ready()     # JAX warmed up
+    live = _counting_blocks()
+    try:
+        start = live()
+        for _ in range(50):
+            a = jax.dlpack.from_dlpack(t)
+            assert float(a[1, 0]) == 3.0
+            del a
+        gc.collect()
+        assert live() == start
+    finally:
+        _core._reset_allocations()
+
+
 def test_capsule_keeps_tensor_alive():
     t = dlb.tensor([1.5, 2.5])
     cap = t.__dlpack__(max_version=(1, 0))

@@ -263,19 +263,22 @@ def test_capi_export_readonly_refusal_does_not_depend_on_list():
     depends on which framework list a name is in.  dlb.convert refuses
     read-only data for torch (its tensors cannot be read-only); the C API's
     dlb_py_export(m, "torch") takes the C exchange-table path and hands the
-    read-only memory to torch as writable.  Both must refuse."""
+    read-only memory to torch as writable.  Neither may alias it: since
+    gh-17 both copy (convert's copy=None rule), and convert(copy=False)
+    refuses."""
     pytest.importorskip("torch")
     import dlbridge as dlb
     import numpy as np
     from test_capi import READ_ONLY, Counted, Table
     ro = np.arange(4, dtype=np.float32)
     ro.flags.writeable = False
+    assert dlb.convert(ro, "torch").data_ptr() != ro.ctypes.data
     with pytest.raises(BufferError):
-        dlb.convert(ro, "torch")
+        dlb.convert(ro, "torch", copy=False)
     backing = np.arange(4, dtype=np.float32)
     c = Counted(backing, flags=READ_ONLY)
-    with pytest.raises(BufferError):
-        Table().export(c.m, "torch")
+    t = Table().export(c.m, "torch")
+    assert t.data_ptr() != backing.ctypes.data and t.tolist() == [0, 1, 2, 3]
 
 
 # ---- one spelling for devices and dtypes in messages
@@ -295,17 +298,17 @@ def test_one_device_spelling_in_messages():
 
 
 def test_capi_export_readonly_refusal_by_like_too():
-    """The registry's refusal applies whichever way the framework is named:
-    like=<a torch tensor> refuses read-only data as "torch" does, and a
-    writable tensor still goes through torch's exchange table, sharing
-    memory."""
+    """The registry's rules apply whichever way the framework is named:
+    like=<a torch tensor> copies read-only data as "torch" does (never an
+    alias), and a writable tensor still goes through torch's exchange
+    table, sharing memory."""
     torch = pytest.importorskip("torch")
     import numpy as np
     from test_capi import READ_ONLY, Counted, Table
     backing = np.arange(4, dtype=np.float32)
     c = Counted(backing, flags=READ_ONLY)
-    with pytest.raises(BufferError, match="read-only"):
-        Table().export(c.m, like=torch.ones(1))
+    t = Table().export(c.m, like=torch.ones(1))
+    assert type(t) is torch.Tensor and t.data_ptr() != backing.ctypes.data
     w = Counted(np.arange(4, dtype=np.float32))
     t = Table().export(w.m, "torch")
     assert type(t) is torch.Tensor and t.tolist() == [0.0, 1.0, 2.0, 3.0]
@@ -693,7 +696,8 @@ def test_convert_unaligned_to_tensorflow(offset):
 def test_unaligned_to_tensorflow_is_copied_aligned():
     """convert(x, "tensorflow") of unaligned data copies it into aligned
     memory (the result works and no longer aliases x); aligned data is
-    still shared; unaligned read-only data is refused."""
+    still shared; unaligned read-only data is copied too (gh-17), and
+    copy=False refuses it."""
     pytest.importorskip("tensorflow")
     check("""
     import tensorflow as tf
@@ -708,9 +712,11 @@ def test_unaligned_to_tensorflow_is_copied_aligned():
         assert s == (220.0 if shared else 120.0), (off, s)
     ro = raw[start + 4:start + 68].view(np.float32)
     ro.flags.writeable = False
+    r = dlb.convert(ro, "tensorflow")
+    assert float(tf.reduce_sum(r)) == float(ro.sum())
     try:
-        dlb.convert(ro, "tensorflow")
-        print("accepted read-only"); sys.exit(0)
+        dlb.convert(ro, "tensorflow", copy=False)
+        print("shared read-only"); sys.exit(0)
     except BufferError:
         pass
     print("OK")

@@ -115,6 +115,9 @@ NAMES = {
     (13, 8): "float8_e5m2fnuz", (14, 8): "float8_e8m0fnu",
     (15, 6): "float6_e2m3fn", (16, 6): "float6_e3m2fn",
     (17, 4): "float4_e2m1fn",
+    (INT, 1): "int1", (INT, 2): "int2", (INT, 4): "int4",
+    (UINT, 1): "uint1", (UINT, 2): "uint2", (UINT, 4): "uint4",
+    (INT, 24): "int24", (UINT, 128): "uint128",
 }
 
 
@@ -149,7 +152,8 @@ def test_numeric_dtypes_values(tp, dlb, dtype, kind, versioned):
 
 
 @pytest.mark.parametrize("code,bits", [
-    (INT, 4), (UINT, 4), (COMPLEX, 32)] + [(c, 8) for c in FP8]
+    (INT, 4), (UINT, 4), (INT, 2), (UINT, 2), (INT, 1), (UINT, 1),
+    (INT, 24), (UINT, 128), (COMPLEX, 32)] + [(c, 8) for c in FP8]
     + [(c, 6) for c in FP6] + [(FP4, 4)])
 def test_other_valid_dtypes_metadata(tp, dlb, code, bits):
     # Sub-byte and narrow types: no values, but the description must hold.
@@ -176,6 +180,65 @@ def test_subbyte_padded_flag_nbytes(tp, dlb):
     released(p)
 
 
+@pytest.mark.parametrize("versioned", [True, False])
+def test_int2_packed_unless_padded(tp, dlb, versioned):
+    # onnxruntime's int2 arrives in legacy capsules, which cannot say
+    # "padded": read as packed, DLPack's default (docs/decisions.md,
+    # "Dtypes").  A versioned capsule's flag decides.
+    p = tp.Producer(shape=(2, 5), strides=(5, 1), dtype=(INT, 2, 1))
+    t = imported(dlb, p if versioned else p.legacy_capsule(), p)
+    assert t.dtype == "int2" and t.dtype.bits == 2 and t.itemsize == 1
+    assert t.nbytes == 3  # 20 bits
+    assert t.data_ptr == p.data_ptr
+    with pytest.raises(BufferError, match="below a byte"):
+        memoryview(t)
+    del t
+    released(p)
+    p = tp.Producer(shape=(2, 5), dtype=(UINT, 2, 1),
+                    flags=tp.FLAG_IS_SUBBYTE_TYPE_PADDED)
+    t = imported(dlb, p)
+    assert t.dtype == "uint2" and t.nbytes == 10
+    del t
+    released(p)
+
+
+def test_subbyte_strided_still_refused(tp, dlb):
+    # An element below a byte has no address: int2 and uint1 only in compact
+    # layouts, like int4.
+    for dt in ((INT, 2, 1), (UINT, 1, 1)):
+        p = tp.Producer(shape=(3,), strides=(2,), dtype=dt)
+        info = refused(dlb, p)
+        assert "sub-byte" in str(info.value)
+        released(p)
+
+
+def test_wide_and_vector_integers(tp, dlb):
+    # Any integer width whose bits x lanes fills whole bytes: int24,
+    # int12x2; strided layouts are fine there.
+    for dt, name, itemsize in (((INT, 24, 1), "int24", 3),
+                               ((INT, 12, 2), "int12x2", 3),
+                               ((UINT, 2, 4), "uint2x4", 1)):
+        p = tp.Producer(shape=(3,), strides=(2,), dtype=dt)
+        t = imported(dlb, p)
+        assert t.dtype == name and t.itemsize == itemsize
+        assert t.strides == (2,)
+        with pytest.raises(BufferError, match="Python scalars"):
+            t.tolist()  # no Python number holds them
+        del t
+        released(p)
+
+
+def test_dtype_names_of_new_integers(dlb):
+    assert dlb.dtype("int2") == "int2" and dlb.dtype("int2").bits == 2
+    assert dlb.dtype("uint1").itemsize == 1
+    assert dlb.dtype("int12x2").itemsize == 3
+    assert dlb.empty((9,), "uint1").nbytes == 2
+    assert dlb.zeros((5,), "int2").nbytes == 2
+    for bad in ("int3", "uint12", "int0", "int256"):
+        with pytest.raises(ValueError, match=bad):
+            dlb.dtype(bad)
+
+
 @pytest.mark.parametrize("lanes", [2, 4])
 def test_vector_lanes(tp, dlb, lanes):
     p = tp.Producer(shape=(3,), strides=(1,), dtype=(FLOAT, 32, lanes))
@@ -197,6 +260,8 @@ INVALID_DTYPES = [
     (BFLOAT, 32, 1), (BFLOAT, 8, 1),
     (COMPLEX, 16, 1),
     (FLOAT, 0, 1), (INT, 0, 1), (UINT, 0, 1),
+    (INT, 3, 1), (UINT, 12, 1), (INT, 5, 3), (UINT, 0, 8),  # not whole bytes
+    (FLOAT, 8, 1), (FLOAT, 24, 1), (FLOAT, 4, 2),  # floats: defined widths
     (OPAQUE, 64, 1),   # opaque handles: meaning private to the producer
     (18, 8, 1), (99, 32, 1), (255, 8, 1),   # unknown codes
     (FLOAT, 32, 0), (INT, 8, 0),            # lanes 0
@@ -209,7 +274,10 @@ INVALID_DTYPES = [
 def test_invalid_dtype_refused(tp, dlb, dtype, via):
     p = tp.Producer(shape=(4,), strides=(1,), dtype=dtype)
     if via == "dunder":
-        refused(dlb, p)
+        info = refused(dlb, p)
+        # The message names the three fields (or the dtype's name, for the
+        # lanes-0 refusal of a known scalar).
+        assert "code %d, bits %d, lanes %d" % dtype in str(info.value)
         released(p)
         return
     cap = p.capsule(versioned=(via == "versioned_capsule"))
@@ -789,3 +857,199 @@ def test_tensor_alive_at_interpreter_exit():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr.decode()
+
+
+# ---------------------------------------------------------------------------
+# devices from producers (docs/decisions.md, "Devices from producers")
+
+class Wrapped:
+    """A producer whose __dlpack_device__ says `device`, exporting p."""
+
+    def __init__(self, p, device):
+        self.p, self.device = p, device
+
+    def __dlpack__(self, **kw):
+        return self.p.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def _plain_enum():
+    import enum
+
+    class DLDeviceType(enum.Enum):  # Open3D 0.20's: a plain Enum
+        CPU = 1
+        CUDA = 2
+    return DLDeviceType
+
+
+def test_plain_enum_device_type(tp, dlb):
+    # Open3D returns (DLDeviceType.CPU, 0) with a plain enum.Enum, which is
+    # no int; the array API types the result Tuple[Enum, int].
+    DLDeviceType = _plain_enum()
+    p = tp.Producer(shape=(3,), strides=(1,), fill=True)
+    t = imported(dlb, Wrapped(p, (DLDeviceType.CPU, 0)), p)
+    assert t.device == "cpu" and t.tolist() == [0.0, 1.0, 2.0]
+    assert t.data_ptr == p.data_ptr
+    del t
+    released(p)
+    # The same rule for a caller's device tuple.
+    assert dlb.device((DLDeviceType.CUDA, 1)) == "cuda:1"
+
+
+def test_none_device_id_on_host(tp, dlb):
+    # PaddlePaddle 3.3 on the CPU: (kDLCPU, None).  None means 0 on devices
+    # whose memory is the host's.
+    import enum
+
+    class Kind(enum.IntEnum):
+        kDLCPU = 1
+    for device in ((1, None), (Kind.kDLCPU, None)):
+        p = tp.Producer(shape=(2,), strides=(1,), fill=True)
+        t = imported(dlb, Wrapped(p, device), p)
+        assert t.device == (1, 0) and t.tolist() == [0.0, 1.0]
+        del t
+        released(p)
+
+
+@pytest.mark.parametrize("device,exc,match", [
+    (("cpu", 0), TypeError, "device type must be an int or an enum.Enum"),
+    ((1.0, 0), TypeError, "not float"),
+    ((1, "0"), TypeError, "device id must be an int, not str"),
+    ((1, 0.0), TypeError, "device id must be an int"),
+    ((2, None), BufferError, "None is read as 0 only for host memory"),
+    ((2**70, 0), BufferError, "does not fit in 64 bits"),
+    ((1, -1), BufferError, "not a valid device"),
+    ((123, 7), BufferError, "device type 123 is not a DLPack device type"),
+    ((0, 0), BufferError, "device type 0 is not a DLPack device type"),
+    ([1, 0], TypeError, "expected a \\(device_type, device_id\\) tuple"),
+    ((1, 0, 0), TypeError, "tuple"),
+    ("STR_ENUM", TypeError, "device type must be an int or an enum.Enum"),
+    ("NO_VALUE", TypeError, "device type must be"),
+])
+def test_garbage_device_refused(tp, dlb, device, exc, match):
+    import enum
+    if device == "STR_ENUM":
+        device = (enum.Enum("Kind", {"CPU": "cpu"}).CPU, 0)
+    elif device == "NO_VALUE":
+        device = (object(), 0)
+    p = tp.Producer(shape=(2,), strides=(1,))
+    with pytest.raises(exc, match=match):
+        dlb.from_dlpack(Wrapped(p, device))
+    # Refused before __dlpack__ was called: nothing was exported.
+    assert p.call_log == []
+    released(p, expect=0)
+
+
+def test_enum_value_that_raises_propagates(tp, dlb):
+    import enum
+
+    class Odd(enum.Enum):
+        CPU = 1
+
+        @property
+        def value(self):
+            raise KeyError("no value")
+    p = tp.Producer(shape=(2,), strides=(1,))
+    with pytest.raises(KeyError, match="no value"):
+        dlb.from_dlpack(Wrapped(p, (Odd.CPU, 0)))
+    released(p, expect=0)
+
+
+# ---------------------------------------------------------------------------
+# keywords producers refuse (docs/decisions.md, "Keywords producers refuse")
+
+class Refusing:
+    """A producer that raises `exc` when asked for a keyword it cannot
+    honour (TensorFlow 2.21: RuntimeError for copy=True), and exports p
+    otherwise.  Records the keywords of every call."""
+
+    def __init__(self, p, exc, when, device=None):
+        self.p, self.exc, self.when, self.calls = p, exc, when, []
+        self.device = device
+
+    def __dlpack__(self, **kw):
+        self.calls.append(dict(kw))
+        if self.when(kw):
+            raise self.exc("does not support that")
+        return self.p.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.device or self.p.__dlpack_device__()
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, BufferError, ValueError,
+                                 NotImplementedError])
+def test_copy_true_refused_then_copied_here(tp, dlb, exc):
+    p = tp.Producer(shape=(3,), strides=(1,), fill=True)
+    r = Refusing(p, exc, lambda kw: kw.get("copy") is True)
+    t = dlb.from_dlpack(r, copy=True)
+    assert t.tolist() == [0.0, 1.0, 2.0]
+    assert t.data_ptr != p.data_ptr and not t.readonly
+    # asked again without copy=, the versioned capsule still asked for
+    assert [c.get("copy") for c in r.calls] == [True, None]
+    assert r.calls[1] == {"max_version": (1, 3)}
+    released(p)  # our copy does not keep the producer's export
+
+
+def test_copy_false_refusal_is_not_retried(tp, dlb):
+    # A producer that cannot share must say so; dlbridge never drops
+    # copy=False to get memory anyway.
+    p = tp.Producer(shape=(3,), strides=(1,))
+    r = Refusing(p, BufferError, lambda kw: kw.get("copy") is False)
+    with pytest.raises(BufferError, match="does not support"):
+        dlb.from_dlpack(r, copy=False)
+    assert len(r.calls) == 1
+    released(p, expect=0)
+
+
+def test_memory_error_is_not_retried(tp, dlb):
+    p = tp.Producer(shape=(3,), strides=(1,))
+    r = Refusing(p, MemoryError, lambda kw: kw.get("copy") is True)
+    with pytest.raises(MemoryError):
+        dlb.from_dlpack(r, copy=True)
+    assert len(r.calls) == 1
+    released(p, expect=0)
+
+
+def test_dl_device_refused_then_moved_here(tp, dlb):
+    # A producer of host memory labelled cuda_host cannot give it as CPU
+    # memory (BufferError, as the spec says); dlbridge asks for it where it
+    # is and copies it to the CPU itself.
+    p = tp.Producer(shape=(3,), strides=(1,), fill=True, device=(3, 0))
+    r = Refusing(p, BufferError, lambda kw: kw.get("dl_device") is not None)
+    t = dlb.from_dlpack(r, device="cpu")
+    assert t.device == "cpu" and t.tolist() == [0.0, 1.0, 2.0]
+    assert t.data_ptr != p.data_ptr
+    assert r.calls[0]["dl_device"] == (1, 0)
+    assert "dl_device" not in r.calls[1] and r.calls[1]["max_version"] == (1, 3)
+    released(p)
+
+
+def test_refusal_then_typeerror_then_old_signature(tp, dlb):
+    # copy=True refused, then max_version= not understood either: the
+    # pre-2023.12 call, and the copy made here.
+    p = tp.Producer(shape=(2,), strides=(1,), fill=True)
+
+    def when(kw):
+        if "max_version" in kw and "copy" not in kw:
+            raise TypeError("unexpected keyword argument 'max_version'")
+        return kw.get("copy") is True
+    r = Refusing(p, RuntimeError, when)
+    t = dlb.from_dlpack(r, copy=True)
+    assert t.tolist() == [0.0, 1.0] and t.data_ptr != p.data_ptr
+    assert [sorted(c) for c in r.calls] == [["copy", "max_version"],
+                                           ["max_version"], []]
+    del t
+    released(p)
+
+
+def test_retry_failure_keeps_the_first_error(tp, dlb):
+    p = tp.Producer(shape=(2,), strides=(1,))
+    r = Refusing(p, RuntimeError, lambda kw: True)
+    with pytest.raises(RuntimeError) as info:
+        dlb.from_dlpack(r, copy=True)
+    assert len(r.calls) == 2
+    assert isinstance(info.value.__context__, RuntimeError)
+    released(p, expect=0)
