@@ -66,9 +66,23 @@ def gil_stays_off():
         assert not sys._is_gil_enabled(), "the GIL came back on"
 
 
+def warm_up():
+    """NumPy's first __array_interface__ and __dlpack__, once, on this
+    thread.  CPython 3.13.5 immortalises a newly interned string after
+    publishing it in its interned dict: when two threads make NumPy's first
+    __array_interface__ dict at once (its keys interned by
+    PyDict_SetItemString), ThreadSanitizer reports a race inside CPython's
+    own intern_common, not in dlbridge."""
+    a = np.zeros(1, np.float32)
+    a.__array_interface__
+    a.__dlpack__(max_version=(1, 0))  # dropped unconsumed
+    a.__dlpack_device__()
+
+
 def hammer(body):
     """Run body(tid) on THREADS threads released together; the first
     exception any of them raised is raised here."""
+    warm_up()
     start = threading.Barrier(THREADS)
     errors = []
 
@@ -168,6 +182,11 @@ def test_everything_at_once(add3):
             back = dlb.convert(t, "numpy")
             assert address(back) == address(A_DATA) and back[3] == 3
             assert dlb.convert(A_DATA, "dlbridge").data_ptr == address(A_DATA)
+            # targets named by a type, and a copy: convert's target memo
+            # keeps changing hands between the threads
+            assert address(dlb.convert(t, np.ndarray)) == address(A_DATA)
+            c = dlb.convert(A_DATA, "numpy", copy=True)
+            assert address(c) != address(A_DATA) and c.tolist() == A_DATA.tolist()
             # one Function, called by every thread: NumPy, dlb.Tensor
             z = np.zeros(N, np.float32)
             add3(A_DATA, ones, z)
