@@ -36,7 +36,8 @@
  * call, since Python code runs in the middle (producers' __dlpack__, the
  * importer) and could in principle clear the cache.  A NumPy array made
  * here holds the Tensor as its base; the Tensor is noted as exported, so
- * dlb.from_dlpack of that array finds the Tensor again (tensor.c).
+ * dlb.from_dlpack of that array finds the Tensor again (tensor.c; not on
+ * free-threaded builds, where that cache is off).
  */
 #include "dlbridge_py.h"
 

@@ -613,7 +613,7 @@ int dlb__device_converter(dlb_module_state *st, PyObject *obj,
                    Py_TYPE(ot)->tp_name, Py_TYPE(oi)->tp_name);
       return -1;
     }
-    int32_t t, i;
+    int32_t t = 0, i = 0; /* gcc 12 -O3 cannot see as_int32 set them */
     int r = as_int32(tv, &t);
     Py_DECREF(tv);
     if (r < 0) return -1;
