@@ -214,6 +214,12 @@ DLB_API bool dlb_tensor_is_contiguous(const DLTensor *t);
 /* The same for column-major (Fortran order). */
 DLB_API bool dlb_tensor_is_contiguous_f(const DLTensor *t);
 
+/* True when t is compact in some dimension order: a transposition of a
+ * compact row-major tensor, its elements filling one block with no gaps,
+ * overlaps or negative strides (C and Fortran order are two such orders).
+ * Extent-1 dims, empty tensors and NULL strides as dlb_tensor_is_contiguous. */
+DLB_API bool dlb_tensor_is_dense(const DLTensor *t);
+
 /* The byte range [*lo, *hi) that t's elements touch, relative to element 0
  * (so *lo <= 0 < *hi for a non-empty tensor; negative strides make *lo
  * negative).  A tensor with no elements gives [0, 0).  DLB_EOVERFLOW when the

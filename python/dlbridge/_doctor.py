@@ -481,9 +481,27 @@ def _decision(cell):
     align = consumer.alignment if consumer else None
     if (cell["path"] == "dlb" and cell["outcome"] == "copied" and align
             and cell.get("source_alignment", align) < align):
+        if consumer.name == "tensorflow":
+            return (f"dlbridge.convert copies data not {align}-byte aligned "
+                    "into tensorflow, whose kernels need it (its own importer "
+                    "shares it; its first op then aborts the process)")
         return (f"dlbridge.convert copies data not {align}-byte aligned into "
-                f"{consumer.name}, whose kernels need it ({consumer.name}'s "
-                "own importer shares it; its first op then aborts the process)")
+                f"{consumer.name}, which would copy it itself (dlbridge's "
+                "copy lets copy=False say so)")
+    if (cell["path"] == "dlb" and cell["outcome"] == "copied" and consumer
+            and cell.get("read_only") and not consumer.readonly):
+        return (f"dlbridge.convert copies read-only data for {consumer.name}, "
+                "whose tensors would let it be written (they are writable, "
+                "or hand the memory on through a legacy capsule, which "
+                "cannot say read-only)")
+    if (cell["path"] == "dlb" and cell["outcome"] == "copied" and consumer
+            and cell["layout"] == "negative"
+            and not consumer.negative_strides):
+        return (f"dlbridge.convert copies data with negative strides for "
+                f"{consumer.name}, whose importer refuses or mishandles them "
+                "(torch 2.13 aborts; paddle 3.3 fails with a 2**64-byte "
+                "allocation, or not, depending on earlier exports; MLX "
+                "refuses them)")
     if (cell["path"] == "own" and _base(cell["producer"]) == "dlbridge"
             and cell["outcome"] in ("refused", "error")
             and "read-only" in cell.get("message", "")

@@ -68,13 +68,13 @@ class Framework:
     (``_c_convert_target``)."""
 
     __slots__ = ("name", "roots", "dist", "target", "tensor_type", "takes",
-                 "readonly", "negative_strides", "compact_only", "dtypes",
+                 "readonly", "negative_strides", "layout", "dtypes",
                  "alignment", "devices", "copies", "min_ndim", "objects",
                  "immutable", "read_buffer")
 
     def __init__(self, name, roots=None, dist=None, target=True,
                  tensor_type=None, takes=TAKES_OBJECT, readonly=False,
-                 negative_strides=True, compact_only=False, dtypes=None,
+                 negative_strides=True, layout="strided", dtypes=None,
                  alignment=None, devices=None, copies=False, min_ndim=0,
                  objects=False, immutable=False, read_buffer=False):
         self.name = name
@@ -94,9 +94,11 @@ class Framework:
         self.readonly = readonly
         #: whether its importer takes negative strides; else they are copied
         self.negative_strides = negative_strides
-        #: whether its importer takes only compact row-major data; else
-        #: other layouts are copied
-        self.compact_only = compact_only
+        #: the strides its importer takes: "strided" (any), "dense"
+        #: (compact in some dimension order: a transposition of compact
+        #: data) or "row-major" (compact row-major only); other layouts are
+        #: copied
+        self.layout = layout
         #: the dtypes its tensors can hold (None: ask its importer)
         self.dtypes = dtypes
         #: the data alignment (bytes) its kernels need; less aligned data
@@ -171,13 +173,15 @@ REGISTRY = {fw.name: fw for fw in (
               negative_strides=False, dtypes=_TORCH_DTYPES,
               devices={1: None, 2: "cuda", 10: "hip"}),
     Framework("cupy", roots=("cupy", "cupyx")),
-    # JAX imports a legacy capsule (no read-only flag), copies data that is
-    # strided or not 64-byte aligned itself (dlbridge copies instead, so
+    # JAX imports a legacy capsule (no read-only flag); it shares any
+    # transposition of compact data, refuses other strides ("Only DLPack
+    # tensors with trivial (compact) striding are supported") and copies
+    # data not 64-byte aligned itself (dlbridge copies instead, so
     # copy=False can say so).  jax.Array's buffer export (jaxlib's
     # PyArray_bf_getbuffer) is read-only, waits for the array to be ready,
     # holds the buffer against deletion and donation while exported, and
     # refuses GPU arrays, bfloat16, fp8 and sub-byte types with BufferError.
-    Framework("jax", roots=("jax", "jaxlib"), compact_only=True,
+    Framework("jax", roots=("jax", "jaxlib"), layout="dense",
               alignment=64, immutable=True, read_buffer=True),
     # TensorFlow's importer takes a legacy capsule and only compact
     # row-major data ("Invalid strides array from DLPack" otherwise); it
@@ -185,7 +189,7 @@ REGISTRY = {fw.name: fw for fw in (
     # Tensor::IsAligned() (64 bytes) and abort the process on the first op
     # over unaligned data; NumPy's small arrays are 16-byte aligned.
     Framework("tensorflow", dist="tensorflow-cpu", takes=TAKES_CAPSULE,
-              compact_only=True, alignment=64, immutable=True),
+              layout="row-major", alignment=64, immutable=True),
     # PaddlePaddle 3.3's table imports strided data, but negative strides
     # make it allocate 2**64 bytes ("Fail to alloc memory").
     Framework("paddle", dist="paddlepaddle", tensor_type="paddle:Tensor",
@@ -195,11 +199,13 @@ REGISTRY = {fw.name: fw for fw in (
     # ("IsContiguousTensor(...) was false").  The importers below take a
     # raw legacy capsule as readily as an object with __dlpack__: convert
     # hands them one, which spares them the protocol's method calls.
-    Framework("onnxruntime", takes=TAKES_CAPSULE, compact_only=True),
+    Framework("onnxruntime", takes=TAKES_CAPSULE, layout="row-major"),
     # MLX 0.32 copies every import on its CPU backend and refuses negative
-    # strides.
+    # strides.  A NumPy array it can take goes to it as it is (objects):
+    # NumPy's own capsule is what its importer reads fastest.
     Framework("mlx", takes=TAKES_CAPSULE, readonly=True,
-              negative_strides=False, copies=True, dtypes=_MLX_DTYPES),
+              negative_strides=False, copies=True, dtypes=_MLX_DTYPES,
+              objects=True),
     # Warp 1.19: legacy capsules, zero-copy for any strides; its arrays
     # have at least one dimension.
     Framework("warp", dist="warp-lang", takes=TAKES_CAPSULE, min_ndim=1),
@@ -208,7 +214,9 @@ REGISTRY = {fw.name: fw for fw in (
     # Dr.Jit 1.5: exact dtype and C-contiguous layout; the LLVM backend
     # shares CPU memory, the scalar one copies (_c_convert_target says
     # which, per backend).
-    Framework("drjit", takes=TAKES_CAPSULE, compact_only=True,
+    # Not objects: TensorX<dtype>(ndarray) converts the dtype silently, a
+    # capsule of the wrong dtype is refused.
+    Framework("drjit", takes=TAKES_CAPSULE, layout="row-major",
               dtypes=frozenset(_DRJIT_TENSORS)),
     # NumPy underneath, read-only kept.
     Framework("array_api_strict", dist="array-api-strict", readonly=True,
@@ -574,11 +582,15 @@ def _dtype_triple(name):
     return (d.code, d.bits, d.lanes)
 
 
+# Framework.layout as convert.c numbers it (LAYOUT_*).
+_LAYOUTS = {"strided": 0, "row-major": 1, "dense": 2}
+
+
 def _c_convert_target(name, tp=None):
     """What convert.c needs of target ``name`` (a FRAMEWORKS name), as a
     tuple read by its parser (convert.c, bind_target): (takes, importer,
     errors, tensor_type, numpy_api, readonly, negative_strides,
-    compact_only, copies, by_type, objects, min_ndim, alignment, dtypes,
+    layout (0 strided, 1 row-major, 2 dense), copies, by_type, objects, min_ndim, alignment, dtypes,
     dtype_names, devices, by_dtype: ((code, bits, lanes), importer) pairs
     tried before ``importer``).  Imports the framework.  ``tp``: a type passed as ``to`` of a
     framework that picks its result type by type (Dr.Jit), used as the
@@ -611,7 +623,7 @@ def _c_convert_target(name, tp=None):
                          for n, f in sorted(extra["by_dtype"].items()))
     return (fw.takes, importer, extra.get("errors", _IMPORT_ERRORS),
             tensor_type, extra.get("numpy_api"), fw.readonly,
-            fw.negative_strides, fw.compact_only, copies,
+            fw.negative_strides, _LAYOUTS[fw.layout], copies,
             name in _BY_TYPE, fw.objects, fw.min_ndim, fw.alignment or 0,
             dtypes, names, devices, by_dtype)
 

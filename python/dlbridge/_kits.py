@@ -40,9 +40,14 @@ def _registry_limits(name):
     if not fw.readonly:
         out.append(Limit(f"{name} tensors cannot be read-only",
                          read_only=True, copyable=True))
-    if fw.compact_only:
+    if fw.layout == "row-major":
         out.append(Limit(f"{name} imports only compact row-major data",
                          layouts=STRIDED, copyable=True))
+    elif fw.layout == "dense":
+        out.append(Limit(f"{name} imports only compact data (in any "
+                         "dimension order)",
+                         layouts=tuple(l for l in STRIDED if l != "transposed"),
+                         copyable=True))
     if fw.dtypes is not None:
         out.append(Limit(f"{name} has no such dtype",
                          when=lambda cell: cell["dtype"] not in fw.dtypes))

@@ -220,6 +220,41 @@ bool dlb_tensor_is_contiguous_f(const DLTensor *t) {
   return is_compact(t, -1);
 }
 
+bool dlb_tensor_is_dense(const DLTensor *t) {
+  if (is_compact(t, 1)) return true;
+  /* Not row-major: NULL strides, an empty tensor and every malformed shape
+   * were answered above (is_compact calls them compact or refuses them),
+   * except ndim beyond what the sort below holds. */
+  if (t == NULL || t->strides == NULL || t->shape == NULL ||
+      t->ndim > DLB_MAX_NDIM)
+    return false;
+  for (int32_t i = 0; i < t->ndim; i++)
+    if (t->shape[i] < 0) return false;
+  /* The dims that matter (extent > 1), sorted by stride, fastest first
+   * (insertion sort: ndim is small); each stride must then be the product
+   * of the extents of the faster ones. */
+  int32_t order[DLB_MAX_NDIM];
+  int32_t n = 0;
+  for (int32_t i = 0; i < t->ndim; i++) {
+    if (t->shape[i] <= 1) continue;
+    int32_t k = n++;
+    while (k > 0 && t->strides[order[k - 1]] > t->strides[i]) {
+      order[k] = order[k - 1];
+      k--;
+    }
+    order[k] = i;
+  }
+  int64_t expected = 1;
+  for (int32_t k = 0; k < n; k++) {
+    int32_t i = order[k];
+    if (t->strides[i] != expected) return false;
+    /* Past int64 no later stride can match. */
+    if (dlb__mul_overflow(expected, t->shape[i], &expected) && k + 1 < n)
+      return false;
+  }
+  return true;
+}
+
 /* The original dlb_tensor_byte_span, for every input the fast path below
  * does not take: produces every error and its message. */
 static int byte_span_slow(const DLTensor *t, int64_t *lo,

@@ -21,7 +21,7 @@
  *   4. what the target cannot hold at all -- a dtype, a device it has no
  *      backend for, a rank -- is a BufferError whatever copy says; what it
  *      cannot hold safely (read-only data in writable tensors, negative
- *      strides, strided data for a compact-only importer, data less
+ *      strides, strided data for an importer of compact data, data less
  *      aligned than its kernels need) is copied (copy=None) or refused
  *      (copy=False), the message saying why;
  *   5. the tensor goes to the target: its exchange table
@@ -65,7 +65,7 @@ typedef struct {
   PyTypeObject *exact;       /* strong: bound for this type passed as `to` */
   int readonly;              /* holds read-only memory safely */
   int negative;              /* takes negative strides */
-  int compact;               /* takes compact row-major data only */
+  int layout;                /* the strides its importer takes: LAYOUT_* */
   int copies;                /* its importer copies every tensor */
   int by_type;               /* a type passed as `to` is the importer */
   int objects;               /* its importers take any object with
@@ -230,6 +230,13 @@ static PyObject *numpy_array(const convert_target *tg, dlb_TensorObject *self) {
 
 /* ---- binding a target ---------------------------------------------------------- */
 
+/* What strides a target's importer takes (the registry's Framework.layout). */
+enum {
+  LAYOUT_STRIDED = 0,   /* any */
+  LAYOUT_ROW_MAJOR = 1, /* compact row-major only */
+  LAYOUT_DENSE = 2      /* compact in some dimension order (dlb_tensor_is_dense) */
+};
+
 /* The registry module (new reference). */
 static PyObject *registry(dlb_module_state *st) {
   return PyImport_Import(st->handlers->str_registry);
@@ -237,14 +244,14 @@ static PyObject *registry(dlb_module_state *st) {
 
 /* Fill t from the registry's tuple (_frameworks._c_convert_target). */
 static int parse_target(PyObject *tuple, convert_target *t) {
-  int takes, readonly, negative, compact, copies, by_type, objects, min_ndim;
+  int takes, readonly, negative, layout, copies, by_type, objects, min_ndim;
   Py_ssize_t alignment;
   PyObject *importer, *errors, *tensor_type, *numpy_api, *dtypes, *names,
       *devices, *by_dtype;
   if (!PyTuple_Check(tuple) ||
-      !PyArg_ParseTuple(tuple, "iOOOOppppppinOOOO:_c_convert_target",
+      !PyArg_ParseTuple(tuple, "iOOOOppipppinOOOO:_c_convert_target",
                         &takes, &importer, &errors, &tensor_type, &numpy_api,
-                        &readonly, &negative, &compact, &copies, &by_type,
+                        &readonly, &negative, &layout, &copies, &by_type,
                         &objects, &min_ndim, &alignment, &dtypes, &names,
                         &devices, &by_dtype)) {
     if (!PyErr_Occurred())
@@ -256,6 +263,7 @@ static int parse_target(PyObject *tuple, convert_target *t) {
   if (takes < TAKES_DLBRIDGE || takes > TAKES_CAPSULE ||
       (takes != TAKES_DLBRIDGE && !PyCallable_Check(importer)) ||
       (tensor_type != Py_None && !PyType_Check(tensor_type)) ||
+      layout < LAYOUT_STRIDED || layout > LAYOUT_DENSE ||
       alignment < 0 || (alignment & (alignment - 1)) != 0) {
     PyErr_SetString(PyExc_ValueError,
                     "dlbridge._frameworks._c_convert_target returned a "
@@ -273,7 +281,7 @@ static int parse_target(PyObject *tuple, convert_target *t) {
   }
   t->readonly = readonly;
   t->negative = negative;
-  t->compact = compact;
+  t->layout = layout;
   t->copies = copies;
   t->by_type = by_type;
   t->objects = objects;
@@ -563,8 +571,14 @@ static const char *copy_reason(const convert_target *tg, const DLTensor *t,
                   PyUnicode_AsUTF8(tg->name));
     return buf;
   }
-  if (tg->compact && !dlb_tensor_is_contiguous(t)) {
+  if (tg->layout == LAYOUT_ROW_MAJOR && !dlb_tensor_is_contiguous(t)) {
     PyOS_snprintf(buf, n, "%s imports only compact row-major data",
+                  PyUnicode_AsUTF8(tg->name));
+    return buf;
+  }
+  if (tg->layout == LAYOUT_DENSE && !dlb_tensor_is_dense(t)) {
+    PyOS_snprintf(buf, n,
+                  "%s imports only compact data (in any dimension order)",
                   PyUnicode_AsUTF8(tg->name));
     return buf;
   }

@@ -250,6 +250,53 @@ static void expect_contig(int32_t ndim, int64_t *shape, int64_t *strides,
   if (got_c != c || got_f != f)
     fprintf(stderr, "  case at line %d: C %d (want %d), F %d (want %d)\n",
             line, got_c, c, got_f, f);
+  /* C and Fortran order are two of the orders a dense tensor may have. */
+  if (c || f) {
+    CHECK(dlb_tensor_is_dense(&t));
+    if (!dlb_tensor_is_dense(&t))
+      fprintf(stderr, "  case at line %d: compact but not dense\n", line);
+  }
+}
+
+#define DENSE(nd, sh, st, want)                                             \
+  do {                                                                      \
+    DLTensor t_ = tensor(nd, sh, st, F32);                                  \
+    CHECK_EQ(dlb_tensor_is_dense(&t_), want);                               \
+  } while (0)
+
+static void test_dense(void) {
+  /* Transpositions of a compact 2x3x4 block, in any order. */
+  int64_t s234[] = {2, 3, 4};
+  int64_t s_perm_shape[] = {3, 4, 2}, st_perm[] = {4, 1, 12};
+  DENSE(3, s_perm_shape, st_perm, true);
+  int64_t s_rev[] = {4, 3, 2}, st_rev[] = {1, 4, 12}; /* Fortran */
+  DENSE(3, s_rev, st_rev, true);
+  int64_t st_row[] = {12, 4, 1};
+  DENSE(3, s234, st_row, true);
+  DENSE(3, s234, NULL, true);
+  /* Gaps, overlaps, broadcasting and negative strides are not dense. */
+  int64_t st_gap[] = {24, 8, 2}, st_overlap[] = {4, 4, 1};
+  int64_t st_bcast[] = {0, 4, 1}, st_neg[] = {-12, 4, 1};
+  DENSE(3, s234, st_gap, false);
+  DENSE(3, s234, st_overlap, false);
+  DENSE(3, s234, st_bcast, false);
+  DENSE(3, s234, st_neg, false);
+  /* Extent-1 dims say nothing, whatever their stride; empty tensors are
+   * dense. */
+  int64_t s_one[] = {3, 1, 4}, st_one[] = {1, -7, 3};
+  DENSE(3, s_one, st_one, true);
+  int64_t s_empty[] = {2, 0, 4}, st_junk[] = {5, -1, 9};
+  DENSE(3, s_empty, st_junk, true);
+  /* Malformed or absent tensors are never dense. */
+  int64_t s_negext[] = {2, -1}, st_2[] = {1, 2};
+  DENSE(2, s_negext, st_2, false);
+  DENSE(2, NULL, st_2, false);
+  CHECK(!dlb_tensor_is_dense(NULL));
+  /* Near the int64 limit: the last product may overflow, not an earlier one. */
+  int64_t sbig[] = {2, P62}, stbig[] = {1, 2};
+  DENSE(2, sbig, stbig, true);
+  int64_t sbig3[] = {2, P62, 4}, stbig3[] = {1, 2, INT64_MAX};
+  DENSE(3, sbig3, stbig3, false);
 }
 #define CONTIG(nd, sh, st, c, f) expect_contig(nd, sh, st, c, f, __LINE__)
 
@@ -509,6 +556,7 @@ int main(void) {
   test_tensor_sizes();
   test_tensor_data();
   test_contiguity();
+  test_dense();
   test_byte_span();
   return check_summary("test_layout");
 }

@@ -316,12 +316,20 @@ def test_jax():
     np.testing.assert_array_equal(back, a)
     ro = a.copy()
     ro.flags.writeable = False
-    for src in (ro, a[:, ::2], a.T):
+    for src in (ro, a[:, ::2], a[::-1]):
         r = dlb.convert(src, "jax")
         np.testing.assert_array_equal(np.asarray(r), src)
         assert r.unsafe_buffer_pointer() != ptr(src)
         with pytest.raises(BufferError, match="copy=False"):
             dlb.convert(src, "jax", copy=False)
+    # gh-17: JAX shares any transposition of compact data, as its own
+    # importer does (warp -> jax, transposed, was copied)
+    cube = dlb_aligned(np.arange(24, dtype=np.float32)).reshape(2, 3, 4)
+    for src in (a.T, cube.transpose(1, 2, 0), cube.transpose(2, 0, 1)):
+        r = dlb.convert(src, "jax", copy=False)
+        np.testing.assert_array_equal(np.asarray(r), src)
+        assert r.unsafe_buffer_pointer() == ptr(src)
+        np.testing.assert_array_equal(np.asarray(r * 2), src * 2)
     # float64 follows JAX's own rule (narrowed without jax_enable_x64)
     d = dlb.convert(np.arange(3.0), "jax")
     assert d.dtype == jax.dlpack.from_dlpack(np.arange(3.0)).dtype

@@ -572,3 +572,29 @@ def test_rows_and_columns_come_from_the_kits(fake_kits):
     # the registry's order, dlbridge after every framework and peer with a
     # kit here, then the extra kits
     assert fws.index("dlbridge") == len(fws) - 4
+
+
+def _copy_cell(consumer, layout, **extra):
+    return dict(producer="numpy", consumer=consumer, dtype="float32",
+                layout=layout, path="dlb", outcome="copied", message="",
+                source_alignment=64, **extra)
+
+
+def test_read_only_copy_for_a_writable_target_is_a_decision():
+    """gh-17: TensorFlow's own importer shares PyArrow's read-only memory and
+    its __dlpack__ hands it on writable; convert's copy is a documented
+    decision, not a gap -- for a target whose registry entry says it cannot
+    hold read-only data, and only for read-only sources."""
+    cell = _copy_cell("tensorflow", "contiguous", read_only=True)
+    assert "read-only" in _doctor._decision(cell)
+    assert _doctor._decision(_copy_cell("tensorflow", "contiguous")) is None
+    # NumPy holds read-only data: a copy there has no such excuse
+    assert _doctor._decision(_copy_cell("numpy", "contiguous",
+                                        read_only=True)) is None
+
+
+def test_negative_stride_copy_for_paddle_is_a_decision():
+    assert "negative strides" in _doctor._decision(_copy_cell("paddle", "negative"))
+    assert "negative strides" in _doctor._decision(_copy_cell("torch", "negative"))
+    # tvm-ffi takes negative strides: a copy there would have no excuse
+    assert _doctor._decision(_copy_cell("tvm_ffi", "negative")) is None

@@ -35,6 +35,7 @@ import textwrap
 import pytest
 
 import dlbridge as dlb
+from dlbridge._frameworks import REGISTRY
 
 np = pytest.importorskip("numpy", reason="the interop matrix is built on NumPy")
 from numpy.lib.stride_tricks import as_strided  # noqa: E402
@@ -727,9 +728,13 @@ def test_convert_pairs(request, src, dst, name):
     assert ptr_of(dst, dmod, r, name) == ptr_of(src, smod, x, name)
     assert tuple(r.shape) == (3, 4)
     assert_values(values_of(dst, dmod, r), want)
-    # and back again, still the same memory
+    # and back again, still the same memory -- unless the result is
+    # read-only (JAX 0.12 exports its arrays READ_ONLY, so NumPy's view is)
+    # and src's tensors cannot hold read-only memory: convert copies then
     back = dlb.convert(r, src)
-    assert ptr_of(src, smod, back, name) == ptr_of(src, smod, x, name)
+    read_only = dst == "numpy" and not r.flags.writeable
+    if not (read_only and not REGISTRY[src].readonly):
+        assert ptr_of(src, smod, back, name) == ptr_of(src, smod, x, name)
     assert_values(values_of(src, smod, back), want)
 
 
