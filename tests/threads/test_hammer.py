@@ -32,6 +32,9 @@ import dlbridge as dlb
 np = pytest.importorskip("numpy")
 
 THREADS = 8
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+          "uint32", "uint64", "float16", "float32", "float64", "complex64",
+          "complex128")
 ITERATIONS = int(os.environ.get("DLB_HAMMER_ITERATIONS", "200"))
 N = 16
 ADD3 = "add3(x: float32[n], y: float32[n], z: mut float32[n])"
@@ -187,6 +190,9 @@ def test_everything_at_once(add3):
             assert address(dlb.convert(t, np.ndarray)) == address(A_DATA)
             c = dlb.convert(A_DATA, "numpy", copy=True)
             assert address(c) != address(A_DATA) and c.tolist() == A_DATA.tolist()
+            # DType objects, shared through the module's dtype cache
+            dt = DTYPES[(i + tid) % len(DTYPES)]
+            assert str(dlb.from_dlpack(np.zeros(1, dt)).dtype) == dt
             # one Function, called by every thread: NumPy, dlb.Tensor
             z = np.zeros(N, np.float32)
             add3(A_DATA, ones, z)
