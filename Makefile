@@ -15,7 +15,7 @@ TESTPATH := $(CURDIR)/$(BUILD)/src/python
 .PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
         test-outside \
         test-install sanitize-python demo bench clean test-py312 test-py313 test-ft \
-        wheel wheel-smoke
+        test-tsan test-pycompat wheel wheel-smoke
 
 all: build
 
@@ -33,6 +33,7 @@ build: bootstrap
 # skip their own `build` prerequisite (STAGED=1): it has just run.
 TEST_STAGES := build test-layering test-c test-valgrind sanitize fuzz-short \
                test-install test-python test-outside test-py312 test-py313 \
+               test-ft test-tsan \
                sanitize-python
 BUILT_DEP := $(if $(STAGED),,build)
 test:
@@ -107,6 +108,31 @@ sanitize-python: bootstrap
 	    PYTHONPATH=$(SANPY)/stage:$(SANPY)/src/python:$(SANPY)/examples/extension \
 	    $(PYTEST) -q -p no:cacheprovider --capture=sys tests/python -k "not paddle"
 
+# The extension built with the public fallback of every private CPython API
+# it uses (src/python/pycompat.h, -Dpycompat_public_only=true), and the
+# tests that reach those fallbacks run against it: test_pycompat checks the
+# build is that one and pins the fallbacks' answers; the export (deleters on
+# threads without Python), exchange and import (type lookups, version tags,
+# optional attributes) and Function (torch's descriptors) suites use them.
+PCBUILD := build-pycompat
+PYCOMPAT_TESTS := tests/python/test_pycompat.py tests/python/test_export.py \
+                  tests/python/test_exchange.py tests/python/test_import.py \
+                  tests/python/test_function.py
+test-pycompat: bootstrap
+	@[ -f $(PCBUILD)/build.ninja ] || $(MESON) setup $(PCBUILD) \
+	    -Dpycompat_public_only=true -Dbuildtype=release >/dev/null
+	@$(VENV)/bin/ninja -C $(PCBUILD) >/dev/null
+	@rm -rf $(PCBUILD)/stage && mkdir -p $(PCBUILD)/stage/dlbridge/include
+	@cp python/dlbridge/*.py python/dlbridge/*.pyi $(PCBUILD)/stage/dlbridge/
+	@cp -r include/dlbridge include/dlpack $(PCBUILD)/stage/dlbridge/include/
+	@ln -s $(CURDIR)/$(PCBUILD)/src/python/$$(cd $(PCBUILD)/src/python && ls _core*.so) \
+	    $(PCBUILD)/stage/dlbridge/
+	@echo "pytest against the extension built with pycompat.h's public fallbacks:"
+	@DLB_EXPECT_PYCOMPAT_PUBLIC_ONLY=1 \
+	    DLB_EXAMPLE_KERNELS=$(CURDIR)/$(PCBUILD)/libdlb_example_kernels.so \
+	    PYTHONPATH=$(PCBUILD)/stage:$(PCBUILD)/src/python:$(PCBUILD)/examples/extension \
+	    $(PYTEST) -q -p no:cacheprovider $(PYCOMPAT_TESTS)
+
 # Install libdlbridge into a scratch prefix and build the C demo against it
 # through pkg-config, as a C user would; then run it against the shared lib.
 INSTALL_PREFIX := $(CURDIR)/build-install/prefix
@@ -131,13 +157,6 @@ test-python: $(BUILT_DEP)
 test-outside: $(BUILT_DEP)
 	@PYTHONPATH=$(TESTPATH) $(PY) tests/outside/run.py
 
-# The Python suite on CPython 3.13 (pyenv's) and on the free-threaded 3.13
-# that scripts/python-ft builds: each with its own .venv313[t], build-py313[t]
-# and requirements/py313[t].txt, and the peers that install there; not part
-# of `make test` yet.  test-ft then checks that importing dlbridge leaves the
-# GIL off -- an expected failure until the extension declares
-# Py_MOD_GIL_NOT_USED (issue 18's free-threading audit), reported as XFAIL;
-# once it passes, the check says so and fails until it is made strict here.
 # The Python suite on pyenv's 3.12 and 3.13 (scripts/python-suite: a venv,
 # a build dir and requirements/pyXY.txt each): NumPy, JAX 0.12 (the newest;
 # 3.11's .venv keeps 0.10.2), array-api-strict, ml-dtypes; the heavy peers'
@@ -148,14 +167,26 @@ test-py312:
 test-py313:
 	@scripts/python-suite 3.13
 
+# The free-threaded CPython 3.13 (scripts/python-ft builds it once and
+# caches it): the Python suite there with NumPy and JAX (cp313t wheels,
+# requirements/py313t.txt; the other peers' tests skip), then the thread
+# hammer (tests/threads, 8 threads) with the GIL off.  Importing dlbridge
+# must leave the GIL off: a module that does not declare Py_MOD_GIL_NOT_USED
+# turns it back on for the whole process, and this stage fails.
 test-ft:
 	@scripts/python-suite 3.13t
-	@.venv313t/bin/python -W ignore -c 'import sys, dlbridge; sys.exit(3 if sys._is_gil_enabled() else 0)'; \
-	case $$? in \
-	  3) echo "test-ft: XFAIL (expected until the free-threading audit): importing dlbridge re-enables the GIL" ;; \
-	  0) echo "test-ft: XPASS: the GIL stays off after importing dlbridge -- make this check strict in the Makefile"; exit 1 ;; \
-	  *) echo "test-ft: importing dlbridge failed"; exit 1 ;; \
-	esac
+	@.venv313t/bin/python -W error::RuntimeWarning -c \
+	    'import sys, dlbridge; sys.exit("test-ft: importing dlbridge turned the GIL back on" if sys._is_gil_enabled() else 0)'
+	@echo "test-ft: the GIL stays off after importing dlbridge"
+	@scripts/thread-hammer
+
+# The thread hammer under ThreadSanitizer: the extension built with clang-14
+# and -fsanitize=thread, run by the ThreadSanitizer build of the
+# free-threaded CPython (scripts/python-ft --tsan) with only CPython's own
+# free-threading suppressions; any report fails the stage
+# (scripts/thread-hammer --tsan prints the count).
+test-tsan:
+	@scripts/thread-hammer --tsan
 
 # Binary wheels (cp311, cp312, cp313, cp313t; manylinux) and the sdist into
 # dist/ (scripts/wheels); wheel-smoke installs each into a fresh environment
@@ -218,4 +249,4 @@ bench: build
 	@echo; echo "== compiled: a Function as a compiler's op (bench/bench_compiled.py) =="; $(PY) bench/bench_compiled.py
 
 clean:
-	rm -rf $(BUILD) $(ASAN) build-py3* build-wheel
+	rm -rf $(BUILD) $(ASAN) build-py3* build-wheel $(PCBUILD) build-tsan

@@ -166,7 +166,17 @@ static int exec_module(PyObject *m) {
   return dlb_import_capi();
 }
 
-static PyModuleDef_Slot slots[] = {{Py_mod_exec, exec_module}, {0, NULL}};
+/* This module keeps no state of its own and dlbridge's C API is safe to
+ * call from several threads (docs/python-versions.md), so it says it can
+ * run without the GIL: a free-threaded Python would otherwise turn the GIL
+ * back on for the whole process when it is imported. */
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+#ifdef Py_GIL_DISABLED
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL},
+};
 
 static PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "dlb_example_ext",

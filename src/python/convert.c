@@ -36,7 +36,8 @@
  * call, since Python code runs in the middle (producers' __dlpack__, the
  * importer) and could in principle clear the cache.  A NumPy array made
  * here holds the Tensor as its base; the Tensor is noted as exported, so
- * dlb.from_dlpack of that array finds the Tensor again (tensor.c).
+ * dlb.from_dlpack of that array finds the Tensor again (tensor.c; not on
+ * free-threaded builds, where that cache is off).
  */
 #include "dlbridge_py.h"
 
@@ -378,29 +379,35 @@ static PyObject *bind_target(dlb_module_state *st, PyObject *name,
     return NULL;
   }
   /* The cache may have gone while Python ran (module cleared): then the
-   * answer is just not kept. */
-  if (st->handlers == c && PyDict_SetItem(c->targets, key, cap) < 0) {
+   * answer is just not kept.  Another thread's binding, put there first,
+   * is the one kept and used. */
+  if (st->handlers == c) {
+    PyObject *kept = NULL;
+    rc = dlb__dict_setdefault_ref(c->targets, key, cap, &kept);
     Py_DECREF(cap);
-    return NULL;
+    return rc < 0 ? NULL : kept;
   }
   return cap;
 }
 
-/* The target bound for name (borrowed), or NULL: with an exception, or
- * without one when it is not bound yet. */
+/* The target bound for name (a new reference: the dict is shared by every
+ * thread), or NULL: with an exception, or without one when it is not bound
+ * yet. */
 static PyObject *target_by_name_cached(dlb_module_state *st, PyObject *name) {
   if (st->handlers == NULL) { /* cleared while Python code ran */
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
-  return PyDict_GetItemWithError(st->handlers->targets, name);
+  PyObject *cap = NULL;
+  (void)dlb__dict_get_ref(st->handlers->targets, name, &cap);
+  return cap;
 }
 
 /* The bound target registry name `name` stands for, cached or bound now
  * (the name already checked). */
 static PyObject *target_by_name(dlb_module_state *st, PyObject *name) {
   PyObject *cap = target_by_name_cached(st, name);
-  if (cap != NULL) return Py_NewRef(cap);
+  if (cap != NULL) return cap;
   if (PyErr_Occurred()) return NULL;
   return bind_target(st, name, NULL, name);
 }
@@ -423,20 +430,35 @@ static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to);
 
 /* The bound target `to` stands for: a registry name, a type of a framework,
  * or an object of one.  New reference to its capsule.  The last str or type
- * asked for is remembered (by identity: a literal name is interned). */
+ * asked for is remembered (by identity: a literal name is interned).
+ * Without the GIL the memo's two fields are read, with the reference taken,
+ * and replaced under c->lock (a few loads and stores; the references let
+ * go of are dropped after it), so no thread pairs one call's key with
+ * another's target or takes a reference to a target being freed. */
 static PyObject *resolve_target(dlb_module_state *st, PyObject *to) {
   struct dlb_handler_cache *c = st->handlers;
   if (c == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
+  PyObject *cap = NULL;
+  DLB_FT_LOCK(&c->lock);
   if (to == c->target_memo_key && to != NULL)
-    return Py_NewRef(c->target_memo);
-  PyObject *cap = resolve_target_slow(st, to);
+    cap = Py_NewRef(c->target_memo);
+  DLB_FT_UNLOCK(&c->lock);
+  if (cap != NULL) return cap;
+  cap = resolve_target_slow(st, to);
   if (cap != NULL && st->handlers == c &&
       (PyUnicode_CheckExact(to) || PyType_Check(to))) {
-    Py_XSETREF(c->target_memo, Py_NewRef(cap));
-    Py_XSETREF(c->target_memo_key, Py_NewRef(to));
+    Py_INCREF(cap);
+    Py_INCREF(to);
+    DLB_FT_LOCK(&c->lock);
+    PyObject *old_memo = c->target_memo, *old_key = c->target_memo_key;
+    c->target_memo = cap;
+    c->target_memo_key = to;
+    DLB_FT_UNLOCK(&c->lock);
+    Py_XDECREF(old_memo);
+    Py_XDECREF(old_key);
   }
   return cap;
 }
@@ -446,9 +468,7 @@ static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to) {
   PyObject *cap, *name;
   if (PyUnicode_Check(to) || PyType_Check(to)) {
     /* names, and the types bound by type (Dr.Jit's) */
-    cap = PyDict_GetItemWithError(c->targets, to);
-    if (cap != NULL) return Py_NewRef(cap);
-    if (PyErr_Occurred()) return NULL;
+    if (dlb__dict_get_ref(c->targets, to, &cap) != 0) return cap;
   }
   if (PyUnicode_Check(to)) {
     name = resolve_name(st, to);
@@ -464,9 +484,7 @@ static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to) {
   name = Py_NewRef(h->framework);
   /* Classifying a new type ran Python code: the cache is looked up again. */
   cap = target_by_name_cached(st, name);
-  if (cap != NULL) {
-    Py_INCREF(cap);
-  } else if (!PyErr_Occurred()) {
+  if (cap == NULL && !PyErr_Occurred()) {
     /* Not bound yet: the registry checks the name (a framework that is no
      * convert target is its ValueError) and binds it. */
     Py_DECREF(name);
@@ -904,9 +922,10 @@ int dlb__convert_is_target(dlb_module_state *st, PyObject *name) {
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return -1;
   }
-  PyObject *cap = PyDict_GetItemWithError(st->handlers->targets, name);
-  if (cap != NULL) return 1;
-  if (PyErr_Occurred()) return -1;
+  PyObject *cap = NULL;
+  int found = dlb__dict_get_ref(st->handlers->targets, name, &cap);
+  Py_XDECREF(cap);
+  if (found != 0) return found;
   PyObject *reg = registry(st);
   if (reg == NULL) return -1;
   PyObject *names = PyObject_GetAttrString(reg, "FRAMEWORKS");

@@ -71,6 +71,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "pycompat.h"
 #include "dlbridge/dlbridge.h"
 
 #include <string.h>
@@ -122,9 +123,18 @@ typedef struct {
    * usable; torch_bits says whether they are used). */
   PyObject *str_torch;             /* "torch" */
   PyTypeObject *torch_base;        /* strong: torch._C.TensorBase, set by
-                                      the first torch tensor seen */
-  dlb_torch_bits torch_bits;
+                                      the first torch tensor seen, once
+                                      what asking needs (torch_ask, ...) is
+                                      in place */
+  int torch_bits;                  /* a dlb_torch_bits; offsets and masks
+                                      are written before it says READ */
   int torch_found;
+  /* torchbits.c: meeting torch and the experiment are done by one thread
+   * at a time on free-threaded builds (torch_owner: which, so that Python
+   * code they run cannot wait for itself); no Python code runs while the
+   * lock is waited for by its owner. */
+  dlb_ft_mutex torch_lock;
+  unsigned long torch_owner;
   int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
   uint64_t torch_neg_mask, torch_conj_mask;
   /* torchbits.c: what asking calls (strong; NULL when torch has no such
@@ -146,8 +156,10 @@ typedef struct {
   /* types.c: DType objects already made, direct-mapped by a hash of
    * (code, bits, lanes).  Reading t.dtype is common and a DType is
    * immutable, so handing out the same object saves an allocation and a
-   * name lookup each time. */
+   * name lookup each time.  Free-threaded builds read and write it under
+   * dtype_lock (an entry replaced by a collision is freed). */
   PyObject *dtype_cache[64];
+  dlb_ft_mutex dtype_lock;
 } dlb_module_state;
 
 extern PyModuleDef dlb__module_def;
@@ -214,22 +226,12 @@ void dlb__error_as_buffer_error(PyObject *types, PyObject *prefix);
 int dlb__read_int64(PyObject *o, const char *what, int64_t *out);
 
 /* Whether the calling thread holds the GIL (of the interpreter it is
- * attached to).  Not PyGILState_Check(): on 3.11 that answers 1 for every
+ * attached to) -- on a free-threaded build, whether it has an attached
+ * thread state.  Not PyGILState_Check(): on 3.11 that answers 1 for every
  * thread once any subinterpreter has been created, which would let a
- * deleter on a foreign thread DECREF without the GIL.  The thread state says
- * it exactly: on 3.12+ the current thread state is thread-local and non-NULL
- * only while this thread is attached; on 3.11 it is the process-wide GIL
- * holder, compared with this thread's own state (a thread-local read). */
-static inline int dlb__gil_held(void) {
-#if PY_VERSION_HEX >= 0x030D0000
-  return PyThreadState_GetUnchecked() != NULL;
-#elif PY_VERSION_HEX >= 0x030C0000
-  return _PyThreadState_UncheckedGet() != NULL;
-#else
-  PyThreadState *ts = _PyThreadState_UncheckedGet();
-  return ts != NULL && ts == PyGILState_GetThisThreadState();
-#endif
-}
+ * deleter on a foreign thread DECREF without the GIL.  The thread state
+ * says it exactly (pycompat.h, dlb__py_attached). */
+static inline int dlb__gil_held(void) { return dlb__py_attached(); }
 
 /* True when a deleter must not touch Python and should leak instead: this
  * thread does not hold the GIL and cannot take it, because the interpreter
@@ -243,11 +245,7 @@ static inline int dlb__gil_held(void) {
  * whatever this says. */
 static inline int dlb__python_gone(void) {
   if (dlb__gil_held()) return 0;
-#if PY_VERSION_HEX >= 0x030D0000
-  return !Py_IsInitialized() || Py_IsFinalizing();
-#else
-  return !Py_IsInitialized() || _Py_IsFinalizing();
-#endif
+  return dlb__py_finalizing();
 }
 
 /* Drop a reference from a deleter: safe on any thread, with or without the
@@ -711,11 +709,14 @@ struct dlb_handler_cache {
   size_t mask;   /* capacity - 1, capacity a power of two */
   size_t count;
   /* Moves whenever an entry is freed (its type died): a memo taken before
-   * (dlb_handler_memo) may point at freed memory and is not used. */
+   * (dlb_handler_memo) may point at freed memory and is not used.  Starts
+   * at a value no other cache of the process started at. */
   uint64_t generation;
-  /* Moves whenever a type is classified (entry_new: Python code runs), so
-   * a caller can tell whether a lookup ran any. */
-  uint64_t classifications;
+  /* Free-threaded builds: guards slots, mask, count and the entries'
+   * versions; generation is also read without it (atomically).  Held for
+   * a few loads and stores, never while Python code runs, and waited for
+   * attached (pycompat.h: dlb_ft_lock).  Nothing on GIL builds. */
+  dlb_ft_lock lock;
   PyObject *callback; /* weakref callback; self = cache_capsule */
   PyObject *cache_capsule;
   int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */
@@ -731,6 +732,8 @@ struct dlb_handler_cache {
   PyObject *target_memo_key;
   PyObject *target_memo;
   PyObject *str_module; /* "__module__" */
+  PyObject *str_tag_probe; /* an interned name no class defines: looking
+                              it up tags a type on 3.11 (pycompat.h) */
   PyObject *str_exchange;        /* "__dlpack_c_exchange_api__" */
   PyObject *str_exchange_legacy; /* "__c_dlpack_exchange_api__" */
   PyObject *str_registry;        /* "dlbridge._frameworks" */
@@ -759,23 +762,41 @@ typedef struct {
   unsigned int tag; /* never 0 in a filled memo */
 } dlb_handler_memo;
 
+#ifdef Py_GIL_DISABLED
+/* Free-threaded builds: the handler this thread last found for type, if it
+ * still stands (handlers.c, "each thread's front of the cache"), else NULL.
+ * No lock. */
+const dlb_handler *dlb__handler_front(const dlb_module_state *st,
+                                      PyTypeObject *type);
+#endif
+
 /* The memo's handler for type, or NULL when it does not stand (call
- * dlb__handler_for_memo). */
+ * dlb__handler_for_memo).  Without the GIL a memo shared by the threads
+ * calling one Function would be torn by their writes: the thread's own
+ * front of the cache answers instead, and memos stay empty. */
 static inline const dlb_handler *dlb__handler_memo_get(
     const dlb_module_state *st, const dlb_handler_memo *m,
     PyTypeObject *type) {
+#ifdef Py_GIL_DISABLED
+  (void)m;
+  return dlb__handler_front(st, type);
+#else
   const struct dlb_handler_cache *c = st->handlers;
   if (m->type != type || m->cache != c || m->tag != type->tp_version_tag ||
       m->generation != c->generation)
     return NULL;
   return m->handler;
+#endif
 }
 
 /* dlb__handler_for, refilling m from the answer when the type's version
- * tag still matches the classification (else m is left empty). */
+ * tag still matches the classification (else m is left empty; always on
+ * free-threaded builds).  *ran_python is set when Python code may have run
+ * (the type was classified): what the caller holds borrowed must be read
+ * again. */
 const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
                                          dlb_handler_memo *m,
-                                         PyTypeObject *type);
+                                         PyTypeObject *type, int *ran_python);
 
 /* _core._type_framework(type): the framework name cached in type's handler
  * (the registry's answer), for dlbridge.convert. */
@@ -874,7 +895,10 @@ static inline const char *dlb__torch_impl(const dlb_module_state *st,
  * tensor). */
 static inline int dlb__bits_maybe_set(const dlb_module_state *st,
                                       PyObject *obj) {
-  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0 ||
+  /* torch_bits first (an acquire load without the GIL): READ means
+   * torch_base and the offsets are in place. */
+  if (DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ ||
+      st->torch_meta_off < 0 ||
       (Py_TYPE(obj)->tp_base != st->torch_base &&
        !PyObject_TypeCheck(obj, st->torch_base)))
     return 1;
@@ -891,10 +915,12 @@ static inline int dlb__bits_maybe_set(const dlb_module_state *st,
  * Inline, for Function's reading of its arguments. */
 static inline int dlb__torch_autograd_touched(const dlb_module_state *st,
                                               PyObject *obj) {
-  if (st->torch_base == NULL || (Py_TYPE(obj)->tp_base != st->torch_base &&
-                                 !PyObject_TypeCheck(obj, st->torch_base)))
+  PyTypeObject *base = DLB_FT_LOAD_PTR(&st->torch_base);
+  if (base == NULL ||
+      (Py_TYPE(obj)->tp_base != base && !PyObject_TypeCheck(obj, base)))
     return 0;
-  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0)
+  if (DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ ||
+      st->torch_meta_off < 0)
     return 1;
   const char *impl = dlb__torch_impl(st, obj);
   if (impl == NULL) return 1;

@@ -735,7 +735,8 @@ PyObject *dlb__tensor_dlpack_device(PyObject *op, PyObject *unused) {
 
 /* The state of the module whose Tensor type the static table produces and
  * consumes (the first module created in the process; tables are process
- * wide, module states are not).  NULL once that module is cleared. */
+ * wide, module states are not).  NULL once that module is cleared.  Read
+ * atomically: the table's entries run on any thread. */
 static dlb_module_state *g_state = NULL;
 
 /* ---- the producer: dlb.Tensor's table ----------------------------------------- */
@@ -746,7 +747,8 @@ static dlb_TensorObject *as_our_tensor(PyObject *o, const char *entry) {
     PyErr_Format(PyExc_ValueError, "%s: py_object is NULL", entry);
     return NULL;
   }
-  if (g_state != NULL && PyObject_TypeCheck(o, g_state->TensorType))
+  dlb_module_state *g = DLB_FT_LOAD_PTR(&g_state);
+  if (g != NULL && PyObject_TypeCheck(o, g->TensorType))
     return (dlb_TensorObject *)o;
   /* Another module instance (a sub-interpreter) has its own Tensor type. */
   dlb_module_state *st = dlb__state_from_type(Py_TYPE(o));
@@ -845,14 +847,15 @@ static int tx_to_py(DLManagedTensorVersioned *tensor, void **out_py_object) {
     PyErr_Format(PyExc_ValueError, "%s: tensor and out must not be NULL", what);
     return -1;
   }
-  if (g_state == NULL) {
+  dlb_module_state *g = DLB_FT_LOAD_PTR(&g_state);
+  if (g == NULL) {
     dlb__delete_keep_error(tensor);
     PyErr_Format(PyExc_RuntimeError, "%s: dlbridge._core has been unloaded",
                  what);
     return -1;
   }
   if (dlb__check_owned(tensor, what) < 0) return -1;
-  PyObject *obj = dlb__tensor_from_managed(g_state, tensor); /* steals */
+  PyObject *obj = dlb__tensor_from_managed(g, tensor); /* steals */
   if (obj == NULL) return -1;
   *out_py_object = obj;
   return 0;
@@ -938,10 +941,10 @@ int dlb__export_init(dlb_module_state *st) {
   Py_DECREF(cap);
   if (rc < 0) return -1;
   PyType_Modified(type);
-  if (g_state == NULL) g_state = st;
+  (void)dlb__ft_set_once(&g_state, st);
   return 0;
 }
 
 void dlb__export_clear(dlb_module_state *st) {
-  if (g_state == st) g_state = NULL;
+  if (DLB_FT_LOAD_PTR(&g_state) == st) DLB_FT_STORE_PTR(&g_state, NULL);
 }

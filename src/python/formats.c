@@ -165,16 +165,26 @@ int dlb__dltensor_from_buffer(const Py_buffer *b, DLTensor *t, int64_t *shape,
 
 /* The DLDataType of a NumPy descr, from the cache or, the first time,
  * from descr.kind / .itemsize / .byteorder. */
+#ifdef Py_GIL_DISABLED
+/* Without the GIL: entries are read with no lock (an acquire load of
+ * descr, then its dtype, written before it was published) and written
+ * under this lock, each once -- an entry that could be emptied and filled
+ * again would let a reader pair one descr with another's dtype.  A full
+ * cache then stays as it is, and further descrs are read each time. */
+static dlb_ft_lock descr_cache_lock = DLB_FT_LOCK_STATIC;
+#endif
+
 int dlb__numpy_descr_dtype(dlb_descr_entry *cache, PyObject *descr,
                            DLDataType *out) {
   size_t slot = (size_t)(((uintptr_t)descr >> 4) % DLB_DESCR_CACHE_SIZE);
   for (size_t n = 0; n < DLB_DESCR_CACHE_SIZE; n++) {
     dlb_descr_entry *d = &cache[(slot + n) % DLB_DESCR_CACHE_SIZE];
-    if (d->descr == descr) {
+    PyObject *known = DLB_FT_LOAD_PTR(&d->descr);
+    if (known == descr) {
       *out = d->dtype;
       return 0;
     }
-    if (d->descr == NULL) break;
+    if (known == NULL) break;
   }
   PyObject *kind = NULL, *size = NULL, *order = NULL;
   int rc = -1;
@@ -220,6 +230,19 @@ int dlb__numpy_descr_dtype(dlb_descr_entry *cache, PyObject *descr,
                  descr, k);
     goto done;
   }
+#ifdef Py_GIL_DISABLED
+  DLB_FT_LOCK(&descr_cache_lock);
+  for (size_t n = 0; n < DLB_DESCR_CACHE_SIZE; n++) {
+    dlb_descr_entry *d = &cache[(slot + n) % DLB_DESCR_CACHE_SIZE];
+    if (d->descr == descr) break; /* another thread was first */
+    if (d->descr == NULL) {
+      d->dtype = dt;
+      DLB_FT_STORE_PTR(&d->descr, Py_NewRef(descr));
+      break;
+    }
+  }
+  DLB_FT_UNLOCK(&descr_cache_lock);
+#else
   /* Remember it (strong ref); a full cache is emptied and refilled, which
    * is safe because nothing outside holds its entries. */
   if (cache[slot].descr != NULL) {
@@ -234,6 +257,7 @@ int dlb__numpy_descr_dtype(dlb_descr_entry *cache, PyObject *descr,
   }
   cache[slot].descr = Py_NewRef(descr);
   cache[slot].dtype = dt;
+#endif
   *out = dt;
   rc = 0;
 done:

@@ -693,7 +693,35 @@ typedef struct {
    * the sake of the rare calls that use them. */
   int npins;                       /* pins[0..npins) */
   int ncopy;                       /* MARK_COPY arguments */
+#ifdef Py_GIL_DISABLED
+  /* [nin]: each argument's type, held from its reading to the end of the
+   * call.  With a GIL an argument's class changes only when this call runs
+   * Python code, which makes it read again; without one, another thread
+   * may change it (and drop the last reference to the old class, handler
+   * and all) whenever this thread waits for anything -- a lock of
+   * CPython's, of a framework's, of ours.  NULL: not read yet. */
+  PyObject **tpins;
+#endif
 } fn_frame;
+
+/* Drop a pin (a type held by the call).  With no exception pending there
+ * is nothing to keep from the type's dealloc; with a GIL, one that is not
+ * the last reference runs no code either. */
+static inline void unpin(PyObject **pin) {
+#ifdef Py_GIL_DISABLED
+  if (!PyErr_Occurred()) {
+    Py_CLEAR(*pin);
+    return;
+  }
+#else
+  if (Py_REFCNT(*pin) > 1) {
+    Py_DECREF(*pin);
+    *pin = NULL;
+    return;
+  }
+#endif
+  dlb__clear_keep_error(pin);
+}
 
 /* The handler of obj's type when parameter i's memo does not stand:
  * looked up (and remembered).  Classifying a type runs Python code
@@ -705,11 +733,7 @@ static const dlb_handler *arg_handler(fn_object *fn, int i, PyObject *obj,
                                       int *python, int *moved) {
   dlb_module_state *st = fn->st;
   PyTypeObject *type = (PyTypeObject *)Py_NewRef(Py_TYPE(obj));
-  uint64_t classified =
-      st->handlers != NULL ? st->handlers->classifications : 0;
-  const dlb_handler *h = dlb__handler_for_memo(st, &fn->memos[i], type);
-  if (st->handlers != NULL && st->handlers->classifications != classified)
-    *python = 1;
+  const dlb_handler *h = dlb__handler_for_memo(st, &fn->memos[i], type, python);
   if (h != NULL && Py_TYPE(obj) != type) {
     *moved = 1;
     *python = 1; /* the release below may free the type: Python again */
@@ -720,6 +744,21 @@ static const dlb_handler *arg_handler(fn_object *fn, int i, PyObject *obj,
 
 DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
                  (fn_object *, int, PyObject *, int *, int *));
+
+#ifdef Py_GIL_DISABLED
+/* Hold obj's class as argument i's type for the rest of the call
+ * (fn_frame.tpins), letting go of the one held before: obj's class changed
+ * since its last reading, so Python code ran (*python is set). */
+static void pin_type(fn_frame *f, int i, PyObject *obj, int *python) {
+  PyObject *old = f->tpins[i];
+  f->tpins[i] = Py_NewRef((PyObject *)Py_TYPE(obj));
+  if (old != NULL) {
+    *python = 1;
+    unpin(&old);
+  }
+}
+DLB__OUT_OF_LINE(void, pin_type, (fn_frame *, int, PyObject *, int *));
+#endif
 
 /* Read argument i (not a number), looking its handler up.  A NumPy array,
  * a dlb.Tensor or a torch-like tensor is viewed borrowed; for the latter,
@@ -738,6 +777,10 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   dlb_module_state *st = fn->st;
   unsigned opts = 0;
   f->marks[i] = 0;
+#ifdef Py_GIL_DISABLED
+  if (f->tpins[i] != (PyObject *)Py_TYPE(obj))
+    pin_type_out_of_line(f, i, obj, python);
+#endif
   const dlb_handler *h =
       dlb__handler_memo_get(st, &fn->memos[i], Py_TYPE(obj));
   if (h == NULL) {
@@ -786,8 +829,9 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
       }
       /* A torch tensor (torch's base type is known once one was checked,
        * as every one read here was) written in place: autograd is told. */
-      if ((opts & DLB_VIEW_WRITABLE) && st->torch_base != NULL &&
-          PyObject_TypeCheck(obj, st->torch_base)) {
+      PyTypeObject *torch_base = DLB_FT_LOAD_PTR(&st->torch_base);
+      if ((opts & DLB_VIEW_WRITABLE) && torch_base != NULL &&
+          PyObject_TypeCheck(obj, torch_base)) {
         f->marks[i] |= MARK_WRITTEN;
         f->marked |= MARK_WRITTEN;
       }
@@ -1237,15 +1281,11 @@ cleanup:
     if (state[i] == ARG_VIEW) dlb__view_release(&views[i]);
   for (int o = 0; o < nalloc; o++)
     if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
-  while (f->npins > 0) {
-    /* Dropping a reference that is not the last runs no code: only the
-     * last one needs the pending exception kept from the type's dealloc. */
-    PyObject **pin = &f->pins[--f->npins];
-    if (Py_REFCNT(*pin) > 1)
-      Py_DECREF(*pin);
-    else
-      dlb__clear_keep_error(pin);
-  }
+  while (f->npins > 0) unpin(&f->pins[--f->npins]);
+#ifdef Py_GIL_DISABLED
+  for (int i = 0; i < nin; i++)
+    if (f->tpins[i] != NULL) unpin(&f->tpins[i]);
+#endif
   if (traced != NULL) {
     /* What was read is let go of; the compiler gets the whole call. */
     result = dispatch_traced_out_of_line(fn, args, traced);
@@ -1264,6 +1304,9 @@ static void *frame_alloc(const fn_object *fn, fn_frame *f) {
                  n * sizeof(DLTensor *) +
                  n * sizeof(DLManagedTensorVersioned *) +
                  (nin + 1) * sizeof(PyObject *) + 2 * nin;
+#ifdef Py_GIL_DISABLED
+  bytes += nin * sizeof(PyObject *);
+#endif
   char *block = PyMem_Malloc(bytes);
   if (block == NULL) {
     PyErr_NoMemory();
@@ -1282,6 +1325,11 @@ static void *frame_alloc(const fn_object *fn, fn_frame *f) {
   q += n * sizeof(DLManagedTensorVersioned *);
   f->pins = (PyObject **)q;
   q += (nin + 1) * sizeof(PyObject *);
+#ifdef Py_GIL_DISABLED
+  f->tpins = (PyObject **)q;
+  memset(f->tpins, 0, nin * sizeof(PyObject *));
+  q += nin * sizeof(PyObject *);
+#endif
   f->state = (uint8_t *)q;
   q += nin;
   f->marks = (uint8_t *)q;
@@ -1300,8 +1348,14 @@ static PyObject *function_vectorcall(PyObject *self, PyObject *const *args,
   DLTensor *argv[FN_INLINE];
   DLManagedTensorVersioned *outs[FN_INLINE];
   PyObject *pins[FN_INLINE + 1];
+#ifdef Py_GIL_DISABLED
+  PyObject *tpins[FN_INLINE] = {NULL};
+  fn_frame f = {views, scalars, ordered, state, marks, 0, argv, outs, pins,
+                0, 0, tpins};
+#else
   fn_frame f = {views, scalars, ordered, state, marks, 0, argv, outs, pins,
                 0, 0};
+#endif
   void *block = NULL;
   if (fn->nin + fn->nout > FN_INLINE) {
     block = frame_alloc_out_of_line(fn, &f);
@@ -1475,7 +1529,10 @@ static PyObject *function_result_specs(PyObject *self, PyObject *specs) {
   int nin = fn->nin, nout = fn->nout, nmut = 0;
   DLTensor *ts = NULL, **argv = NULL;
   int64_t *shapes = NULL;
-  seq = PySequence_Fast(specs, "_result_specs() takes a sequence of specs");
+  /* A list is read from a copy: another thread may change it meanwhile. */
+  seq = PyList_Check(specs)
+            ? PyList_AsTuple(specs)
+            : PySequence_Fast(specs, "_result_specs() takes a sequence of specs");
   if (seq == NULL) goto cleanup;
   if (PySequence_Fast_GET_SIZE(seq) != nin) {
     nargs_error(fn, PySequence_Fast_GET_SIZE(seq));
@@ -1647,7 +1704,8 @@ cleanup:
 
 PyObject *dlb__function_identity(PyObject *self) {
   fn_object *fn = (fn_object *)self;
-  if (fn->identity != NULL) return Py_NewRef(fn->identity);
+  PyObject *made = DLB_FT_LOAD_PTR(&fn->identity);
+  if (made != NULL) return Py_NewRef(made);
   PyObject *text = normalized_signature(fn);
   if (text == NULL) return NULL;
   Py_ssize_t len;
@@ -1667,7 +1725,9 @@ PyObject *dlb__function_identity(PyObject *self) {
   PyObject *identity = PyUnicode_FromFormat(
       "%U_%08x", fn->name, (unsigned int)(uint32_t)(h ^ (h >> 32)));
   if (identity == NULL) return NULL;
-  if (fn->identity == NULL) fn->identity = Py_NewRef(identity);
+  /* Kept by the first thread to make it; another's equal one is just
+   * returned (the Function holds the kept one until it dies). */
+  if (dlb__ft_set_once(&fn->identity, identity)) Py_INCREF(identity);
   return identity;
 }
 

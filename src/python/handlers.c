@@ -142,19 +142,24 @@ static int cache_insert(struct dlb_handler_cache *c, handler_entry *e) {
   return 0;
 }
 
-/* The weakref callback: a cached type is being destroyed. */
+/* The weakref callback: a cached type is being destroyed.  The entry is
+ * unlinked under the cache's lock and freed after it (its references may
+ * run code). */
 static PyObject *on_type_dead(PyObject *capsule, PyObject *wr) {
   struct dlb_handler_cache *c = PyCapsule_GetContext(capsule);
   if (c == NULL) {
     PyErr_Clear();
     Py_RETURN_NONE; /* the cache is gone already */
   }
+  handler_entry *dead = NULL;
+  DLB_FT_LOCK(&c->lock);
   for (size_t i = 0; i <= c->mask; i++) {
     handler_entry *e = c->slots[i];
     if (e != NULL && e->weakref == wr) {
       cache_remove_at(c, i);
-      c->generation++; /* before the free: no memo may use e again */
-      entry_free(e);
+      /* before the free: no memo (and no thread's front) may use e again */
+      DLB_FT_ADD_U64(&c->generation, 1);
+      dead = e;
       break;
     }
   }
@@ -167,6 +172,8 @@ static PyObject *on_type_dead(PyObject *capsule, PyObject *wr) {
     while (ncap > CACHE_MIN_CAPACITY && c->count * 4 < ncap / 2) ncap /= 2;
     (void)cache_resize(c, ncap);
   }
+  DLB_FT_UNLOCK(&c->lock);
+  entry_free(dead);
   Py_RETURN_NONE;
 }
 
@@ -282,7 +289,9 @@ static int framework_traits(struct dlb_handler_cache *c, PyObject *framework,
 /* Special methods are looked up on the type, as Python does for its own
  * protocols: no bound method is created and a miss raises nothing. */
 int dlb__type_has(PyTypeObject *type, PyObject *name) {
-  return _PyType_Lookup(type, name) != NULL;
+  PyObject *attr = dlb__py_type_lookup(type, name);
+  Py_XDECREF(attr);
+  return attr != NULL;
 }
 
 /* numpy.ndarray from the numpy module, or NULL when it has none (0), or -1
@@ -354,14 +363,18 @@ static int tf_capsule_function(dlb_module_state *st, PyTypeObject *type,
   PyObject *fn = NULL, *names = NULL, *version = NULL, *dtype_enum = NULL;
   *out_fn = *out_dtype_enum = NULL;
   /* Held: the module lookups below may run Python code. */
-  PyObject *dunder = Py_XNewRef(_PyType_Lookup(type, st->str_dlpack));
+  PyObject *dunder = dlb__py_type_lookup(type, st->str_dlpack);
   if (dunder == NULL || !PyFunction_Check(dunder)) goto done;
   version = attr_of_loaded_module("tensorflow", "__version__");
   const char *v = version != NULL && PyUnicode_Check(version)
                       ? PyUnicode_AsUTF8(version)
                       : NULL;
   if (v == NULL || strncmp(v, "2.", 2) != 0) goto done;
-  names = PyObject_GetAttrString(PyFunction_GetCode(dunder), "co_names");
+  /* Through __code__ (a new reference): another thread may replace the
+   * function's code, freeing a borrowed one. */
+  PyObject *code = PyObject_GetAttrString(dunder, "__code__");
+  names = code != NULL ? PyObject_GetAttrString(code, "co_names") : NULL;
+  Py_XDECREF(code);
   if (names == NULL || !PyTuple_Check(names)) goto done;
   int found = 0;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names) && !found; i++) {
@@ -397,19 +410,22 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
     return;
   }
   if (!c->skip_exchange) {
-    /* On the type, through its MRO (torch.nn.Parameter inherits it). */
-    PyObject *attr = _PyType_Lookup(type, c->str_exchange);
+    /* On the type, through its MRO (torch.nn.Parameter inherits it); held,
+     * as another thread may replace the attribute meanwhile. */
+    PyObject *attr = dlb__py_type_lookup(type, c->str_exchange);
     const DLPackExchangeAPI *api = attr ? table_from_attr(attr, 0) : NULL;
     if (api == NULL) {
-      attr = _PyType_Lookup(type, c->str_exchange_legacy);
+      Py_XDECREF(attr);
+      attr = dlb__py_type_lookup(type, c->str_exchange_legacy);
       api = attr ? table_from_attr(attr, 1) : NULL;
     }
     if (api != NULL) {
       h->kind = DLB_KIND_EXCHANGE;
       h->api = api;
-      h->api_owner = Py_NewRef(attr);
+      h->api_owner = attr; /* the lookup's reference */
       return;
     }
+    Py_XDECREF(attr);
   }
   int numpy = is_numpy_ndarray(type);
   if (numpy < 0) return;
@@ -452,16 +468,8 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
 /* type's version tag, assigned if it has none yet; 0 when CPython will not
  * tag it (the entry is then checked again on every lookup). */
 static unsigned int version_of(struct dlb_handler_cache *c, PyTypeObject *type) {
-#if PY_VERSION_HEX >= 0x030C0000
-  (void)c;
-  if (!PyUnstable_Type_AssignVersionTag(type)) return 0;
-#else
-  /* A lookup through the method cache tags the type (3.11 has no call for
-   * it); the name must be an interned str for the cache to be used. */
-  (void)_PyType_Lookup(type, c->str_module);
-  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
-#endif
-  return type->tp_version_tag;
+  if (!dlb__py_type_tag(type, c->str_tag_probe)) return 0;
+  return DLB_FT_LOAD_UINT(&type->tp_version_tag);
 }
 
 /* Whether type and every class on its MRO refuse attribute assignment. */
@@ -506,7 +514,7 @@ error:
   return NULL;
 }
 
-/* The live entry of type, or NULL (no exception). */
+/* The live entry of type, or NULL (no exception).  Lock held. */
 static handler_entry *cache_find(struct dlb_handler_cache *c, PyTypeObject *type) {
   size_t i = hash_type(type) & c->mask;
   for (;;) {
@@ -517,6 +525,14 @@ static handler_entry *cache_find(struct dlb_handler_cache *c, PyTypeObject *type
   }
 }
 
+/* Whether e's answer stands for type now: the class cannot change, or it
+ * has the version tag it was classified under (a moved tag means the class
+ * changed since). */
+static int entry_current(const handler_entry *e, PyTypeObject *type) {
+  return e->immutable ||
+         (e->version != 0 && e->version == DLB_FT_LOAD_UINT(&type->tp_version_tag));
+}
+
 static int same_answer(const dlb_handler *a, const dlb_handler *b) {
   return a->kind == b->kind && a->traced == b->traced &&
          a->immutable == b->immutable && a->api == b->api &&
@@ -524,72 +540,187 @@ static int same_answer(const dlb_handler *a, const dlb_handler *b) {
          PyUnicode_Compare(a->framework, b->framework) == 0;
 }
 
-/* Classify type (new, or stale: its tag moved) and return its live entry. */
+/* ---- free-threaded builds: each thread's front of the cache ----------------------
+ *
+ * Without the GIL the table is read and changed under its lock (c->lock).
+ * The answers a thread uses call after call are remembered in front of it,
+ * per thread: a direct-mapped array of (type, cache, generation, handler,
+ * tag), read with no lock and no write to shared memory.  A remembered
+ * answer stands while the cache has freed no entry since (generation: an
+ * entry is freed only when its type died, so a type at a reused address
+ * never finds another's handler) and the type has the tag it was
+ * classified under -- the checks a Function's per-parameter memo makes on
+ * GIL builds (dlb_handler_memo), which on these builds would be shared
+ * mutable memory and are not used.  The handler itself lives as long as
+ * its type, which the caller holds. */
+#ifdef Py_GIL_DISABLED
+/* Pairs of entries, the pair chosen by the type's hash, the most recently
+ * remembered first: two types a call keeps meeting do not evict each
+ * other when they hash alike. */
+#define FRONT_PAIRS 32
+typedef struct {
+  PyTypeObject *type;
+  const struct dlb_handler_cache *cache;
+  uint64_t generation;
+  const dlb_handler *h;
+  unsigned int tag; /* 0: the type cannot change, no tag to check */
+} front_entry;
+static _Thread_local front_entry front[FRONT_PAIRS][2];
+
+static inline int front_stands(const front_entry *f,
+                               const struct dlb_handler_cache *c,
+                               PyTypeObject *type) {
+  return f->type == type && f->cache == c && c != NULL &&
+         f->generation == DLB_FT_LOAD_U64(&c->generation) &&
+         (f->tag == 0 || f->tag == DLB_FT_LOAD_UINT(&type->tp_version_tag));
+}
+
+const dlb_handler *dlb__handler_front(const dlb_module_state *st,
+                                      PyTypeObject *type) {
+  const struct dlb_handler_cache *c = st->handlers;
+  const front_entry *pair = front[hash_type(type) & (FRONT_PAIRS - 1)];
+  if (front_stands(&pair[0], c, type)) return pair[0].h;
+  if (front_stands(&pair[1], c, type)) return pair[1].h;
+  return NULL;
+}
+
+/* Remember e (current for type, found under the lock, with the cache's
+ * generation then) in this thread's front. */
+static void front_remember(const struct dlb_handler_cache *c,
+                           PyTypeObject *type, const handler_entry *e,
+                           uint64_t generation) {
+  front_entry *pair = front[hash_type(type) & (FRONT_PAIRS - 1)];
+  if (pair[0].type != type) pair[1] = pair[0];
+  pair[0].type = type;
+  pair[0].cache = c;
+  pair[0].generation = generation;
+  pair[0].h = &e->h;
+  pair[0].tag = e->immutable ? 0 : e->version;
+}
+#define FRONT_REMEMBER(c, type, e) \
+  front_remember((c), (type), (e), DLB_FT_LOAD_U64(&(c)->generation))
+#else
+#define FRONT_REMEMBER(c, type, e) ((void)0)
+#endif
+
+/* Classify type (new, or stale: its tag moved) and return its live entry.
+ * Runs Python code (*ran_python is set). */
 static const dlb_handler *classify_and_insert(dlb_module_state *st,
                                               struct dlb_handler_cache *c,
-                                              PyTypeObject *type) {
-  c->classifications++;
+                                              PyTypeObject *type,
+                                              int *ran_python) {
+  *ran_python = 1;
   handler_entry *fresh = entry_new(st, c, type);
   if (fresh == NULL) return NULL;
   /* Python code ran: the table may have changed under us (other types
-   * added or dropped, this one classified by a re-entrant call). */
+   * added or dropped, this one classified by a re-entrant call or, without
+   * the GIL, by another thread). */
   if (st->handlers != c) {
     entry_free(fresh);
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
+  /* Made before the lock is taken (it allocates); dropped unused when the
+   * type turns out to have an entry already. */
+  PyObject *weakref = PyWeakref_NewRef((PyObject *)type, c->callback);
+  if (weakref == NULL) {
+    entry_free(fresh);
+    return NULL;
+  }
+  handler_entry *unused = NULL, *answer;
+  int failed = 0;
+  DLB_FT_LOCK(&c->lock);
   handler_entry *old = cache_find(c, type);
   if (old == NULL) {
-    fresh->weakref = PyWeakref_NewRef((PyObject *)type, c->callback);
-    if (fresh->weakref == NULL || cache_insert(c, fresh) < 0) {
-      entry_free(fresh);
-      return NULL;
+    fresh->weakref = weakref;
+    weakref = NULL;
+    if (cache_insert(c, fresh) < 0) {
+      failed = 1;
+      unused = fresh;
     }
-    return &fresh->h;
-  }
-  if (same_answer(&old->h, &fresh->h)) {
+    answer = fresh;
+  } else if (same_answer(&old->h, &fresh->h)) {
     old->version = fresh->version;
     old->immutable = fresh->immutable;
-    entry_free(fresh);
-    return &old->h;
+    unused = fresh;
+    answer = old;
+  } else {
+    /* A new answer: fresh takes old's slot and weakref; old is retired (a
+     * caller may still hold it) and freed with fresh, when the type dies. */
+    size_t i = hash_type(type) & c->mask;
+    while (c->slots[i] != old) i = (i + 1) & c->mask;
+    fresh->weakref = old->weakref;
+    old->weakref = NULL;
+    fresh->retired = old;
+    c->slots[i] = fresh;
+    answer = fresh;
   }
-  /* A new answer: fresh takes old's slot and weakref; old is retired (a
-   * caller may still hold it) and freed with fresh, when the type dies. */
-  size_t i = hash_type(type) & c->mask;
-  while (c->slots[i] != old) i = (i + 1) & c->mask;
-  fresh->weakref = old->weakref;
-  old->weakref = NULL;
-  fresh->retired = old;
-  c->slots[i] = fresh;
-  return &fresh->h;
+  if (!failed && entry_current(answer, type)) FRONT_REMEMBER(c, type, answer);
+  DLB_FT_UNLOCK(&c->lock);
+  entry_free(unused);
+  Py_XDECREF(weakref);
+  return failed ? NULL : &answer->h;
 }
 
-const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
+/* dlb__handler_for, saying in *ran_python whether Python code may have run
+ * (a classification).  Without the GIL the table's lock is waited for
+ * attached (dlb_ft_lock): the thread is not stopped there, so another
+ * thread cannot change the class of an object the caller holds meanwhile
+ * -- that needs every thread stopped. */
+static const dlb_handler *handler_for(dlb_module_state *st,
+                                      PyTypeObject *type, int *ran_python) {
   struct dlb_handler_cache *c = st->handlers;
   if (c == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
+#ifdef Py_GIL_DISABLED
+  const dlb_handler *h = dlb__handler_front(st, type);
+  if (h != NULL) return h;
+  DLB_FT_LOCK(&c->lock);
+  handler_entry *e = cache_find(c, type);
+  if (e != NULL && entry_current(e, type)) {
+    FRONT_REMEMBER(c, type, e);
+    h = &e->h;
+  }
+  DLB_FT_UNLOCK(&c->lock);
+  if (h != NULL) return h;
+  /* Held while Python code classifies it: that code, or another thread
+   * meanwhile, may change the class of the object the caller read type
+   * from, and only this reference then keeps type alive. */
+  Py_INCREF(type);
+  h = classify_and_insert(st, c, type, ran_python);
+  dlb__clear_keep_error((PyObject **)&type);
+  return h;
+#else
   size_t i = hash_type(type) & c->mask;
   for (;;) {
     handler_entry *e = c->slots[i];
     if (e == NULL) break;
-    /* A moved tag means the class changed since it was classified. */
     if (e->h.type == type) {
-      if (e->immutable ||
-          (e->version != 0 && e->version == type->tp_version_tag))
-        return &e->h;
+      if (entry_current(e, type)) return &e->h;
       break;
     }
     i = (i + 1) & c->mask;
   }
-  return classify_and_insert(st, c, type);
+  return classify_and_insert(st, c, type, ran_python);
+#endif
+}
+
+const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
+  int ran_python = 0;
+  return handler_for(st, type, &ran_python);
 }
 
 const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
                                          dlb_handler_memo *m,
-                                         PyTypeObject *type) {
-  const dlb_handler *h = dlb__handler_for(st, type);
+                                         PyTypeObject *type, int *ran_python) {
+  const dlb_handler *h = handler_for(st, type, ran_python);
+#ifdef Py_GIL_DISABLED
+  /* Left alone: the memo is the Function's, shared by every thread that
+   * calls it, and never read on these builds (dlb__handler_memo_get). */
+  (void)m;
+#else
   memset(m, 0, sizeof *m);
   if (h == NULL) return NULL;
   /* The entry dlb__handler_for answered from: its version is the tag the
@@ -603,6 +734,7 @@ const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
     m->handler = h;
     m->tag = e->version;
   }
+#endif
   return h;
 }
 
@@ -626,6 +758,12 @@ int dlb__handlers_init(dlb_module_state *st) {
     return -1;
   }
   st->handlers = c;
+  DLB_FT_LOCK_INIT(&c->lock);
+  /* Distinct from every other cache of the process, so that a memo of a
+   * cache freed since (at the same address) can never match. */
+  static uint64_t caches_made;
+  DLB_FT_ADD_U64(&caches_made, 1);
+  c->generation = DLB_FT_LOAD_U64(&caches_made) << 40;
   c->mask = CACHE_MIN_CAPACITY - 1;
   c->slots = PyMem_Calloc(c->mask + 1, sizeof *c->slots);
   if (c->slots == NULL) {
@@ -636,14 +774,14 @@ int dlb__handlers_init(dlb_module_state *st) {
   c->skip_exchange = skip != NULL && skip[0] != '\0' && strcmp(skip, "0") != 0;
   c->converters = PyDict_New();
   c->targets = PyDict_New();
-  c->str_module = PyUnicode_InternFromString("__module__");
+  c->str_tag_probe = PyUnicode_InternFromString("__dlbridge_tag_probe__");
   c->str_exchange = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
   c->str_exchange_legacy = PyUnicode_InternFromString("__c_dlpack_exchange_api__");
   c->str_registry = PyUnicode_InternFromString("dlbridge._frameworks");
   c->str_type_framework = PyUnicode_InternFromString("_type_framework");
   c->str_is_traced = PyUnicode_InternFromString("_is_traced");
   c->str_traits = PyUnicode_InternFromString("_c_traits");
-  if (c->converters == NULL || c->targets == NULL || c->str_module == NULL || c->str_exchange == NULL ||
+  if (c->converters == NULL || c->targets == NULL || c->str_tag_probe == NULL || c->str_exchange == NULL ||
       c->str_exchange_legacy == NULL || c->str_registry == NULL ||
       c->str_type_framework == NULL || c->str_is_traced == NULL ||
       c->str_traits == NULL)
@@ -679,6 +817,7 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->converters);
   Py_CLEAR(c->framework_stream);
   Py_CLEAR(c->targets);
+  Py_CLEAR(c->str_tag_probe);
   Py_CLEAR(c->target_memo_key);
   Py_CLEAR(c->target_memo);
   Py_CLEAR(c->str_module);
@@ -688,5 +827,6 @@ void dlb__handlers_clear(dlb_module_state *st) {
   Py_CLEAR(c->str_type_framework);
   Py_CLEAR(c->str_is_traced);
   Py_CLEAR(c->str_traits);
+  DLB_FT_LOCK_DESTROY(&c->lock);
   PyMem_Free(c);
 }

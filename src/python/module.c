@@ -166,6 +166,14 @@ static PyModuleDef_Slot module_slots[] = {
 #if PY_VERSION_HEX >= 0x030C0000
     {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
 #endif
+#ifdef Py_GIL_DISABLED
+    /* Safe without the GIL (docs/python-versions.md, "Free-threading
+     * guarantees": every cache and registry is published atomically and
+     * filled under a lock, or per thread; make test-tsan races 8 threads
+     * through it under ThreadSanitizer).  Without this slot importing
+     * dlbridge would turn the GIL back on for the whole process. */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
     {0, NULL},
 };
 

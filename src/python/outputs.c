@@ -19,14 +19,20 @@ static int python_framework_stream(dlb_module_state *st, const dlb_handler *h,
                                    DLDevice device, void **stream) {
   struct dlb_handler_cache *c = st->handlers;
   int64_t v;
-  if (c->framework_stream == NULL) {
+  PyObject *fn = DLB_FT_LOAD_PTR(&c->framework_stream);
+  if (fn == NULL) {
     PyObject *m = PyImport_ImportModule("dlbridge._streams");
     if (m == NULL) return -1;
-    c->framework_stream = PyObject_GetAttrString(m, "framework_stream");
+    fn = PyObject_GetAttrString(m, "framework_stream");
     Py_DECREF(m);
-    if (c->framework_stream == NULL) return -1;
+    if (fn == NULL) return -1;
+    /* The first thread's is kept (two that race made the same one). */
+    if (!dlb__ft_set_once(&c->framework_stream, fn)) {
+      Py_DECREF(fn);
+      fn = DLB_FT_LOAD_PTR(&c->framework_stream);
+    }
   }
-  PyObject *fn = Py_NewRef(c->framework_stream); /* the call runs Python */
+  Py_INCREF(fn); /* the call runs Python */
   PyObject *r = PyObject_CallFunction(fn, "Oi",
                                       h->framework ? h->framework : Py_None,
                                       (int)device.device_id);
@@ -121,7 +127,10 @@ static void raise_named(alloc_error *e, const dlb_handler *h) {
   }
   PyObject *exc = PyExc_RuntimeError;
   PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
-  PyObject *cls = builtins ? PyDict_GetItemString(builtins, e->kind) : NULL;
+  /* A strong reference: builtins is shared by every thread. */
+  PyObject *cls = NULL;
+  if (builtins == NULL || dlb__dict_get_string_ref(builtins, e->kind, &cls) < 0)
+    PyErr_Clear();
   if (cls != NULL && PyType_Check(cls) &&
       PyType_IsSubtype((PyTypeObject *)cls, (PyTypeObject *)PyExc_BaseException))
     exc = cls;
@@ -130,6 +139,7 @@ static void raise_named(alloc_error *e, const dlb_handler *h) {
                  e->kind, e->message);
   else
     PyErr_SetString(exc, e->message);
+  Py_XDECREF(cls);
 }
 
 /* A framework's allocator result must be what was asked for: the kernel
@@ -220,13 +230,14 @@ int dlb__alloc_like(dlb_module_state *st, const dlb_handler *h,
 }
 
 /* The callable that turns a dlb.Tensor into framework fw's type (Py_None
- * for a framework the registry does not know), borrowed from the cache.
- * The registry (python/dlbridge/_frameworks.py, _c_converter) is asked once
- * per framework name; C keeps no list of frameworks of its own. */
+ * for a framework the registry does not know), a new reference from the
+ * cache.  The registry (python/dlbridge/_frameworks.py, _c_converter) is
+ * asked once per framework name; C keeps no list of frameworks of its own.
+ * Strong references throughout: the dict is shared by every thread. */
 static PyObject *converter_for(struct dlb_handler_cache *c, PyObject *fw) {
-  PyObject *conv = PyDict_GetItemWithError(c->converters, fw);
-  if (conv != NULL) return conv;
-  if (PyErr_Occurred()) return NULL;
+  PyObject *conv = NULL;
+  int found = dlb__dict_get_ref(c->converters, fw, &conv);
+  if (found != 0) return found > 0 ? conv : NULL;
   /* fw is borrowed from a handler and Python code runs below. */
   Py_INCREF(fw);
   PyObject *registry = PyImport_Import(c->str_registry);
@@ -235,9 +246,11 @@ static PyObject *converter_for(struct dlb_handler_cache *c, PyObject *fw) {
     Py_DECREF(registry);
   }
   if (conv != NULL) {
-    int rc = PyDict_SetItem(c->converters, fw, conv);
-    Py_DECREF(conv); /* the dict keeps it */
-    conv = rc < 0 ? NULL : PyDict_GetItemWithError(c->converters, fw);
+    /* What is in the dict now: conv, or another thread's answer. */
+    PyObject *kept = NULL;
+    int rc = dlb__dict_setdefault_ref(c->converters, fw, conv, &kept);
+    Py_DECREF(conv);
+    conv = rc < 0 ? NULL : kept;
   }
   Py_DECREF(fw);
   return conv;
@@ -273,12 +286,15 @@ int dlb__to_framework(dlb_module_state *st, const dlb_handler *h,
     return -1;
   }
   PyObject *t = dlb__tensor_from_managed(st, m); /* steals m */
-  if (t == NULL) return -1;
+  if (t == NULL) {
+    Py_DECREF(conv);
+    return -1;
+  }
   if (conv == Py_None) {
+    Py_DECREF(conv);
     *out = t;
     return 0;
   }
-  Py_INCREF(conv); /* borrowed from the dict; the call below runs Python */
   void *prev = dlb__stream_swap(stream);
   PyObject *res = PyObject_CallOneArg(conv, t);
   dlb__stream_swap(prev);

@@ -56,14 +56,7 @@
  * missing (no exception), -1 error.  AttributeError is the only exception
  * that means "missing". */
 int dlb__get_optional_attr(PyObject *obj, PyObject *name, PyObject **out) {
-#if PY_VERSION_HEX >= 0x030D0000
-  return PyObject_GetOptionalAttr(obj, name, out);
-#else
-  /* The private 3.7-3.12 spelling of the same function: it avoids creating
-   * an AttributeError for the common miss, which matters here because most
-   * objects miss several of the attributes we probe. */
-  return _PyObject_LookupAttr(obj, name, out);
-#endif
+  return dlb__py_get_optional_attr(obj, name, out);
 }
 
 /* ---- keeping Python owners alive from a managed tensor -------------------- */

@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -130,17 +131,20 @@ static PyObject *shm_tensor(dlb_module_state *st, dlb_shm *shm,
  * at most once a second: often enough that a program which keeps killing
  * workers (Pool terminate) does not pile up segments, rare enough to cost
  * nothing. */
-static time_t last_cleanup;
+static _Atomic(long long) last_cleanup;
 
 PyObject *dlb__shm_share(dlb_module_state *st, const dlb_view *view) {
   dlb_shm *shm = NULL;
   dlb_error err;
   int64_t nbytes = 0;
-  time_t now = time(NULL);
-  if (now != last_cleanup) {
-    last_cleanup = now;
+  long long now = (long long)time(NULL);
+  long long last = atomic_load_explicit(&last_cleanup, memory_order_relaxed);
+  /* One thread a second scans (without the GIL several may get here). */
+  if (now != last &&
+      atomic_compare_exchange_strong_explicit(&last_cleanup, &last, now,
+                                              memory_order_relaxed,
+                                              memory_order_relaxed))
     (void)dlb_shm_cleanup(NULL, NULL);
-  }
   bool padded = (view->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) != 0;
   if (dlb_tensor_nbytes(&view->t, padded, &nbytes, &err) != DLB_OK)
     return dlb__raise_status("share()", &err, NULL);

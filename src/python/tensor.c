@@ -389,7 +389,8 @@ static int tensor_traverse(PyObject *op, visitproc visit, void *arg) {
 static int tensor_clear(PyObject *op) {
   static int64_t empty_dims[2] = {0, 1}; /* shape {0}, strides {1} */
   dlb_TensorObject *self = AS_TENSOR(op);
-  if (self->managed == NULL || self->buffer_exports > 0) return 0;
+  if (self->managed == NULL || DLB_FT_LOAD_SSIZE(&self->buffer_exports) > 0)
+    return 0;
   DLManagedTensorVersioned *m = self->managed;
   exported_forget(self);
   self->managed = NULL;
@@ -919,7 +920,7 @@ static int tensor_getbuffer(PyObject *op, Py_buffer *view, int flags) {
   view->suboffsets = NULL;
   view->internal = dims;
   view->obj = Py_NewRef(op);
-  self->buffer_exports++;
+  DLB_FT_ADD_SSIZE(&self->buffer_exports, 1); /* views may come from any thread */
   dims = NULL;
   rc = 0;
 
@@ -931,7 +932,7 @@ cleanup:
 static void tensor_releasebuffer(PyObject *op, Py_buffer *view) {
   PyMem_Free(view->internal);
   view->internal = NULL;
-  AS_TENSOR(op)->buffer_exports--;
+  DLB_FT_ADD_SSIZE(&AS_TENSOR(op)->buffer_exports, -1);
 }
 
 /* ---- empty / zeros -------------------------------------------------------------------- */
@@ -1035,6 +1036,23 @@ PyObject *dlb__py_zeros(PyObject *module, PyObject *const *args,
 
 static int is_nested(PyObject *o) { return PyList_Check(o) || PyTuple_Check(o); }
 
+/* Item i of o (a list or tuple), a new reference; NULL when a list is no
+ * longer that long (changed while it was read; no exception).  A list's
+ * item through PyList_GetItemRef where there is one: without the GIL
+ * another thread may replace the item, and free it, between a borrowed
+ * read and its INCREF. */
+static PyObject *nested_item(PyObject *o, Py_ssize_t i) {
+#if PY_VERSION_HEX >= 0x030D0000
+  if (PyList_Check(o)) {
+    PyObject *item = PyList_GetItemRef(o, i);
+    if (item == NULL) PyErr_Clear();
+    return item;
+  }
+#endif
+  if (i >= PySequence_Fast_GET_SIZE(o)) return NULL;
+  return Py_NewRef(PySequence_Fast_GET_ITEM(o, i));
+}
+
 /* A list of data shrank or grew while its items were being read (an
  * item's __float__ or __index__ changed it). */
 static int changed_while_read(int32_t dim) {
@@ -1069,7 +1087,8 @@ static int infer_rec(PyObject *o, int32_t dim, int32_t ndim,
   for (Py_ssize_t i = 0; i < n; i++) {
     /* The previous item's conversion ran Python code. */
     if (PySequence_Fast_GET_SIZE(o) != n) return changed_while_read(dim);
-    PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(o, i));
+    PyObject *item = nested_item(o, i);
+    if (item == NULL) return changed_while_read(dim);
     int r = infer_rec(item, dim + 1, ndim, shape, cls);
     Py_DECREF(item);
     if (r < 0) return -1;
@@ -1097,7 +1116,8 @@ static int fill_rec(PyObject *o, int32_t dim, int32_t ndim,
   for (Py_ssize_t i = 0; i < n; i++) {
     /* The previous item's conversion ran Python code. */
     if (PySequence_Fast_GET_SIZE(o) != n) return changed_while_read(dim);
-    PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(o, i));
+    PyObject *item = nested_item(o, i);
+    if (item == NULL) return changed_while_read(dim);
     int r = fill_rec(item, dim + 1, ndim, shape, k, name, itemsize, dst);
     Py_DECREF(item);
     if (r < 0) return -1;
@@ -1125,19 +1145,29 @@ PyObject *dlb__py_tensor(PyObject *module, PyObject *const *args,
   if (a[2] != NULL && dlb__device_converter(st, a[2], &device) < 0)
     goto cleanup;
 
-  /* The shape is read down the first elements; every other element is
-   * checked against it while inferring / filling. */
-  for (PyObject *cur = data; is_nested(cur);) {
-    if (ndim == DLB_MAX_NDIM) {
-      PyErr_Format(PyExc_BufferError,
-                   "tensor() data nests deeper than %d levels (MAX_NDIM)",
-                   DLB_MAX_NDIM);
-      goto cleanup;
+  /* The shape is read down the first elements (held: another thread may
+   * change a list meanwhile); every other element is checked against it
+   * while inferring / filling. */
+  for (PyObject *cur = Py_NewRef(data); cur != NULL;) {
+    PyObject *next = NULL;
+    if (is_nested(cur)) {
+      if (ndim == DLB_MAX_NDIM) {
+        PyErr_Format(PyExc_BufferError,
+                     "tensor() data nests deeper than %d levels (MAX_NDIM)",
+                     DLB_MAX_NDIM);
+        Py_DECREF(cur);
+        goto cleanup;
+      }
+      Py_ssize_t n = PySequence_Fast_GET_SIZE(cur);
+      shape[ndim++] = n;
+      if (n > 0 && (next = nested_item(cur, 0)) == NULL) {
+        Py_DECREF(cur);
+        changed_while_read(ndim - 1);
+        goto cleanup;
+      }
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(cur);
-    shape[ndim++] = n;
-    if (n == 0) break;
-    cur = PySequence_Fast_GET_ITEM(cur, 0);
+    Py_DECREF(cur);
+    cur = next;
   }
 
   if (a[1] != NULL && a[1] != Py_None) {

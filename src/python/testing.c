@@ -306,14 +306,17 @@ static PyObject *py_cache_size(PyObject *module, PyObject *unused) {
   (void)unused;
   struct dlb_handler_cache *c = mod_state(module)->handlers;
   if (c == NULL) return PyLong_FromLong(0);
-  return Py_BuildValue("(nn)", (Py_ssize_t)c->count, (Py_ssize_t)(c->mask + 1));
+  DLB_FT_LOCK(&c->lock);
+  Py_ssize_t count = (Py_ssize_t)c->count, capacity = (Py_ssize_t)(c->mask + 1);
+  DLB_FT_UNLOCK(&c->lock);
+  return Py_BuildValue("(nn)", count, capacity);
 }
 
 /* 0: torch's lazy bits not looked for yet; 1: read from its TensorImpl
  * (the fast path); -1: the experiment failed, tensors are asked. */
 static PyObject *py_torch_bits_state(PyObject *module, PyObject *unused) {
   (void)unused;
-  return PyLong_FromLong(mod_state(module)->torch_bits);
+  return PyLong_FromLong(DLB_FT_LOAD_INT(&mod_state(module)->torch_bits));
 }
 
 /* _torch_bits_force(state) -> the previous state: -1 asks every tensor
@@ -337,8 +340,8 @@ static PyObject *py_torch_bits_force(PyObject *module, PyObject *arg) {
                     "bits in this process");
     return NULL;
   }
-  long previous = st->torch_bits;
-  st->torch_bits = (dlb_torch_bits)state;
+  long previous = DLB_FT_LOAD_INT(&st->torch_bits);
+  DLB_FT_STORE_INT(&st->torch_bits, (int)state);
   return PyLong_FromLong(previous);
 }
 
@@ -373,5 +376,10 @@ int dlb__testing_init(PyObject *module, dlb_module_state *st) {
   if (atomic_load(&counters.attempts) == 0 && atomic_load(&counters.live) == 0)
     atomic_store(&counters.budget, -1);
   if (PyModule_AddFunctions(module, testing_methods) < 0) return -1;
+  /* 1 in the build whose private CPython API is replaced by the public
+   * fallbacks (pycompat.h; make test-pycompat checks it is that build). */
+  if (PyModule_AddIntConstant(module, "_PYCOMPAT_PUBLIC_ONLY",
+                              !DLB_PYCOMPAT_PRIVATE) < 0)
+    return -1;
   return PyModule_AddFunctions(module, private_methods);
 }

@@ -38,36 +38,16 @@
  * METH_NOARGS or METH_VARARGS method (called with no arguments) or a
  * getter, of a C type obj is an instance of; NULL with an exception.  The
  * descriptors are checked to be of these shapes when they are kept
- * (c_callable). */
+ * (c_callable).  How the function is reached is pycompat.h's business
+ * (descriptor internals, with a public fallback). */
 static PyObject *call_c(PyObject *descr, PyObject *obj) {
-  if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
-    PyGetSetDef *gs = ((PyGetSetDescrObject *)descr)->d_getset;
-    return gs->get(obj, gs->closure);
-  }
-  PyMethodDef *m = ((PyMethodDescrObject *)descr)->d_method;
-  if ((m->ml_flags & ~(unsigned)METH_COEXIST) == METH_NOARGS)
-    return m->ml_meth(obj, NULL);
-  PyObject *none = PyTuple_New(0); /* the shared empty tuple */
-  if (none == NULL) return NULL;
-  PyObject *r = m->ml_meth(obj, none);
-  Py_DECREF(none);
-  return r;
+  return dlb__py_c_descr_call(descr, obj);
 }
 
 /* Whether descr (a new reference, consumed) can be called by call_c on
  * instances of type: returned, else NULL (and it is released). */
 static PyObject *c_callable(PyObject *descr, PyTypeObject *type) {
-  int ok = 0;
-  if (descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
-    ok = ((PyGetSetDescrObject *)descr)->d_getset->get != NULL &&
-         PyType_IsSubtype(type, PyDescr_TYPE(descr));
-  } else if (descr != NULL && Py_IS_TYPE(descr, &PyMethodDescr_Type)) {
-    unsigned flags = (unsigned)((PyMethodDescrObject *)descr)->d_method->ml_flags &
-                     ~(unsigned)METH_COEXIST;
-    ok = (flags == METH_NOARGS || flags == METH_VARARGS) &&
-         PyType_IsSubtype(type, PyDescr_TYPE(descr));
-  }
-  if (!ok) Py_CLEAR(descr);
+  if (descr != NULL && !dlb__py_c_descr_usable(descr, type)) Py_CLEAR(descr);
   return descr;
 }
 
@@ -180,7 +160,8 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
                            PyObject *obj) {
   PyObject *g = NULL, *r = NULL, *cd = NULL;
   int ok = 0;
-  st->torch_bits = DLB_TORCH_BITS_ASK; /* unless everything below holds */
+  /* Asked, unless everything below holds: other threads ask meanwhile. */
+  DLB_FT_STORE_INT(&st->torch_bits, DLB_TORCH_BITS_ASK);
   st->torch_found = 0;
 #ifndef DLB_HAVE_MALLOC_USABLE_SIZE
   (void)base;
@@ -271,8 +252,9 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
       PyErr_Clear();
     }
   }
-  st->torch_bits = DLB_TORCH_BITS_READ;
   st->torch_found = 1;
+  /* Last: a thread that reads READ finds the offsets above in place. */
+  DLB_FT_STORE_INT(&st->torch_bits, DLB_TORCH_BITS_READ);
   ok = 1;
 done:
   /* A failed experiment is not an error: the tensor is asked instead. */
@@ -347,11 +329,35 @@ static PyTypeObject *torch_base_of(PyTypeObject *type) {
  * code runs: *ran_python is set): its base type is kept, what asking needs
  * is looked up and the experiment runs.  Only once torch is imported: this
  * never imports it. */
+/* Free-threaded builds: the first torch tensor's visit and the experiment
+ * run in one thread at a time, under st->torch_lock.  What they run may
+ * run Python code that meets a torch tensor again on the same thread: that
+ * visit must not wait for itself, and finds the work unfinished instead
+ * (its tensor is then asked the ordinary way).  0 when the lock is taken
+ * (torch_unlock after), -1 when this thread holds it already. */
+static int torch_lock(dlb_module_state *st) {
+  /* With a GIL the owner is just "someone": only this thread can run. */
+#ifdef Py_GIL_DISABLED
+  unsigned long me = PyThread_get_thread_ident();
+#else
+  unsigned long me = 1;
+#endif
+  if (DLB_FT_LOAD_ULONG(&st->torch_owner) == me) return -1;
+  DLB_FT_MUTEX_LOCK(&st->torch_lock);
+  DLB_FT_STORE_ULONG(&st->torch_owner, me);
+  return 0;
+}
+
+static void torch_unlock(dlb_module_state *st) {
+  DLB_FT_STORE_ULONG(&st->torch_owner, 0);
+  DLB_FT_MUTEX_UNLOCK(&st->torch_lock);
+}
+
 static int is_torch(dlb_module_state *st, PyObject *obj, int *ran_python) {
   /* torch.Tensor itself derives from the base directly: one compare. */
-  if (st->torch_base != NULL)
-    return Py_TYPE(obj)->tp_base == st->torch_base ||
-           PyObject_TypeCheck(obj, st->torch_base);
+  PyTypeObject *known = DLB_FT_LOAD_PTR(&st->torch_base);
+  if (known != NULL)
+    return Py_TYPE(obj)->tp_base == known || PyObject_TypeCheck(obj, known);
   PyTypeObject *base = torch_base_of(Py_TYPE(obj));
   if (base == NULL) return 0;
   PyObject *torch = PyImport_GetModule(st->str_torch);
@@ -361,8 +367,13 @@ static int is_torch(dlb_module_state *st, PyObject *obj, int *ran_python) {
   }
   Py_DECREF(torch);
   *ran_python = 1;
-  st->torch_base = (PyTypeObject *)Py_NewRef((PyObject *)base);
-  torch_keep_calls(st, base);
+  if (torch_lock(st) < 0) return 1; /* this thread is meeting torch already */
+  if (st->torch_base == NULL) {
+    torch_keep_calls(st, base);
+    /* Last: a thread that sees torch_base finds what asking needs. */
+    DLB_FT_STORE_PTR(&st->torch_base, Py_NewRef((PyObject *)base));
+  }
+  torch_unlock(st);
   return 1;
 }
 
@@ -370,7 +381,7 @@ static int is_torch(dlb_module_state *st, PyObject *obj, int *ran_python) {
  * *conj set), 0 to be asked. */
 static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
                            int *conj) {
-  if (st->torch_bits != DLB_TORCH_BITS_READ) return 0;
+  if (DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ) return 0;
   const char *impl = torch_impl_of(st, obj);
   if (impl == NULL) return 0;
   uint64_t key;
@@ -383,7 +394,8 @@ static int torch_bits_read(dlb_module_state *st, PyObject *obj, int *neg,
 /* Whether obj, a torch tensor, is one autograd never touched (its
  * autograd_meta_ is NULL): then it does not require grad. */
 static int torch_no_autograd(const dlb_module_state *st, PyObject *obj) {
-  if (st->torch_bits != DLB_TORCH_BITS_READ || st->torch_meta_off < 0)
+  if (DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ ||
+      st->torch_meta_off < 0)
     return 0;
   const char *impl = torch_impl_of(st, obj);
   if (impl == NULL) return 0;
@@ -396,9 +408,14 @@ int dlb__check_bits(dlb_module_state *st, PyObject *obj, unsigned options,
                     DLDataType dtype, int *readonly, int *ran_python) {
   int neg = 0, conj = 0;
   if (!is_torch(st, obj, ran_python)) return 0;
-  if (st->torch_bits == DLB_TORCH_BITS_UNTRIED) {
+  if (DLB_FT_LOAD_INT(&st->torch_bits) == DLB_TORCH_BITS_UNTRIED) {
     *ran_python = 1;
-    torch_calibrate(st, st->torch_base, obj);
+    PyTypeObject *base = DLB_FT_LOAD_PTR(&st->torch_base);
+    if (base != NULL && torch_lock(st) == 0) {
+      if (st->torch_bits == DLB_TORCH_BITS_UNTRIED)
+        torch_calibrate(st, base, obj);
+      torch_unlock(st);
+    }
   }
   if (!torch_bits_read(st, obj, &neg, &conj)) {
     neg = torch_ask(st, obj, ASK_NEG, ran_python);
@@ -502,6 +519,6 @@ void dlb__torch_clear(dlb_module_state *st) {
   }
   Py_CLEAR(st->torch_grad_enabled);
   Py_CLEAR(st->torch_bump);
-  st->torch_bits = DLB_TORCH_BITS_UNTRIED;
+  DLB_FT_STORE_INT(&st->torch_bits, DLB_TORCH_BITS_UNTRIED);
   st->torch_found = 0;
 }

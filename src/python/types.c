@@ -71,12 +71,26 @@ static size_t dtype_cache_slot(dlb_module_state *st, DLDataType dtype) {
   return h % (sizeof st->dtype_cache / sizeof *st->dtype_cache);
 }
 
-PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
-  size_t slot = dtype_cache_slot(st, dtype);
+/* The cached DType for dtype (a new reference), or NULL.  Without the GIL
+ * the slot is read and its reference taken under st->dtype_lock: another
+ * thread may replace the entry (a collision) and free it in between. */
+static PyObject *dtype_cached(dlb_module_state *st, size_t slot,
+                              DLDataType dtype) {
+  DLB_FT_MUTEX_LOCK(&st->dtype_lock);
   dlb_DTypeObject *cached = (dlb_DTypeObject *)st->dtype_cache[slot];
   if (cached != NULL && cached->dtype.code == dtype.code &&
       cached->dtype.bits == dtype.bits && cached->dtype.lanes == dtype.lanes)
-    return Py_NewRef((PyObject *)cached);
+    Py_INCREF(cached);
+  else
+    cached = NULL;
+  DLB_FT_MUTEX_UNLOCK(&st->dtype_lock);
+  return (PyObject *)cached;
+}
+
+PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
+  size_t slot = dtype_cache_slot(st, dtype);
+  PyObject *cached = dtype_cached(st, slot, dtype);
+  if (cached != NULL) return cached;
   char buf[48];
   dlb_error err;
   if (dlb_dtype_name(dtype, buf, sizeof buf, &err) != DLB_OK)
@@ -91,8 +105,13 @@ PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
     return NULL;
   }
   /* A collision just replaces the older entry: the cache is a shortcut,
-   * never the only reference anyone holds. */
-  Py_XSETREF(st->dtype_cache[slot], Py_NewRef((PyObject *)self));
+   * never the only reference anyone holds.  The old one is let go of after
+   * the lock (its dealloc may run code). */
+  DLB_FT_MUTEX_LOCK(&st->dtype_lock);
+  PyObject *old = st->dtype_cache[slot];
+  st->dtype_cache[slot] = Py_NewRef((PyObject *)self);
+  DLB_FT_MUTEX_UNLOCK(&st->dtype_lock);
+  Py_XDECREF(old);
   return (PyObject *)self;
 }
 
@@ -594,7 +613,7 @@ int dlb__device_converter(dlb_module_state *st, PyObject *obj,
                    Py_TYPE(ot)->tp_name, Py_TYPE(oi)->tp_name);
       return -1;
     }
-    int32_t t, i;
+    int32_t t = 0, i = 0; /* gcc 12 -O3 cannot see as_int32 set them */
     int r = as_int32(tv, &t);
     Py_DECREF(tv);
     if (r < 0) return -1;

@@ -2034,6 +2034,14 @@ static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, module_exec},
+#ifdef Py_GIL_DISABLED
+    /* Declared so that importing it leaves the GIL off on free-threaded
+     * builds, where the suite tests dlbridge without a GIL.  Its counters
+     * and quarantine are plain globals: a test that drives it from several
+     * threads at once would have to lock them first (none does; the thread
+     * hammer, tests/threads, does not use it). */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
     {0, NULL},
 };
 

@@ -748,8 +748,9 @@ def test_convert_round_trip_does_not_grow_memory():
 
 @pytest.mark.skipif(
     bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-    reason="the exported-tensor cache is off in free-threaded builds "
-    "(src/python/tensor.c) until issue 18's free-threading audit")
+    reason="the exported-tensor cache is off in free-threaded builds: it "
+    "holds borrowed Tensors another thread's dealloc could free under a "
+    "reader (src/python/tensor.c, docs/python-versions.md)")
 def test_exported_tensor_recognised_through_other_frameworks():
     """A framework's tensor over exactly an exported Tensor's memory imports
     as that Tensor (no chain of wrappers); a different view, dtype or
