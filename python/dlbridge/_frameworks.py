@@ -201,9 +201,11 @@ REGISTRY = {fw.name: fw for fw in (
     # hands them one, which spares them the protocol's method calls.
     Framework("onnxruntime", takes=TAKES_CAPSULE, layout="row-major"),
     # MLX 0.32 copies every import on its CPU backend and refuses negative
-    # strides.
+    # strides.  A NumPy array it can take goes to it as it is (objects):
+    # NumPy's own capsule is what its importer reads fastest.
     Framework("mlx", takes=TAKES_CAPSULE, readonly=True,
-              negative_strides=False, copies=True, dtypes=_MLX_DTYPES),
+              negative_strides=False, copies=True, dtypes=_MLX_DTYPES,
+              objects=True),
     # Warp 1.19: legacy capsules, zero-copy for any strides; its arrays
     # have at least one dimension.
     Framework("warp", dist="warp-lang", takes=TAKES_CAPSULE, min_ndim=1),
@@ -212,6 +214,8 @@ REGISTRY = {fw.name: fw for fw in (
     # Dr.Jit 1.5: exact dtype and C-contiguous layout; the LLVM backend
     # shares CPU memory, the scalar one copies (_c_convert_target says
     # which, per backend).
+    # Not objects: TensorX<dtype>(ndarray) converts the dtype silently, a
+    # capsule of the wrong dtype is refused.
     Framework("drjit", takes=TAKES_CAPSULE, layout="row-major",
               dtypes=frozenset(_DRJIT_TENSORS)),
     # NumPy underneath, read-only kept.
