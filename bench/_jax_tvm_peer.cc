@@ -3,7 +3,7 @@
 // build/libdlb_example_kernels.so, the dlb_kernel ABI of dlbridge.h) as a
 // tvm-ffi function of XLA's operand and result, which jax_tvm_ffi registers
 // as an XLA FFI target.  Each TensorView becomes the DLTensor the kernel
-// takes; the stream is NULL, as on the host.  Built by bench_compiled.py.
+// takes; the stream is NULL, as on the host.  Built by bench/build_peers.sh.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>

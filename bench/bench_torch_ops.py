@@ -15,8 +15,10 @@ Python number for a (the kernel's work is nothing next to the call):
           same function with no call, divided by CHAIN -- for the Function
           called as f(...), the bare operator and the custom_op wrapper,
           with aot_eager and inductor.
-  compile time of the chained function (Dynamo + backend, caches off)
-          for the Function and the bare operator.
+  compile time of each chained function: its first call (Dynamo +
+          backend, caches off).
+The chains, the floor and the anchors: dlbridge/_bench_compiled.py, which
+`dlbridge bench`'s compiled torch row uses too.
 
 Target (issue 16): the compiled Function within 1.5x of the bare define +
 impl operator.  Also shown: the eager three-tensor call (DESIGN.md's
@@ -30,76 +32,25 @@ Options: --quick, --json FILE.
 import json
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = "--quick" in sys.argv
-CHAIN = 100
-SAXPY_OUT = "saxpy(a: float32, x: float32[n], y: float32[n]) -> float32[n]"
 NOOP3 = "noop3(x: float32[n], y: float32[n], z: float32[n])"
-TARGET = 1.5
+BACKENDS = ("aot_eager", "inductor")
 
 import dlbridge as dlb  # noqa: E402
+from dlbridge import _bench_compiled as bc  # noqa: E402
 from dlbridge import _measure, _ops_torch  # noqa: E402
 
 import torch  # noqa: E402
 
 
 def kernels():
-    path = os.environ.get("DLB_EXAMPLE_KERNELS") or os.path.join(
-        ROOT, "build", "libdlb_example_kernels.so")
+    path = bc.kernel_library(ROOT)
     if not os.path.exists(path):
         sys.exit(f"bench_torch_ops: {path} not built (make build)")
-    return (dlb.load(path, "dlb_kernel_saxpy_out", SAXPY_OUT),
+    return (dlb.load(path, bc.TORCH_KERNEL_SYMBOL, bc.TORCH_SIGNATURE),
             dlb.load(path, "dlb_kernel_noop", NOOP3))
-
-
-def anchors(fn):
-    """The bare define + impl operator and the custom_op wrapper."""
-    lib = torch.library.Library("dlb_bench", "FRAGMENT")
-    lib.define("bare(Scalar a, Tensor x, Tensor y) -> Tensor")
-
-    def bare(a, x, y):
-        return torch.empty_like(y)
-    lib.impl("bare", bare, "CPU")
-    torch.library.register_fake("dlb_bench::bare", lambda a, x, y:
-                                torch.empty_like(y), lib=lib)
-
-    @torch.library.custom_op("dlb_bench::wrapped", mutates_args=())
-    def wrapped(a: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return fn(a, x, y)
-
-    @wrapped.register_fake
-    def _(a, x, y):
-        return torch.empty_like(y)
-    return lib, torch.ops.dlb_bench.bare.default, wrapped
-
-
-def chained(call):
-    def f(x, y):
-        for _ in range(CHAIN):
-            y = call(2.0, x, y)
-        return y
-    return f
-
-
-def compiled_cases(fns, backend):
-    cases = {}
-    x, y = torch.ones(8), torch.ones(8)
-    for name, call in fns.items():
-        g = torch.compile(chained(call), backend=backend, fullgraph=True)
-        cases[(backend, name)] = _measure.Case("g(x, y)", g=g, x=x, y=y)
-    empty = torch.compile(lambda x, y: y + 0, backend=backend, fullgraph=True)
-    cases[(backend, "empty")] = _measure.Case("g(x, y)", g=empty, x=x, y=y)
-    return cases
-
-
-def compile_seconds(call, backend):
-    torch._dynamo.reset()
-    x, y = torch.ones(8), torch.ones(8)
-    start = time.perf_counter()
-    torch.compile(chained(call), backend=backend, fullgraph=True)(x, y)
-    return time.perf_counter() - start
 
 
 def main():
@@ -107,7 +58,7 @@ def main():
     # a compiled chain takes ~1 ms: longer runs, more rounds
     chain_settings = _measure.QUICK if QUICK else _measure.FULL
     saxpy, noop3 = kernels()
-    _lib, bare, wrapped = anchors(saxpy)
+    _lib, bare, wrapped = bc.torch_anchors(torch, saxpy)
     op = _ops_torch.op(saxpy, 1)            # the Scalar overload
     x, y, z = torch.ones(8), torch.ones(8), torch.ones(8)
 
@@ -116,31 +67,20 @@ def main():
             "f(x, y, z)", f=noop3, x=x, y=y, z=z),
         "Function": _measure.Case("f(2.0, x, y)", f=saxpy, x=x, y=y),
         "its torch operator": _measure.Case("f(2.0, x, y)", f=op, x=x, y=y),
-        "bare define + impl operator": _measure.Case(
-            "f(2.0, x, y)", f=bare, x=x, y=y),
-        "custom_op wrapper": _measure.Case(
-            "f(2.0, x, y)", f=wrapped, x=x, y=y),
+        bc.TORCH_BARE: _measure.Case("f(2.0, x, y)", f=bare, x=x, y=y),
+        bc.TORCH_WRAPPED: _measure.Case("f(2.0, x, y)", f=wrapped, x=x, y=y),
     }, settings)
 
-    import torch._inductor.config as inductor_config
-    inductor_config.fx_graph_cache = False
-    fns = {"Function": saxpy, "bare define + impl operator": bare,
-           "custom_op wrapper": wrapped}
-    cases = {}
-    for backend in ("aot_eager", "inductor"):
-        cases.update(compiled_cases(fns, backend))
+    fns = {bc.TORCH_FUNCTION: saxpy, bc.TORCH_BARE: bare,
+           bc.TORCH_WRAPPED: wrapped}
+    cases, compile_s = {}, {}
+    for backend in BACKENDS:
+        c, s = bc.torch_compiled(torch, fns, backend)
+        cases.update(c)
+        compile_s.update(s)
     timed = _measure.measure(cases, chain_settings)
-
-    compiled = {}
-    for backend in ("aot_eager", "inductor"):
-        base = timed[(backend, "empty")]
-        for name in fns:
-            t = timed[(backend, name)]
-            compiled[(backend, name)] = ((t - base) / CHAIN
-                                         if _measure.num(t, base) else t)
-    compile_s = {(backend, name): compile_seconds(fns[name], backend)
-                 for backend in ("aot_eager", "inductor")
-                 for name in ("Function", "bare define + impl operator")}
+    compiled = {(backend, name): bc.torch_per_call(timed, backend, name)
+                for backend in BACKENDS for name in fns}
 
     print(f"torch {torch.__version__}, {_measure.cpu_model()}; "
           f"saxpy_out on 8 float32, a Python number for a")
@@ -148,31 +88,34 @@ def main():
     for name, t in eager.items():
         print(f"  {name:38s} {t:9.0f}" if _measure.num(t) else
               f"  {name:38s} {t}")
-    print(f"\ncompiled (fullgraph), ns per operator call ({CHAIN} chained "
+    print(f"\ncompiled (fullgraph), ns per operator call ({bc.TORCH_CHAIN} chained "
           f"calls minus none)")
-    for backend in ("aot_eager", "inductor"):
+    for backend in BACKENDS:
         for name in fns:
             t = compiled[(backend, name)]
             print(f"  {backend:10s} {name:28s} {t:9.0f}"
                   if _measure.num(t) else f"  {backend:10s} {name:28s} {t}")
-    print(f"\ncompile time of {CHAIN} chained calls (caches off), s")
+    print(f"\ncompile time of {bc.TORCH_CHAIN} chained calls (first call, caches "
+          f"off), s")
     for (backend, name), s in compile_s.items():
+        if name == bc.TORCH_EMPTY or s is None:
+            continue
         print(f"  {backend:10s} {name:28s} {s:9.2f}")
     print("\nratios")
     report = {}
-    for backend in ("aot_eager", "inductor"):
-        ours = compiled[(backend, "Function")]
-        anchor = compiled[(backend, "bare define + impl operator")]
-        wrap = compiled[(backend, "custom_op wrapper")]
+    for backend in BACKENDS:
+        ours = compiled[(backend, bc.TORCH_FUNCTION)]
+        anchor = compiled[(backend, bc.TORCH_BARE)]
+        wrap = compiled[(backend, bc.TORCH_WRAPPED)]
         if _measure.num(ours, anchor, wrap):
             ratio = ours / anchor
             report[backend] = ratio
             print(f"  {backend}: Function / bare define+impl = {ratio:.2f} "
-                  f"(target <= {TARGET}: "
-                  f"{'PASS' if ratio <= TARGET else 'MISS'}); "
+                  f"(target <= {bc.TORCH_TARGET}: "
+                  f"{'PASS' if ratio <= bc.TORCH_TARGET else 'MISS'}); "
                   f"custom_op wrapper / Function = {wrap / ours:.2f}")
     t, o = eager["Function"], eager["its torch operator"]
-    b, w = eager["bare define + impl operator"], eager["custom_op wrapper"]
+    b, w = eager[bc.TORCH_BARE], eager[bc.TORCH_WRAPPED]
     if _measure.num(t, o, b, w):
         print(f"  eager: operator / bare define+impl = {o / b:.2f}; "
               f"custom_op wrapper / operator = {w / o:.2f}; "

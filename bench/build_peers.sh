@@ -5,6 +5,10 @@
 #   _nb_peer     nanobind 3.1 from its shipped sources (g++, C++17)
 #   libtvm_peer  a tvm-ffi module compiled against tvm_ffi's shipped headers
 #                and libtvm_ffi.so, loaded with tvm_ffi.load_module
+#   libjax_tvm_peer  the no-op kernel of build/libdlb_example_kernels.so as a
+#                tvm-ffi function, registered with jax-tvm-ffi as an XLA FFI
+#                target (bench/bench_compiled.py, `dlbridge bench`'s jax
+#                compiled row); needs jax-tvm-ffi and `make build` first
 # Idempotent: each output is rebuilt only when one of its inputs is newer.
 # A peer whose package or compiler is missing, or that fails to compile, is
 # skipped with a note (bench_calls.py then reports it as not measured); the
@@ -83,9 +87,34 @@ build_tvm() {
   fi
 }
 
+# ---- jax-tvm-ffi ----------------------------------------------------------------
+build_jax_tvm() {
+  local inc dlinc lib kernels=$PWD/build/libdlb_example_kernels.so
+  if ! $PY -c 'import importlib.util as u, sys; sys.exit(u.find_spec("jax_tvm_ffi") is None)' 2>/dev/null ||
+     ! { inc=$($PY -c 'import tvm_ffi.libinfo as l; print(l.find_include_path())' 2>/dev/null) &&
+         dlinc=$($PY -c 'import tvm_ffi.libinfo as l; print(l.find_dlpack_include_path())' 2>/dev/null) &&
+         lib=$($PY -c 'import tvm_ffi.libinfo as l; print(l.find_libtvm_ffi())' 2>/dev/null); }; then
+    say "jax-tvm-ffi or apache-tvm-ffi not installed: jax-tvm-ffi peer skipped"
+    return 0
+  fi
+  if [ ! -f "$kernels" ]; then
+    say "$kernels not built (make build): jax-tvm-ffi peer skipped"
+    return 0
+  fi
+  if stale "$OUT/libjax_tvm_peer.so" bench/_jax_tvm_peer.cc "$kernels" "$lib"; then
+    say "building libjax_tvm_peer.so"
+    # The kernel library by its absolute path (it has no soname), so the
+    # peer finds it wherever it is loaded from.
+    $CXX -std=c++17 -O2 -DNDEBUG -fPIC -shared -I"$inc" -I"$dlinc" \
+        bench/_jax_tvm_peer.cc "$kernels" -L"$(dirname "$lib")" -ltvm_ffi \
+        -Wl,-rpath,"$(dirname "$lib")" -o "$OUT/libjax_tvm_peer.so" || return 1
+  fi
+}
+
 if command -v "$CXX" >/dev/null 2>&1; then
   build_nanobind || { rm -f "$OUT/_nb_peer$EXT"; say "nanobind peer failed to build: skipped"; }
   build_tvm || { rm -f "$OUT/libtvm_peer.so"; say "tvm-ffi peer failed to build: skipped"; }
+  build_jax_tvm || { rm -f "$OUT/libjax_tvm_peer.so"; say "jax-tvm-ffi peer failed to build: skipped"; }
 else
-  say "no C++ compiler ($CXX; apt-get install g++): nanobind and tvm-ffi peers skipped"
+  say "no C++ compiler ($CXX; apt-get install g++): nanobind, tvm-ffi and jax-tvm-ffi peers skipped"
 fi

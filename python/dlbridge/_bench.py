@@ -14,6 +14,12 @@ the other, never at once, for the same reason.
 Tensors are CPU float32[16] (1-D so every framework, PyArrow included, can
 make one), 64-byte aligned (JAX and TensorFlow copy or refuse less aligned
 data, which would time a copy instead of the exchange).
+
+The "compiled" rows (JAX's and torch's children) take their figures with
+dlbridge/_bench_compiled.py, the rules bench/bench_compiled.py and
+bench/bench_torch_ops.py use too.  The targets of issues 16 and 17 are
+judged in the parent from the rows (TARGETS, targets()); they are
+informational: the exit status never depends on a speed.
 """
 
 import glob
@@ -25,14 +31,22 @@ import subprocess
 import sys
 import time
 
+from . import _bench_compiled as _bc
 from . import _measure
 from ._kits import kits, short_name, version_of
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # The kits the bench measures, in the registry's order.
 FRAMEWORKS = tuple(n for n, k in kits().items() if k.bench)
-CALLS = ("from_dlpack", "convert", "__dlpack__", "Function")
-REFERENCES = ("own", "nanobind", "tvm-ffi", "no-op")
+# Calls every framework has a row of, against its own way ("own").
+EAGER_CALLS = ("from_dlpack", "convert", "__dlpack__", "Function")
+# A Function as an op of the framework's compiler: {framework: compiler}.
+COMPILED = {"jax": "jax.jit", "torch": "torch.compile"}
+CALLS = EAGER_CALLS + ("compiled",)
+REFERENCES = ("own", "nanobind", "tvm-ffi", "no-op", "jax-tvm-ffi",
+              "define+impl", "custom_op")
+PEERS = ("nanobind", "tvm-ffi", "no-op", "jax-tvm-ffi")
+STATUSES = ("met", "missed", "not measured")
 MODES = {"quick": _measure.QUICK, "default": _measure.DEFAULT,
          "full": _measure.FULL}
 N = 16                     # elements per tensor
@@ -50,13 +64,25 @@ CHILD_TIMEOUT_S = 300
 DLB_EXPR = {"from_dlpack": "dlb.from_dlpack(x)", "convert": "dlb.convert(y, FW)",
             "__dlpack__": "t.__dlpack__(max_version=v)",
             "Function": "noop3(a, b, c)"}
+# The compiled rows' dlbridge side, per framework.
+COMPILED_EXPR = {"jax": "step(x) in jax.jit",
+                 "torch": "saxpy(2.0, x, y) in torch.compile"}
+# torch.compile's default backend, the one users get (bench/bench_torch_ops.py
+# measures aot_eager too).
+TORCH_BACKEND = "inductor"
 LEGEND = ("x, a, b, c: the framework's float32[16] tensors; y: a NumPy "
           "float32[256] (1 KiB; for numpy: a dlb.Tensor of one); "
           "t = dlb.from_dlpack(x); v = (1, 3); noop3: "
           "dlb.Function of a C kernel that does nothing; tf_from_dlpack: "
           "tf.experimental.dlpack.from_dlpack.  ns per call, best of "
           "interleaved rounds; ref/dlb: the reference's time over dlbridge's, "
-          "same run (above 1: dlbridge is faster).")
+          "same run (above 1: dlbridge is faster).  compiled: ns an op adds "
+          "per call inside one compiled graph -- jax.jit: 1,000 chained "
+          "calls of step: float32[n] -> float32[n] (the no-op kernel) minus "
+          "1,000 no-op ffi_calls, / 1,000; torch.compile (inductor): 100 "
+          "chained saxpy calls on float32[8] minus none, / 100; define+impl: "
+          "a bare torch.library op of the same schema; custom_op: a "
+          "torch.library.custom_op wrapping the Function.")
 
 
 # ------------------------------------------------------------ child side
@@ -71,9 +97,10 @@ def _aligned_ones(np, n):
 
 
 def _peer_functions(cfg):
-    """{reference kind: callable or error text} for the peers the parent
-    found present (absent ones are a note of the parent's)."""
-    out = {}
+    """({reference kind: callable or error text} of the Function peers,
+    nanobind's one-tensor function or error text, or None) for the peers
+    the parent found present (absent ones are a note of the parent's)."""
+    out, one = {}, None
     peers = cfg.get("peers", {})
     d = cfg.get("peers_dir")
     if d and d not in sys.path:
@@ -82,8 +109,11 @@ def _peer_functions(cfg):
         try:
             import _nb_peer
             out["nanobind"] = _nb_peer.f
+            one = getattr(_nb_peer, "f1", None) or (
+                "the nanobind peer has no f1 (built before it had one: run "
+                "bench/build_peers.sh again)")
         except Exception as e:
-            out["nanobind"] = _measure.why(e)
+            out["nanobind"] = one = _measure.why(e)
     if peers.get("tvm-ffi", {}).get("present"):
         try:
             import tvm_ffi
@@ -96,11 +126,15 @@ def _peer_functions(cfg):
             out["no-op"] = _noop.noop
         except Exception as e:
             out["no-op"] = _measure.why(e)
-    return out
+    return out, one
 
 
 PEER_EXPR = {"nanobind": "nanobind f(a, b, c)", "tvm-ffi": "tvm-ffi noop3(a, b, c)",
              "no-op": "C no-op f(a, b, c) (floor)"}
+NANOBIND_ONE_EXPR = "nanobind f1(x)"
+COMPILED_REF_EXPR = {"jax-tvm-ffi": "jax-tvm-ffi step(x) in jax.jit",
+                     "define+impl": "bare define+impl op",
+                     "custom_op": "custom_op wrapper of Function"}
 
 
 def child(fw, cfg):
@@ -154,8 +188,7 @@ def child(fw, cfg):
         except Exception as e:
             fcase = _measure.why(e)
     else:
-        fcase = ("no no-op kernel library: set DLB_EXAMPLE_KERNELS or pass "
-                 f"--kernels (meson builds build/{KERNEL_LIB})")
+        fcase = _no_kernel_text()
     add("Function", "dlb", None, fcase)
     op = kit.op()
     if op is None:
@@ -165,9 +198,14 @@ def child(fw, cfg):
         op_label, op_stmt, op_names = op
         add("Function", "own", op_label,
             _measure.Case(op_stmt, a=a, b=b, c=c, **op_names))
-    for kind, f in _peer_functions(cfg).items():
+    peer_functions, nanobind_one = _peer_functions(cfg)
+    for kind, f in peer_functions.items():
         add("Function", kind, PEER_EXPR[kind],
             f if isinstance(f, str) else _measure.Case("f(a, b, c)", f=f, a=a, b=b, c=c))
+    if nanobind_one is not None:
+        add("from_dlpack", "nanobind", NANOBIND_ONE_EXPR,
+            nanobind_one if isinstance(nanobind_one, str)
+            else _measure.Case("f(x)", f=nanobind_one, x=x))
 
     got = _measure.measure(cases, settings)
     rows = []
@@ -178,13 +216,122 @@ def child(fw, cfg):
             "dlbridge": _side(DLB_EXPR[call].replace("FW", repr(fw)), ours),
             "reference": dict(kind=who, **_side(label, theirs)),
             "ratio": theirs / ours if _measure.num(ours, theirs) else None})
+    # Sorted by call, as the table groups them (the nanobind from_dlpack
+    # row was added after the Function rows).
+    rows.sort(key=lambda r: EAGER_CALLS.index(r["call"]))
+    if fw in COMPILED:
+        rows += _compiled_rows(fw, cfg, settings)
     return rows
 
 
-def _side(expr, value):
+def _side(expr, value, compile_s=None):
     ok = isinstance(value, float)
-    return {"expr": expr, "ns": value if ok else None,
-            "error": None if ok else (value or "not measured")}
+    out = {"expr": expr, "ns": value if ok else None,
+           "error": None if ok else (value or "not measured")}
+    if compile_s is not None:
+        out["compile_s"] = compile_s
+    return out
+
+
+def _row(fw, call, ours, kind, theirs):
+    """A row from two sides made by _side."""
+    return {"framework": fw, "call": call, "dlbridge": ours,
+            "reference": dict(kind=kind, **theirs),
+            "ratio": (theirs["ns"] / ours["ns"]
+                      if ours["ns"] is not None and theirs["ns"] is not None
+                      else None)}
+
+
+def _no_kernel_text():
+    return ("no no-op kernel library: set DLB_EXAMPLE_KERNELS or pass "
+            f"--kernels (meson builds build/{KERNEL_LIB})")
+
+
+def _compiled_rows(fw, cfg, settings):
+    """The "compiled" rows of jax or torch (dlbridge/_bench_compiled.py)."""
+    try:
+        if fw == "jax":
+            return _jax_compiled_rows(cfg)
+        return _torch_compiled_rows(cfg, settings)
+    except Exception as e:  # the compiler could not be set up at all
+        err = _measure.why(e, 160)
+        refs = ("jax-tvm-ffi",) if fw == "jax" else ("define+impl", "custom_op")
+        return [_row(fw, "compiled", _side(COMPILED_EXPR[fw], err), kind,
+                     _side(COMPILED_REF_EXPR[kind], err)) for kind in refs]
+
+
+def _jax_compiled_rows(cfg):
+    import jax
+    import jax.numpy as jnp
+
+    import dlbridge as dlb
+    peer = cfg.get("peers", {}).get("jax-tvm-ffi", {})
+    target = theirs = None
+    if peer.get("present"):
+        try:
+            target = _bc.jax_register_tvm(jax, peer["path"])
+        except Exception as e:
+            theirs = _measure.why(e, 160)
+    else:
+        theirs = peer.get("note", "jax-tvm-ffi: absent")
+    kernel = cfg.get("kernel")
+    function = None
+    if not kernel:
+        ours = _no_kernel_text()
+    else:
+        try:
+            function = dlb.load(kernel, _bc.JAX_KERNEL_SYMBOL, _bc.JAX_SIGNATURE)
+        except Exception as e:
+            ours = _measure.why(e, 160)
+    if function is not None or target is not None:
+        chains = _bc.jax_chains(jax, function, target)
+        if function is None:
+            del chains[_bc.JAX_FUNCTION]
+        figures = _bc.jax_measure(jax, chains, _bc.jax_input(jnp),
+                                  *_bc.JAX_ROUNDS_RUNS[cfg["mode"]])
+        if function is not None:
+            ours = figures[_bc.JAX_FUNCTION]
+        if target is not None:
+            theirs = figures[_bc.JAX_TVM]
+
+    def side(expr, f):
+        if isinstance(f, dict):
+            return _side(expr, f["per_call"] * 1e9, f["trace"] + f["compile"])
+        return _side(expr, f)
+    return [_row("jax", "compiled", side(COMPILED_EXPR["jax"], ours),
+                 "jax-tvm-ffi", side(COMPILED_REF_EXPR["jax-tvm-ffi"], theirs))]
+
+
+def _torch_compiled_rows(cfg, settings):
+    import torch
+
+    import dlbridge as dlb
+    kernel = cfg.get("kernel")
+    function = None
+    if not kernel:
+        missing = _no_kernel_text()
+    else:
+        try:
+            function = dlb.load(kernel, _bc.TORCH_KERNEL_SYMBOL, _bc.TORCH_SIGNATURE)
+        except Exception as e:
+            missing = _measure.why(e, 160)
+    _lib, bare, wrapped = _bc.torch_anchors(torch, function)
+    fns = {_bc.TORCH_BARE: bare}
+    if function is not None:
+        fns[_bc.TORCH_FUNCTION] = function
+        fns[_bc.TORCH_WRAPPED] = wrapped
+    cases, seconds = _bc.torch_compiled(torch, fns, TORCH_BACKEND)
+    timed = _measure.measure(cases, settings)
+
+    def side(expr, name):
+        if name not in fns:
+            return _side(expr, missing)
+        return _side(expr, _bc.torch_per_call(timed, TORCH_BACKEND, name),
+                     seconds[TORCH_BACKEND, name])
+    ours = side(COMPILED_EXPR["torch"], _bc.TORCH_FUNCTION)
+    return [_row("torch", "compiled", ours, kind, side(COMPILED_REF_EXPR[kind], name))
+            for kind, name in (("define+impl", _bc.TORCH_BARE),
+                               ("custom_op", _bc.TORCH_WRAPPED))]
 
 
 def _child_main(argv):
@@ -225,10 +372,12 @@ def find_kernel(explicit=None):
 
 def find_peers(peers_dir=None):
     """(directory, {kind: {"present", "path", "note"}}) for the peers that
-    bench/build_peers.sh builds (nanobind, tvm-ffi, the C no-op floor);
+    bench/build_peers.sh builds (nanobind, tvm-ffi, the C no-op floor,
+    jax-tvm-ffi);
     looked for in --peers, $DLBRIDGE_BENCH_PEERS, then build/bench here.
     Nothing is imported: a peer is present when its file is there (and, for
-    tvm-ffi, the tvm_ffi package is installed)."""
+    tvm-ffi, the tvm_ffi package is installed; for jax-tvm-ffi, jax_tvm_ffi
+    too)."""
     d = peers_dir or os.environ.get(PEERS_ENV) or (
         "build/bench" if os.path.isdir("build/bench") else None)
     d = os.path.abspath(d) if d else None
@@ -266,6 +415,20 @@ def find_peers(peers_dir=None):
         {"present": True, "path": noop, "note": "C no-op floor " + noop} if noop
         else {"present": False, "path": None,
               "note": f"C no-op floor: absent (no _noop module in {where})"})
+    jax_lib = os.path.join(d, _bc.JAX_TVM_PEER) if d else None
+    missing = [m for m in ("jax_tvm_ffi", "tvm_ffi")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        peers["jax-tvm-ffi"] = {
+            "present": False, "path": None,
+            "note": f"jax-tvm-ffi: absent ({' and '.join(missing)} not installed)"}
+    elif not (jax_lib and os.path.exists(jax_lib)):
+        peers["jax-tvm-ffi"] = {
+            "present": False, "path": None,
+            "note": f"jax-tvm-ffi: absent (no {_bc.JAX_TVM_PEER} in {where}; {how})"}
+    else:
+        peers["jax-tvm-ffi"] = {"present": True, "path": jax_lib,
+                                "note": "jax-tvm-ffi peer " + jax_lib}
     return d, peers
 
 
@@ -312,8 +475,8 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
     fws = list(frameworks or installed_frameworks())
     d, peers = find_peers(peers_dir)
     settings = MODES[mode]
-    cfg = {"settings": settings._asdict(), "kernel": find_kernel(kernel),
-           "peers_dir": d, "peers": peers}
+    cfg = {"mode": mode, "settings": settings._asdict(),
+           "kernel": find_kernel(kernel), "peers_dir": d, "peers": peers}
     rows, notes = [], []
     for fw in fws:
         if progress:
@@ -334,32 +497,104 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
               "kernel": cfg["kernel"], "peers": peers, "rows": rows,
               "notes": notes}
     report["defects"] = defects(report)
+    report["targets"] = targets(report)
     return report
 
 
 def defects(report):
-    """dlbridge's side failing where the framework's own way works: each
-    {framework, call, error}.  Not a defect: convert into a framework with
-    no DLPack importer (PyArrow), Function without the kernel library."""
+    """dlbridge's side failing where the framework's own way works (an
+    "own" row), or where the reference op works inside the same compiler
+    (a "compiled" row): each {framework, call, error}, once per framework
+    and call.  Not a defect: convert into a framework with no DLPack
+    importer (PyArrow), a Function without the kernel library."""
     table = kits()
-    out = []
+    out, seen = [], set()
     for r in report["rows"]:
         fw, call = r["framework"], r["call"]
-        if (r["reference"]["kind"] != "own" or r["dlbridge"]["ns"] is not None
-                or r["reference"]["ns"] is None):
+        if r["reference"]["kind"] != "own" and call != "compiled":
+            continue
+        if r["dlbridge"]["ns"] is not None or r["reference"]["ns"] is None:
             continue
         if call == "convert" and table[fw].own_label is None:
             continue
-        if call == "Function" and report["kernel"] is None:
+        if call in ("Function", "compiled") and report["kernel"] is None:
             continue
-        out.append({"framework": fw, "call": call, "error": r["dlbridge"]["error"]})
+        if (fw, call) not in seen:
+            seen.add((fw, call))
+            out.append({"framework": fw, "call": call,
+                        "error": r["dlbridge"]["error"]})
     return out
+
+
+# The speed targets of issue 17 item 5 and issue 16 item 7, each
+# (framework, call, reference kind, need, label): met when the row's ratio
+# (reference ns / dlbridge ns) is at least need.  Informational: the exit
+# status never depends on them.
+TARGETS = (
+    *((fw, "convert", "own", 1.0,
+       f"convert into {fw} no slower than its own importer")
+      for fw in ("numpy", "jax", "tensorflow")),
+    *((fw, "convert", "own", 2.0,
+       f"convert into {fw} at least 2x faster than its own importer")
+      for fw in ("torch", "paddle")),
+    *((fw, "convert", "own", 1 / 1.1,
+       f"convert into {fw} within 1.1x of its own importer")
+      for fw in ("warp", "open3d", "onnxruntime", "drjit", "mlx")),
+    ("tensorflow", "from_dlpack", "nanobind", 1.0,
+     "from_dlpack of a TF tensor no slower than nanobind"),
+    ("tensorflow", "Function", "nanobind", 1.0,
+     "Function of TF tensors no slower than nanobind"),
+    ("jax", "compiled", "jax-tvm-ffi", 1.0,
+     "Function inside jax.jit no slower than jax-tvm-ffi"),
+    ("torch", "compiled", "define+impl", 1 / _bc.TORCH_TARGET,
+     f"Function in torch.compile within {_bc.TORCH_TARGET:g}x of a bare "
+     "define+impl op"),
+)
+
+
+def targets(report):
+    """Each target of TARGETS judged from the report's rows: {framework,
+    call, reference, need, label, ratio, status, why}; status is "met",
+    "missed" or "not measured" (why says why)."""
+    rows = {(r["framework"], r["call"], r["reference"]["kind"]): r
+            for r in report["rows"]}
+    table = kits()
+    out = []
+    for fw, call, kind, need, label in TARGETS:
+        r = rows.get((fw, call, kind))
+        ratio, why = (r["ratio"] if r else None), None
+        if ratio is None:
+            why = _not_measured_why(report, table, fw, kind, r)
+        out.append({"framework": fw, "call": call, "reference": kind,
+                    "need": need, "label": label, "ratio": ratio,
+                    "status": ("not measured" if ratio is None else
+                               "met" if ratio >= need else "missed"),
+                    "why": why})
+    return out
+
+
+def _not_measured_why(report, table, fw, kind, row):
+    if fw not in report["frameworks"]:
+        return ("not installed" if fw not in table or not table[fw].installed()
+                else "not in this run's --frameworks")
+    if row is None:
+        died = [n for n in report["notes"] if n.startswith(f"{fw}: not measured")]
+        if died:
+            return died[0]
+        peer = report["peers"].get(kind)
+        return peer["note"] if peer and not peer["present"] else "no such row"
+    for side in ("dlbridge", "reference"):
+        if row[side]["error"]:
+            return f"{row[side]['expr']}: {row[side]['error']}"
+    return "not measured"
 
 
 _SIDE = {"type": "object", "required": ["expr", "ns", "error"],
          "properties": {"expr": {"type": "string"},
                         "ns": {"type": ["number", "null"]},
-                        "error": {"type": ["string", "null"]}}}
+                        "error": {"type": ["string", "null"]},
+                        # compiled rows: seconds to compile the chain
+                        "compile_s": {"type": ["number", "null"]}}}
 
 # JSON-Schema-like description of the --json output (docs/bench.md; checked
 # by the tests with dlbridge._doctor.validate).
@@ -367,7 +602,7 @@ SCHEMA = {
     "type": "object",
     "required": ["schema_version", "mode", "settings", "machine", "dlbridge",
                  "versions", "frameworks", "kernel", "peers", "rows", "notes",
-                 "defects"],
+                 "defects", "targets"],
     "properties": {
         "schema_version": {"enum": [SCHEMA_VERSION]},
         "mode": {"enum": list(MODES)},
@@ -386,14 +621,14 @@ SCHEMA = {
         "versions": {"type": "object"},
         "frameworks": {"type": "array", "items": {"enum": list(FRAMEWORKS)}},
         "kernel": {"type": ["string", "null"]},
-        "peers": {"type": "object", "required": ["nanobind", "tvm-ffi", "no-op"],
+        "peers": {"type": "object", "required": list(PEERS),
                   "properties": {k: {"type": "object",
                                      "required": ["present", "path", "note"],
                                      "properties": {
                                          "present": {"enum": [True, False]},
                                          "path": {"type": ["string", "null"]},
                                          "note": {"type": "string"}}}
-                                 for k in ("nanobind", "tvm-ffi", "no-op")}},
+                                 for k in PEERS}},
         "rows": {"type": "array", "items": {
             "type": "object",
             "required": ["framework", "call", "dlbridge", "reference", "ratio"],
@@ -411,6 +646,18 @@ SCHEMA = {
             "properties": {"framework": {"enum": list(FRAMEWORKS)},
                            "call": {"enum": list(CALLS)},
                            "error": {"type": "string"}}}},
+        "targets": {"type": "array", "items": {
+            "type": "object",
+            "required": ["framework", "call", "reference", "need", "label",
+                         "ratio", "status", "why"],
+            "properties": {"framework": {"enum": list(FRAMEWORKS)},
+                           "call": {"enum": list(CALLS)},
+                           "reference": {"enum": list(REFERENCES)},
+                           "need": {"type": "number"},
+                           "label": {"type": "string"},
+                           "ratio": {"type": ["number", "null"]},
+                           "status": {"enum": list(STATUSES)},
+                           "why": {"type": ["string", "null"]}}}},
     },
 }
 
@@ -476,12 +723,55 @@ def plain(report, width=100):
     for r in rows:
         lines.append(fmt.format(*(v[:w] for v, (_, w) in zip(r, COLUMNS))).rstrip())
     lines.append("")
+    lines.append(TARGETS_TITLE)
+    lines += [_wrap(f"  {status:<12} {text}", width, " " * 15)
+              for status, text in target_lines(report)]
+    lines.append("")
     lines += [_wrap(t, width) for t in _tail(report, errors)]
     return "\n".join(lines)
 
 
+TARGETS_TITLE = ("targets (issues 16 and 17; informational: the exit status "
+                 "does not depend on speed)")
+
+
+def target_lines(report):
+    """[(status, text)] for the targets section, in TARGETS' order."""
+    out = []
+    for t in report.get("targets", ()):
+        if t["status"] == "not measured":
+            text = f"{t['label']}: {t['why']}"
+        else:
+            text = (f"{t['label']}: {t['ratio']:.2f}x "
+                    f"(needs >= {t['need']:.2f}x)")
+        out.append((t["status"], text))
+    return out
+
+
+def _compile_times(report):
+    """One line per compiled row group: seconds to compile each chain."""
+    out, seen = [], set()
+    for r in report["rows"]:
+        if r["call"] != "compiled":
+            continue
+        parts = []
+        if r["framework"] not in seen:
+            seen.add(r["framework"])
+            parts.append(("dlbridge", r["dlbridge"].get("compile_s")))
+        parts.append((r["reference"]["kind"], r["reference"].get("compile_s")))
+        parts = [f"{who} {v:.2f} s" for who, v in parts if v is not None]
+        if parts:
+            out.append((r["framework"], parts))
+    merged = {}
+    for fw, parts in out:
+        merged.setdefault(fw, []).extend(parts)
+    return [f"compile time of the chain, {COMPILED[fw]}: " + ", ".join(p)
+            for fw, p in merged.items()]
+
+
 def _tail(report, errors):
     out = [LEGEND]
+    out += _compile_times(report)
     out += [f"not measured: {e}" for e in errors]
     out += report["notes"]
     if report.get("defects"):
@@ -503,6 +793,11 @@ def rich_table(report, console):
         style = "" if not ratio else "green" if float(ratio[:-1]) >= 1 else "yellow"
         t.add_row(*r[:5], f"[{style}]{ratio}[/]" if style else ratio)
     console.print(t)
+    console.print(f"[bold]{TARGETS_TITLE}[/]")
+    colour = {"met": "green", "missed": "yellow", "not measured": "dim"}
+    for status, text in target_lines(report):
+        console.print(f"  [{colour[status]}]{status:<12}[/] {text}",
+                      highlight=False)
     for line in _tail(report, errors):
         console.print(f"[dim]{line}[/]", highlight=False)
 

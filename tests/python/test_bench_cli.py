@@ -1,6 +1,7 @@
-"""dlbridge bench: JSON schema, rows per installed framework, peers, table,
---plot.  Never asserts a time: figures depend on the machine and its load;
-only their presence, sign and arithmetic are checked."""
+"""dlbridge bench: JSON schema, rows per installed framework, peers, the
+compiled rows, the targets section, table, --plot.  Never asserts a time:
+figures depend on the machine and its load; only their presence, sign and
+arithmetic are checked."""
 
 import importlib.util
 import json
@@ -61,7 +62,7 @@ def test_every_installed_framework_has_the_four_calls(report):
     for fw in installed:
         own = {r["call"]: r for r in report["rows"]
                if r["framework"] == fw and r["reference"]["kind"] == "own"}
-        assert set(own) == set(_bench.CALLS), (fw, report["notes"])
+        assert set(own) == set(_bench.EAGER_CALLS), (fw, report["notes"])
         # dlbridge's own side is measured for every framework, or the
         # failure is listed as a defect, or it is Function without the
         # kernel library, or convert into PyArrow (no DLPack importer)
@@ -111,39 +112,200 @@ def test_pyarrow_has_no_importer_row(report):
 
 def test_absent_peers_are_a_note(report):
     assert not any(p["present"] for p in report["peers"].values())
-    kinds = {r["reference"]["kind"] for r in report["rows"]}
+    kinds = {r["reference"]["kind"] for r in report["rows"]
+             if r["call"] != "compiled"}
     assert kinds == {"own"}
     notes = "\n".join(report["notes"])
     assert "nanobind: absent" in notes and "tvm-ffi: absent" in notes
+    assert "jax-tvm-ffi: absent" in notes
+
+
+def _compiled(report, fw):
+    return {r["reference"]["kind"]: r for r in report["rows"]
+            if r["framework"] == fw and r["call"] == "compiled"}
+
+
+def test_compiled_rows(report):
+    """jax.jit and torch.compile rows for the installed ones: dlbridge's
+    Function measured inside the compiler with its compile time; without
+    the jax-tvm-ffi peer, that reference says why it is n/a."""
+    assert {r["framework"] for r in report["rows"] if r["call"] == "compiled"} == {
+        fw for fw in _bench.COMPILED if fw in report["frameworks"]}
+    if "jax" in report["frameworks"]:
+        jax = _compiled(report, "jax")
+        assert set(jax) == {"jax-tvm-ffi"}
+        r = jax["jax-tvm-ffi"]
+        assert r["dlbridge"]["expr"] == "step(x) in jax.jit"
+        assert "jax-tvm-ffi: absent" in r["reference"]["error"]
+        if report["kernel"] is not None:
+            assert r["dlbridge"]["ns"] > 0 and r["dlbridge"]["compile_s"] > 0
+    if "torch" in report["frameworks"]:
+        torch = _compiled(report, "torch")
+        assert set(torch) == {"define+impl", "custom_op"}
+        assert torch["define+impl"]["reference"]["ns"] > 0   # no kernel needed
+        if report["kernel"] is not None:
+            for r in torch.values():
+                assert r["dlbridge"] == torch["define+impl"]["dlbridge"]
+                assert r["dlbridge"]["ns"] > 0 and r["dlbridge"]["compile_s"] > 0
+                assert r["reference"]["compile_s"] > 0
+                assert r["ratio"] == pytest.approx(
+                    r["reference"]["ns"] / r["dlbridge"]["ns"])
+
+
+def test_targets_section(report):
+    """Every target of issues 16 and 17, in order, judged from the row it
+    names; the absent peers' targets say why they were not measured."""
+    got = report["targets"]
+    assert [(t["framework"], t["call"], t["reference"]) for t in got] == [
+        t[:3] for t in _bench.TARGETS]
+    rows = {(r["framework"], r["call"], r["reference"]["kind"]): r
+            for r in report["rows"]}
+    for t in got:
+        r = rows.get((t["framework"], t["call"], t["reference"]))
+        assert t["ratio"] == (r["ratio"] if r else None), t
+        if t["ratio"] is None:
+            assert t["status"] == "not measured" and t["why"], t
+        else:
+            assert t["status"] == ("met" if t["ratio"] >= t["need"] else "missed")
+            assert t["why"] is None
+        if t["framework"] not in report["frameworks"]:
+            assert t["why"] == "not installed", t
+    by = {(t["framework"], t["call"]): t for t in got}
+    need = {fw: by[fw, "convert"]["need"] for fw in
+            ("numpy", "jax", "tensorflow", "torch", "paddle", "warp", "mlx")}
+    assert need == {"numpy": 1.0, "jax": 1.0, "tensorflow": 1.0, "torch": 2.0,
+                    "paddle": 2.0, "warp": pytest.approx(1 / 1.1),
+                    "mlx": pytest.approx(1 / 1.1)}
+    assert by["torch", "compiled"]["need"] == pytest.approx(1 / 1.5)
+    for key, peer in ((("tensorflow", "Function"), "nanobind: absent"),
+                      (("tensorflow", "from_dlpack"), "nanobind: absent"),
+                      (("jax", "compiled"), "jax-tvm-ffi")):
+        if key[0] in report["frameworks"]:
+            assert peer in by[key]["why"], by[key]
+    for fw in ("numpy", "torch"):
+        # measured in every run where they are installed
+        assert by[fw, "convert"]["status"] in ("met", "missed"), by[fw, "convert"]
+    text = _bench.plain(report)
+    assert _bench.TARGETS_TITLE in text
+    for t in got:
+        assert " ".join(t["label"].split()[:4]) in text
+
+
+def _report_of(rows, frameworks, notes=()):
+    peers = {k: {"present": False, "path": None, "note": f"{k}: absent (test)"}
+             for k in _bench.PEERS}
+    return {"rows": rows, "frameworks": frameworks, "notes": list(notes),
+            "peers": peers}
+
+
+def _bench_row(fw, call, kind, ours, theirs):
+    side = {"expr": "e", "ns": None, "error": None}
+    a = dict(side, ns=ours, error=None if ours else "Broken: no")
+    b = dict(side, ns=theirs, error=None if theirs else "Refused: no", kind=kind)
+    return {"framework": fw, "call": call, "dlbridge": a, "reference": b,
+            "ratio": theirs / ours if ours and theirs else None}
+
+
+def test_targets_are_judged_from_the_rows():
+    """met / missed at the need's edge, and each reason a target is not
+    measured: dlbridge's error, the reference's, an absent peer, a child
+    that died, a framework left out of --frameworks."""
+    installed = [f for f in _bench.FRAMEWORKS
+                 if importlib.util.find_spec(f) is not None]
+    rep = _report_of([
+        _bench_row("torch", "convert", "own", 100.0, 200.0),       # 2.0x: met
+        _bench_row("numpy", "convert", "own", 100.0, 99.0),        # missed
+        _bench_row("warp", "convert", "own", 110.0, 100.0),        # 1/1.1: met
+        _bench_row("mlx", "convert", "own", 112.0, 100.0),         # missed
+        _bench_row("jax", "convert", "own", None, 10.0),
+        _bench_row("tensorflow", "convert", "own", 10.0, None),
+        _bench_row("torch", "compiled", "define+impl", 150.0, 100.0),
+    ], ["torch", "numpy", "warp", "mlx", "jax", "tensorflow", "paddle"],
+        notes=["paddle: not measured: its process died (signal 6)"])
+    got = {(t["framework"], t["call"]): t for t in _bench.targets(rep)}
+    assert got["torch", "convert"]["status"] == "met"
+    assert got["numpy", "convert"]["status"] == "missed"
+    assert got["warp", "convert"]["status"] == "met"
+    assert got["mlx", "convert"]["status"] == "missed"
+    assert got["torch", "compiled"]["status"] == "met"           # 1/1.5
+    assert got["jax", "convert"]["why"] == "e: Broken: no"
+    assert got["tensorflow", "convert"]["why"] == "e: Refused: no"
+    assert "died" in got["paddle", "convert"]["why"]
+    assert got["tensorflow", "Function"]["why"] == "nanobind: absent (test)"
+    assert got["jax", "compiled"]["why"] == "jax-tvm-ffi: absent (test)"
+    left_out = got["open3d", "convert"]["why"]
+    assert left_out == ("not in this run's --frameworks" if "open3d" in installed
+                        else "not installed")
+    lines = dict((text.split(":")[0], status)
+                 for status, text in _bench.target_lines(dict(rep, targets=list(got.values()))))
+    assert lines["convert into numpy no slower than its own importer"] == "missed"
+
+
+def test_missed_targets_do_not_change_the_exit_status(report, monkeypatch):
+    missed = [dict(t, ratio=0.01, status="missed", why=None)
+              for t in report["targets"]]
+    monkeypatch.setattr(_bench, "run", lambda *a, **k: dict(
+        report, defects=[], targets=missed))
+    args = types.SimpleNamespace(plot=None, frameworks=None, full=False,
+                                 quick=True, json=None, plain=True,
+                                 kernels=None, peers=None)
+    assert _bench.main(args) == 0
 
 
 def test_present_peers_are_rows(tmp_path):
     """Stand-ins for the peers bench/build_peers.sh builds (the real ones
-    need nanobind and apache-tvm-ffi): each present peer becomes a Function
-    row measured against dlbridge's Function in the same run."""
-    (tmp_path / "_nb_peer.py").write_text("def f(a, b, c):\n    pass\n")
+    need nanobind, apache-tvm-ffi and jax-tvm-ffi): each present peer
+    becomes a row measured against dlbridge in the same run -- nanobind's
+    f1 against from_dlpack, the Function peers against Function, and (with
+    JAX) a jax-tvm-ffi stand-in that registers dlbridge's no-op XLA handler
+    against the Function inside jax.jit -- and their targets are judged."""
+    (tmp_path / "_nb_peer.py").write_text(
+        "def f(a, b, c):\n    pass\n\ndef f1(a):\n    pass\n")
     (tmp_path / "_noop.py").write_text("def noop(a, b, c):\n    pass\n")
     (tmp_path / "libtvm_peer.so").write_bytes(b"")
-    pkg = tmp_path / "fake" / "tvm_ffi"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(
+    (tmp_path / _bench._bc.JAX_TVM_PEER).write_bytes(b"")
+    fake = tmp_path / "fake"
+    (fake / "tvm_ffi").mkdir(parents=True)
+    (fake / "tvm_ffi" / "__init__.py").write_text(
         "def load_module(path):\n"
-        "    return {'noop3': lambda a, b, c: None}\n")
+        "    return {'noop3': lambda a, b, c: None, 'step': None}\n")
+    (fake / "jax_tvm_ffi").mkdir()
+    (fake / "jax_tvm_ffi" / "__init__.py").write_text(
+        "def register_ffi_target(name, fn, platform):\n"
+        "    import jax\n"
+        "    from dlbridge import _core\n"
+        "    jax.ffi.register_ffi_target(name, _core._xla_handler('noop'),\n"
+        "                                platform=platform)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(tmp_path / "fake")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-    proc = _cli("--quick", "--json", "--frameworks", "numpy",
+        [str(fake)] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    has_jax = importlib.util.find_spec("jax") is not None
+    fws = "numpy,jax" if has_jax else "numpy"
+    proc = _cli("--quick", "--json", "--frameworks", fws,
                 "--peers", str(tmp_path), env=env)
-    assert proc.returncode == 0, proc.stderr     # numpy: no defect
+    assert proc.returncode == 0, proc.stderr     # numpy, jax: no defect
     rep = json.loads(proc.stdout)
     _doctor.validate(rep, _bench.SCHEMA)
     assert all(p["present"] for p in rep["peers"].values())
-    fn = {r["reference"]["kind"]: r for r in rep["rows"] if r["call"] == "Function"}
+    rows = [r for r in rep["rows"] if r["framework"] == "numpy"]
+    fn = {r["reference"]["kind"]: r for r in rows if r["call"] == "Function"}
     assert set(fn) == {"own", "nanobind", "tvm-ffi", "no-op"}
     for kind in ("nanobind", "tvm-ffi", "no-op"):
         assert fn[kind]["reference"]["ns"] is not None, fn[kind]
         # the same dlbridge figure in every Function row of the run
         assert fn[kind]["dlbridge"] == fn["own"]["dlbridge"]
+    fd = {r["reference"]["kind"]: r for r in rows if r["call"] == "from_dlpack"}
+    assert set(fd) == {"own", "nanobind"}
+    assert fd["nanobind"]["reference"]["expr"] == "nanobind f1(x)"
+    assert fd["nanobind"]["reference"]["ns"] is not None
+    assert fd["nanobind"]["dlbridge"] == fd["own"]["dlbridge"]
     assert not any("absent" in n for n in rep["notes"])
+    if has_jax and rep["kernel"] is not None:
+        r = _compiled(rep, "jax")["jax-tvm-ffi"]
+        assert r["reference"]["ns"] > 0 and r["reference"]["compile_s"] > 0, r
+        assert r["ratio"] == pytest.approx(r["reference"]["ns"] / r["dlbridge"]["ns"])
+        t = next(t for t in rep["targets"] if t["call"] == "compiled"
+                 and t["framework"] == "jax")
+        assert t["status"] in ("met", "missed") and t["ratio"] == r["ratio"]
 
 
 def test_plain_table_fits_100_columns(report):
