@@ -183,8 +183,10 @@ def test_targets_section(report):
         if key[0] in report["frameworks"]:
             assert peer in by[key]["why"], by[key]
     for fw in ("numpy", "torch"):
-        # measured in every run where they are installed
-        assert by[fw, "convert"]["status"] in ("met", "missed"), by[fw, "convert"]
+        # measured in every run where they are installed (torch is not on
+        # 3.12/3.13)
+        if fw in report["frameworks"]:
+            assert by[fw, "convert"]["status"] in ("met", "missed"), by[fw, "convert"]
     text = _bench.plain(report)
     assert _bench.TARGETS_TITLE in text
     for t in got:
