@@ -143,6 +143,24 @@ static PyObject *first_line(PyObject *s) {
   return PyUnicode_Substring(s, 0, n);
 }
 
+/* Take the pending exception (normalised, its traceback attached) into
+ * *type_, *value, *tb, and return the first line of its message ("(no
+ * message)" when it has none), or NULL when even that cannot be made. */
+static PyObject *take_error_line(PyObject **type_, PyObject **value,
+                                 PyObject **tb) {
+  PyErr_Fetch(type_, value, tb);
+  PyErr_NormalizeException(type_, value, tb);
+  if (*tb != NULL && *value != NULL) PyException_SetTraceback(*value, *tb);
+  PyObject *text = *value != NULL ? PyObject_Str(*value) : NULL;
+  PyObject *line = text != NULL ? first_line(text) : NULL;
+  Py_XDECREF(text);
+  if (line == NULL) {
+    PyErr_Clear();
+    line = PyUnicode_FromString("(no message)");
+  }
+  return line;
+}
+
 void dlb__error_exchange_refusal(PyTypeObject *type, const char *what) {
   if (!PyErr_Occurred()) {
     PyErr_Format(PyExc_BufferError,
@@ -158,16 +176,7 @@ void dlb__error_exchange_refusal(PyTypeObject *type, const char *what) {
       PyErr_ExceptionMatches(PyExc_BufferError))
     return;
   PyObject *type_, *value, *tb;
-  PyErr_Fetch(&type_, &value, &tb);
-  PyErr_NormalizeException(&type_, &value, &tb);
-  if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-  PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
-  PyObject *line = text != NULL ? first_line(text) : NULL;
-  Py_XDECREF(text);
-  if (line == NULL) {
-    PyErr_Clear();
-    line = PyUnicode_FromString("(no message)");
-  }
+  PyObject *line = take_error_line(&type_, &value, &tb);
   if (line != NULL) {
     PyErr_Format(PyExc_BufferError,
                  "'%.200s' cannot be exported through its DLPack exchange "
@@ -188,16 +197,7 @@ void dlb__error_as_buffer_error(PyObject *types, PyObject *prefix) {
       PyErr_ExceptionMatches(PyExc_MemoryError))
     return;
   PyObject *type_, *value, *tb;
-  PyErr_Fetch(&type_, &value, &tb);
-  PyErr_NormalizeException(&type_, &value, &tb);
-  if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-  PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
-  PyObject *line = text != NULL ? first_line(text) : NULL;
-  Py_XDECREF(text);
-  if (line == NULL) {
-    PyErr_Clear();
-    line = PyUnicode_FromString("(no message)");
-  }
+  PyObject *line = take_error_line(&type_, &value, &tb);
   if (line != NULL) {
     PyErr_Format(PyExc_BufferError, "%U: %U", prefix, line);
     Py_DECREF(line);
