@@ -900,16 +900,7 @@ PyObject *dlb__py_convert(PyObject *module, PyObject *const *args,
                     "copy=None, device=None)");
     return NULL;
   }
-  if (copy_obj == Py_True) {
-    copy = 1;
-  } else if (copy_obj == Py_False) {
-    copy = 0;
-  } else if (copy_obj != Py_None) {
-    PyErr_Format(PyExc_TypeError,
-                 "convert(): copy must be True, False or None, not %.200s",
-                 Py_TYPE(copy_obj)->tp_name);
-    return NULL;
-  }
+  if (dlb__copy_converter(copy_obj, "convert", &copy) < 0) return NULL;
   if (device_obj != Py_None) {
     if (dlb__device_converter(st, device_obj, &device) < 0) return NULL;
     return dlb__convert(st, obj, to, &device, copy);

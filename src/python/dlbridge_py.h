@@ -339,6 +339,9 @@ PyObject *dlb__device_type_int(PyObject *o);
 /* Read a device from a Device, "cuda:1", (type, id) tuple, or None (CPU).
  * 0 on success, -1 with an exception. */
 int dlb__device_converter(dlb_module_state *st, PyObject *obj, DLDevice *out);
+/* The array API's copy= keyword of fn (its name, for the message): True 1,
+ * False 0, None -1; anything else is a TypeError (-1 returned, *out left). */
+int dlb__copy_converter(PyObject *obj, const char *fn, int *out);
 
 /* A device as text, the core's one spelling (dlb_device_describe): "cpu"
  * for CPU 0, else "cuda:1", "device_type_5:0" for types we do not know.

@@ -571,6 +571,22 @@ static PyType_Spec device_spec = {
     .slots = device_slots,
 };
 
+int dlb__copy_converter(PyObject *obj, const char *fn, int *out) {
+  if (obj == Py_True) {
+    *out = 1;
+  } else if (obj == Py_False) {
+    *out = 0;
+  } else if (obj == Py_None) {
+    *out = -1;
+  } else {
+    PyErr_Format(PyExc_TypeError,
+                 "%s(): copy must be True, False or None, not %.200s", fn,
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  return 0;
+}
+
 int dlb__device_converter(dlb_module_state *st, PyObject *obj,
                           DLDevice *out) {
   if (obj == Py_None) {
