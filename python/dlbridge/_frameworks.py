@@ -201,11 +201,9 @@ REGISTRY = {fw.name: fw for fw in (
     # hands them one, which spares them the protocol's method calls.
     Framework("onnxruntime", takes=TAKES_CAPSULE, layout="row-major"),
     # MLX 0.32 copies every import on its CPU backend and refuses negative
-    # strides.  A NumPy array it can take goes to it as it is (objects):
-    # NumPy's own capsule is what its importer reads fastest.
+    # strides.
     Framework("mlx", takes=TAKES_CAPSULE, readonly=True,
-              negative_strides=False, copies=True, dtypes=_MLX_DTYPES,
-              objects=True),
+              negative_strides=False, copies=True, dtypes=_MLX_DTYPES),
     # Warp 1.19: legacy capsules, zero-copy for any strides; its arrays
     # have at least one dimension.
     Framework("warp", dist="warp-lang", takes=TAKES_CAPSULE, min_ndim=1),

@@ -54,6 +54,28 @@ enum {
 
 #define TARGET_MAX_DTYPES 32
 
+/* Every dtype a framework names -- one lane, a type code below 16, a width
+ * of 1, 2, 4, ... 128 bits -- has a slot (code * 8 + log2(bits)), so what a
+ * target does with a dtype is one table read on the path of every call;
+ * the other dtypes (vector lanes, odd widths) are looked up by a walk of
+ * the target's list. */
+#define DTYPE_SLOTS 128
+
+static int dtype_slot(DLDataType dt) {
+  /* log2 of each width that has a slot, + 1; 0 for the others */
+  static const uint8_t width_index[129] = {
+      [1] = 1, [2] = 2, [4] = 3, [8] = 4, [16] = 5, [32] = 6, [64] = 7,
+      [128] = 8};
+  if (dt.lanes != 1 || dt.code >= 16 || dt.bits > 128 ||
+      width_index[dt.bits] == 0)
+    return -1;
+  return dt.code * 8 + width_index[dt.bits] - 1;
+}
+
+static int dtype_equal(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
 typedef struct {
   PyObject *name;            /* interned str: the registry's name */
   int takes;                 /* TAKES_* */
@@ -74,13 +96,19 @@ typedef struct {
   Py_ssize_t alignment;      /* bytes its kernels need; 0: any */
   int ndtypes;               /* -1: any dtype (its importer decides) */
   DLDataType dtypes[TARGET_MAX_DTYPES];
+  uint64_t holds[DTYPE_SLOTS / 64]; /* the slotted ones among dtypes */
   PyObject *dtype_names;     /* str listing them, or NULL */
   int nby_dtype;             /* importers chosen by dtype (Dr.Jit's TensorX
                                 types, MLX's float64), tried first */
   DLDataType by_dtype[TARGET_MAX_DTYPES];
   PyObject *by_dtype_importer[TARGET_MAX_DTYPES]; /* strong */
+  int8_t by_slot[DTYPE_SLOTS]; /* index into by_dtype + 1; 0: none */
   int any_device;            /* else only the device types in device_mask */
   uint64_t device_mask;
+  /* The handler of the last source type converted into this target: a
+   * program converts the same kind of tensor call after call.  Written
+   * with the GIL (left empty without it: dlb__handler_for_memo). */
+  dlb_handler_memo source;
 } convert_target;
 
 static void target_free(convert_target *t) {
@@ -304,6 +332,8 @@ static int parse_target(PyObject *tuple, convert_target *t) {
       t->dtypes[i].code = (uint8_t)code;
       t->dtypes[i].bits = (uint8_t)bits;
       t->dtypes[i].lanes = (uint16_t)lanes;
+      int slot = dtype_slot(t->dtypes[i]);
+      if (slot >= 0) t->holds[slot / 64] |= (uint64_t)1 << (slot % 64);
     }
   }
   if (by_dtype != Py_None) {
@@ -330,6 +360,9 @@ static int parse_target(PyObject *tuple, convert_target *t) {
       t->by_dtype[i].lanes = (uint16_t)lanes;
       t->by_dtype_importer[i] = Py_NewRef(f);
       t->nby_dtype = (int)i + 1;
+      int slot = dtype_slot(t->by_dtype[i]);
+      if (slot >= 0 && t->by_slot[slot] == 0)
+        t->by_slot[slot] = (int8_t)(i + 1);
     }
   }
   t->any_device = devices == Py_None;
@@ -435,7 +468,8 @@ static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to);
  * and replaced under c->lock (a few loads and stores; the references let
  * go of are dropped after it), so no thread pairs one call's key with
  * another's target or takes a reference to a target being freed. */
-static PyObject *resolve_target(dlb_module_state *st, PyObject *to) {
+static PyObject *resolve_target(dlb_module_state *st, PyObject *to,
+                                convert_target **target) {
   struct dlb_handler_cache *c = st->handlers;
   if (c == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
@@ -443,19 +477,27 @@ static PyObject *resolve_target(dlb_module_state *st, PyObject *to) {
   }
   PyObject *cap = NULL;
   DLB_FT_LOCK(&c->lock);
-  if (to == c->target_memo_key && to != NULL)
+  if (to == c->target_memo_key && to != NULL) {
     cap = Py_NewRef(c->target_memo);
+    *target = c->target_memo_pointer;
+  }
   DLB_FT_UNLOCK(&c->lock);
   if (cap != NULL) return cap;
   cap = resolve_target_slow(st, to);
-  if (cap != NULL && st->handlers == c &&
-      (PyUnicode_CheckExact(to) || PyType_Check(to))) {
+  if (cap == NULL) return NULL;
+  *target = target_of(cap);
+  if (*target == NULL) {
+    Py_DECREF(cap);
+    return NULL;
+  }
+  if (st->handlers == c && (PyUnicode_CheckExact(to) || PyType_Check(to))) {
     Py_INCREF(cap);
     Py_INCREF(to);
     DLB_FT_LOCK(&c->lock);
     PyObject *old_memo = c->target_memo, *old_key = c->target_memo_key;
     c->target_memo = cap;
     c->target_memo_key = to;
+    c->target_memo_pointer = *target;
     DLB_FT_UNLOCK(&c->lock);
     Py_XDECREF(old_memo);
     Py_XDECREF(old_key);
@@ -514,58 +556,62 @@ static int has_negative_stride(const DLTensor *t) {
   return 0;
 }
 
-/* BufferError when tg cannot hold t at all (a copy would not help): its
- * dtype, its device, its rank.  0 or -1. */
-static int check_holdable(const convert_target *tg, const DLTensor *t) {
+static int holds_dtype(const convert_target *tg, DLDataType dt) {
+  if (tg->ndtypes < 0) return 1;
+  int slot = dtype_slot(dt);
+  if (slot >= 0) return (int)((tg->holds[slot / 64] >> (slot % 64)) & 1);
+  for (int i = 0; i < tg->ndtypes; i++)
+    if (dtype_equal(tg->dtypes[i], dt)) return 1;
+  return 0;
+}
+
+static int holds_device(const convert_target *tg, DLDevice device) {
+  int type = (int)device.device_type;
+  return tg->any_device ||
+         (type >= 0 && type < 64 && ((tg->device_mask >> type) & 1));
+}
+
+/* Whether tg can hold t at all (a copy would not help): its dtype, its
+ * device, its rank.  Apart from the message (raise_not_holdable), so that
+ * what every call runs stays small. */
+static int holdable(const convert_target *tg, const DLTensor *t) {
+  return holds_dtype(tg, t->dtype) && holds_device(tg, t->device) &&
+         t->ndim >= tg->min_ndim;
+}
+
+/* The BufferError saying why tg cannot hold t.  -1. */
+static int raise_not_holdable(const convert_target *tg, const DLTensor *t) {
   char what[64];
-  if (tg->ndtypes >= 0) {
-    int ok = 0;
-    for (int i = 0; i < tg->ndtypes && !ok; i++)
-      ok = tg->dtypes[i].code == t->dtype.code &&
-           tg->dtypes[i].bits == t->dtype.bits &&
-           tg->dtypes[i].lanes == t->dtype.lanes;
-    if (!ok) {
-      dlb__dtype_str(t->dtype, what, sizeof what);
-      PyErr_Format(PyExc_BufferError,
-                   "convert: %U cannot hold dtype %s; supported dtypes are %U",
-                   tg->name, what, tg->dtype_names);
-      return -1;
-    }
-  }
-  int type = (int)t->device.device_type;
-  if (!tg->any_device &&
-      !(type >= 0 && type < 64 && (tg->device_mask >> type) & 1)) {
+  if (!holds_dtype(tg, t->dtype)) {
+    dlb__dtype_str(t->dtype, what, sizeof what);
+    PyErr_Format(PyExc_BufferError,
+                 "convert: %U cannot hold dtype %s; supported dtypes are %U",
+                 tg->name, what, tg->dtype_names);
+  } else if (!holds_device(tg, t->device)) {
     PyErr_Format(PyExc_BufferError,
                  "convert: %U cannot hold a tensor on %s (this %U build has "
                  "no such device); pass device= to move it to one it has",
                  tg->name, dlb__device_str(t->device, what, sizeof what),
                  tg->name);
-    return -1;
-  }
-  if (t->ndim < tg->min_ndim) {
+  } else {
     PyErr_Format(PyExc_BufferError,
                  "convert: %U tensors have at least %d dimension%s, this one "
                  "has %d",
                  tg->name, tg->min_ndim, tg->min_ndim == 1 ? "" : "s",
                  (int)t->ndim);
-    return -1;
   }
-  return 0;
+  return -1;
 }
 
-/* Why tg cannot share t's memory safely, as a message into buf, or NULL
- * when it can. */
-static const char *copy_reason(const convert_target *tg, const DLTensor *t,
-                               uint64_t flags, char *buf, size_t n) {
-  if ((flags & DLPACK_FLAG_BITMASK_READ_ONLY) && !tg->readonly &&
-      !tg->copies) {
-    PyOS_snprintf(buf, n,
-                  "the data is read-only and %s tensors cannot be (its "
-                  "importer would hand back a writable alias, or asks for a "
-                  "legacy capsule, which cannot say read-only)",
-                  PyUnicode_AsUTF8(tg->name));
-    return buf;
-  }
+/* BufferError when tg cannot hold t at all.  0 or -1. */
+static int check_holdable(const convert_target *tg, const DLTensor *t) {
+  return holdable(tg, t) ? 0 : raise_not_holdable(tg, t);
+}
+
+/* Why tg's importer cannot take t's strides (negative ones, a layout it
+ * does not import), as a message into buf, or NULL when it can. */
+static const char *stride_reason(const convert_target *tg, const DLTensor *t,
+                                 char *buf, size_t n) {
   if (!tg->negative && has_negative_stride(t)) {
     PyOS_snprintf(buf, n, "%s tensors cannot have negative strides",
                   PyUnicode_AsUTF8(tg->name));
@@ -582,6 +628,26 @@ static const char *copy_reason(const convert_target *tg, const DLTensor *t,
                   PyUnicode_AsUTF8(tg->name));
     return buf;
   }
+  return NULL;
+}
+
+/* Why tg cannot share t's memory safely, as a message into buf, or NULL
+ * when it can.  row_major: the caller knows t is compact row-major (NumPy's
+ * C_CONTIGUOUS flag says so of an array), which every stride rule accepts:
+ * they are not walked then. */
+static const char *copy_reason(const convert_target *tg, const DLTensor *t,
+                               uint64_t flags, int row_major, char *buf,
+                               size_t n) {
+  if ((flags & DLPACK_FLAG_BITMASK_READ_ONLY) && !tg->readonly &&
+      !tg->copies) {
+    PyOS_snprintf(buf, n,
+                  "the data is read-only and %s tensors cannot be (its "
+                  "importer would hand back a writable alias, or asks for a "
+                  "legacy capsule, which cannot say read-only)",
+                  PyUnicode_AsUTF8(tg->name));
+    return buf;
+  }
+  if (!row_major && stride_reason(tg, t, buf, n) != NULL) return buf;
   if (tg->alignment > 0 && numel(t) > 0 &&
       ((uintptr_t)t->data + t->byte_offset) % (uintptr_t)tg->alignment) {
     PyOS_snprintf(buf, n,
@@ -626,12 +692,18 @@ static void importer_refusal(const convert_target *tg, const DLTensor *t) {
 static PyObject *call_importer(const convert_target *tg, PyObject *arg,
                                const DLTensor *t) {
   PyObject *importer = tg->importer;
-  for (int i = 0; i < tg->nby_dtype; i++) {
-    if (tg->by_dtype[i].code == t->dtype.code &&
-        tg->by_dtype[i].bits == t->dtype.bits &&
-        tg->by_dtype[i].lanes == t->dtype.lanes) {
-      importer = tg->by_dtype_importer[i];
-      break;
+  if (tg->nby_dtype > 0) {
+    int slot = dtype_slot(t->dtype);
+    if (slot >= 0) {
+      if (tg->by_slot[slot] > 0)
+        importer = tg->by_dtype_importer[tg->by_slot[slot] - 1];
+    } else {
+      for (int i = 0; i < tg->nby_dtype; i++) {
+        if (dtype_equal(tg->by_dtype[i], t->dtype)) {
+          importer = tg->by_dtype_importer[i];
+          break;
+        }
+      }
     }
   }
   PyObject *res;
@@ -763,14 +835,16 @@ static PyObject *lean_numpy(dlb_module_state *st, const convert_target *tg,
   }
   dlb_view v;
   /* NUMPY views own nothing and run no Python code: no release needed. */
-  if (dlb__view_get_with(st, h, obj, 0, &v) < 0) {
+  if (dlb__view_numpy(st, h, obj, &v) < 0) {
     *done = 1;
     return NULL;
   }
   char why[256];
+  int row_major =
+      (((const np_array_head *)obj)->flags & NP_ARRAY_C_CONTIGUOUS) != 0;
   if (v.t.device.device_type != kDLCPU ||
       (v.flags & DLPACK_FLAG_BITMASK_READ_ONLY) ||
-      copy_reason(tg, &v.t, v.flags, why, sizeof why) != NULL ||
+      copy_reason(tg, &v.t, v.flags, row_major, why, sizeof why) != NULL ||
       (tg->copies && copy == 0))
     return NULL;
   *done = 1;
@@ -798,11 +872,10 @@ static PyObject *lean_numpy(dlb_module_state *st, const convert_target *tg,
 
 PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
                        const DLDevice *device, int copy) {
-  PyObject *cap = resolve_target(st, to), *res = NULL;
+  convert_target *tg = NULL;
+  PyObject *cap = resolve_target(st, to, &tg), *res = NULL;
   dlb_TensorObject *self = NULL;
   if (cap == NULL) return NULL;
-  const convert_target *tg = target_of(cap);
-  if (tg == NULL) goto done;
 
   if (tg->takes == TAKES_DLBRIDGE) {
     res = dlb__import(st, obj, device, copy);
@@ -811,8 +884,13 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
   /* Already the target's tensor: as it is.  (NumPy scalars, which are no
    * arrays and have no __dlpack__, are imported as 0-d arrays.) */
   if (copy != 1 && device == NULL) {
-    const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
-    if (h == NULL) goto done;
+    const dlb_handler *h =
+        dlb__handler_memo_get(st, &tg->source, Py_TYPE(obj));
+    if (h == NULL) {
+      int ran_python = 0; /* obj is the caller's: nothing borrowed to drop */
+      h = dlb__handler_for_memo(st, &tg->source, Py_TYPE(obj), &ran_python);
+      if (h == NULL) goto done;
+    }
     if (h->framework == tg->name &&
         (tg->exact == NULL || PyObject_TypeCheck(obj, tg->exact)) &&
         dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
@@ -838,7 +916,7 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
     goto done;
   }
   char why[256];
-  if (copy_reason(tg, &self->t, self->flags, why, sizeof why) != NULL) {
+  if (copy_reason(tg, &self->t, self->flags, 0, why, sizeof why) != NULL) {
     if (copy == 0) {
       PyErr_Format(PyExc_BufferError,
                    "convert: copy=False, but %s: the memory cannot be shared",
@@ -869,6 +947,8 @@ PyObject *dlb__py_convert(PyObject *module, PyObject *const *args,
   DLDevice device;
   int copy = -1;
 
+  if (nargs == 2 && kwnames == NULL) /* convert(obj, to): the usual call */
+    return dlb__convert(st, args[0], args[1], NULL, -1);
   if (nargs > 2) {
     PyErr_Format(PyExc_TypeError,
                  "convert() takes 2 positional arguments (%zd given)", nargs);

@@ -434,9 +434,23 @@ int dlb__typestr_dtype(PyObject *ts, DLDataType *out);
 static inline int dlb__elem_strides(int ndim, const int64_t *shape,
                                     const int64_t *bstrides, int64_t itemsize,
                                     int64_t *out) {
+  /* Every NumPy and DLPack itemsize is a power of two: a mask and a shift
+   * then do what a 64-bit division (tens of cycles) would.  Negative
+   * strides, rare, are still divided (a right shift of a negative number
+   * is the implementation's to define). */
+  int shift = itemsize == 4 ? 2 : itemsize == 8 ? 3 : itemsize == 1 ? 0
+            : itemsize == 2 ? 1 : itemsize == 16 ? 4 : -1;
   for (int i = 0; i < ndim; i++) {
-    int64_t q = bstrides[i] / itemsize;
-    if (q * itemsize != bstrides[i]) {
+    int64_t b = bstrides[i], q;
+    int exact;
+    if (shift >= 0 && b >= 0) {
+      q = b >> shift;
+      exact = (b & (itemsize - 1)) == 0;
+    } else {
+      q = b / itemsize;
+      exact = q * itemsize == b;
+    }
+    if (!exact) {
       if (shape[i] > 1) return i;
       q = 0;
     }
@@ -462,8 +476,14 @@ typedef struct {
   DLDataType dtype;
 } dlb_descr_entry;
 
+/* Where the cache's probe for descr starts. */
+static inline size_t dlb__descr_home(const PyObject *descr) {
+  return (size_t)(((uintptr_t)descr >> 4) % DLB_DESCR_CACHE_SIZE);
+}
+
 /* The DLDataType of a NumPy descr, from cache (DLB_DESCR_CACHE_SIZE
- * entries) or, the first time, from descr.kind / .itemsize / .byteorder. */
+ * entries, probed from dlb__descr_home) or, the first time, from
+ * descr.kind / .itemsize / .byteorder. */
 int dlb__numpy_descr_dtype(dlb_descr_entry *cache, PyObject *descr,
                            DLDataType *out);
 void dlb__numpy_descr_cache_clear(dlb_descr_entry *cache);
@@ -702,6 +722,7 @@ typedef struct {
   PyObject *weakreflist;
 } np_array_head;
 
+#define NP_ARRAY_C_CONTIGUOUS 0x0001
 #define NP_ARRAY_WRITEABLE 0x0400
 
 /* The cache behind dlb__handler_for (made and freed by handlers.c), and the
@@ -734,6 +755,8 @@ struct dlb_handler_cache {
    * it by identity, without a dict lookup. */
   PyObject *target_memo_key;
   PyObject *target_memo;
+  void *target_memo_pointer; /* what target_memo holds, read without a
+                                PyCapsule_GetPointer */
   PyObject *str_module; /* "__module__" */
   PyObject *str_tag_probe; /* an interned name no class defines: looking
                               it up tags a type on 3.11 (pycompat.h) */
@@ -989,6 +1012,10 @@ int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
  * Py_TYPE(obj) (saves the second lookup). */
 int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
                        PyObject *obj, unsigned options, dlb_view *view);
+/* dlb__view_get_with for h->kind DLB_KIND_NUMPY and no options: a NumPy
+ * array read straight from its fields (nothing to release). */
+int dlb__view_numpy(dlb_module_state *st, const dlb_handler *h,
+                    PyObject *obj, dlb_view *view);
 /* The borrowed exchange-table view (h->api has
  * dltensor_from_py_object_no_sync) for a caller that has run
  * dlb__check_bits on obj already: dlb__view_get_with's EXCHANGE path,

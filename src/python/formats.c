@@ -176,7 +176,7 @@ static dlb_ft_lock descr_cache_lock = DLB_FT_LOCK_STATIC;
 
 int dlb__numpy_descr_dtype(dlb_descr_entry *cache, PyObject *descr,
                            DLDataType *out) {
-  size_t slot = (size_t)(((uintptr_t)descr >> 4) % DLB_DESCR_CACHE_SIZE);
+  size_t slot = dlb__descr_home(descr);
   for (size_t n = 0; n < DLB_DESCR_CACHE_SIZE; n++) {
     dlb_descr_entry *d = &cache[(slot + n) % DLB_DESCR_CACHE_SIZE];
     PyObject *known = DLB_FT_LOAD_PTR(&d->descr);

@@ -20,9 +20,22 @@ _Static_assert(sizeof(Py_ssize_t) == sizeof(int64_t),
                "dlbridge's borrowed views point DLTensor.shape at Py_ssize_t "
                "arrays: a 64-bit platform is required");
 
+/* dlb__numpy_descr_dtype with its home slot looked at here, inline: an
+ * array's descr is nearly always there, and every NumPy argument and
+ * source comes this way. */
+static int numpy_dtype(dlb_descr_entry *cache, PyObject *descr,
+                       DLDataType *out) {
+  dlb_descr_entry *home = &cache[dlb__descr_home(descr)];
+  if (DLB_FT_LOAD_PTR(&home->descr) == descr) {
+    *out = home->dtype;
+    return 0;
+  }
+  return dlb__numpy_descr_dtype(cache, descr, out);
+}
+
 static int view_numpy(struct dlb_handler_cache *c, PyObject *obj, dlb_view *v) {
   const np_array_head *a = (const np_array_head *)obj;
-  if (dlb__numpy_descr_dtype(c->dtypes, a->descr, &v->t.dtype) < 0) return -1;
+  if (numpy_dtype(c->dtypes, a->descr, &v->t.dtype) < 0) return -1;
   int64_t itemsize = v->t.dtype.bits / 8;
   int nd = a->nd;
   if (nd < 0 || nd > DLB_MAX_NDIM) {
@@ -303,6 +316,14 @@ int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
   const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
   if (h == NULL) return -1;
   return dlb__view_fill(st, obj, options, h, h->kind, view);
+}
+
+int dlb__view_numpy(dlb_module_state *st, const dlb_handler *h,
+                    PyObject *obj, dlb_view *view) {
+  view->handler = h;
+  view->owned = NULL;
+  view->has_buffer = 0;
+  return view_numpy(st->handlers, obj, view);
 }
 
 int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,

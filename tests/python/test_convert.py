@@ -414,3 +414,52 @@ def test_registry_is_the_one_framework_list():
         dlb.convert(np.ones(2), Arrowish)
     Jaxish = type("ArrayImpl", (), {"__module__": "jaxlib.xla_extension"})
     assert dlb._core._type_framework(Jaxish) == "jax"
+
+
+def test_dtype_checks_of_every_shape_of_dtype():
+    """A target's dtypes are looked up by table (one lane, a power-of-two
+    width) or by a walk of its list (vector lanes, odd widths); both
+    answer: held dtypes convert, the others are refused by name."""
+    torch = pytest.importorskip("torch")
+    for name in ("bool", "int8", "uint8", "int64", "float16", "float64",
+                 "complex64", "bfloat16"):
+        t = dlb.zeros(3, dtype=name)
+        assert str(dlb.convert(t, "torch").dtype) == "torch." + name
+    for name in ("float32x4", "int8x16", "int4", "uint2", "float8_e4m3fn"):
+        t = dlb.zeros(4, dtype=name)
+        if name == "float8_e4m3fn":
+            assert str(dlb.convert(t, "torch").dtype) == "torch." + name
+            continue
+        with pytest.raises(BufferError,
+                           match="torch cannot hold dtype " + name):
+            dlb.convert(t, "torch")
+    with pytest.raises(BufferError, match="numpy cannot hold dtype float32x4"):
+        dlb.convert(dlb.zeros(2, dtype="float32x4"), "numpy")
+
+
+def test_source_type_remembered_per_target_follows_class_changes():
+    """convert remembers the handler of the last source type per target;
+    a class changed between calls is classified again: an object of a type
+    from numpy's module with __dlpack__ is numpy's tensor (returned as it
+    is) only while its module says so."""
+    class Fake:
+        __module__ = "numpy.fake"
+
+        def __init__(self):
+            self.a = np.arange(3.0)
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    f = Fake()
+    for _ in range(3):
+        assert dlb.convert(f, "numpy") is f
+    Fake.__module__ = "elsewhere"
+    for _ in range(3):
+        r = dlb.convert(f, "numpy")
+        assert isinstance(r, np.ndarray) and ptr(r) == ptr(f.a)
+    Fake.__module__ = "numpy.fake"
+    assert dlb.convert(f, "numpy") is f
