@@ -106,6 +106,12 @@ DLB_API void dlb_set_allocator(const dlb_allocator *allocator);
 /* The allocator in force now (never NULL). */
 DLB_API const dlb_allocator *dlb_get_allocator(void);
 
+/* Whether the allocator in force is dlbridge's own (dlb_set_allocator never
+ * called, or called with NULL).  A caller that keeps small bookkeeping of
+ * its own may then take it from a faster allocator of its own; with an
+ * installed allocator everything should come from that one. */
+DLB_API bool dlb_allocator_is_default(void);
+
 /* ---- Data types ---------------------------------------------------------- */
 
 /* The dtype named name: NumPy's names for the common types ("bool", "int8"

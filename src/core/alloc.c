@@ -56,6 +56,12 @@ void dlb_set_allocator(const dlb_allocator *allocator) {
 
 const dlb_allocator *dlb_get_allocator(void) { return &current_allocator; }
 
+bool dlb_allocator_is_default(void) {
+  return current_allocator.alloc == default_alloc &&
+         current_allocator.release == default_release &&
+         current_allocator.ctx == NULL;
+}
+
 void *dlb__alloc(size_t size) {
   return current_allocator.alloc(size, current_allocator.ctx);
 }

@@ -6,7 +6,8 @@
  * installs all three on the Tensor type.
  *
  * Ownership: every export, versioned or legacy, is ONE allocation
- * (export_view: struct, shape and strides together) holding a strong
+ * (export_view: struct, shape and strides together; block_alloc says from
+ * which allocator) holding a strong
  * reference to the Tensor, dropped by dlb__release_ref() when the consumer
  * calls the deleter.  A copy (copy=True, or a different dl_device) is first
  * made into a new Tensor of its own (dlb_managed_empty), which is then
@@ -126,7 +127,8 @@ static int address_device(DLDeviceType t) {
 }
 
 /* Every zero-copy export -- versioned or legacy, capsule or exchange API --
- * is ONE block from the core allocator: this header, the managed struct of
+ * is ONE block (block_alloc: Python's allocator, or the core allocator a
+ * user installed): this header, the managed struct of
  * the kind asked for, then shape and strides.  The block is made here
  * rather than by dlb_managed_wrap because a legacy export would otherwise
  * cost two blocks (dlb_managed_to_legacy wraps the versioned one), and
@@ -141,7 +143,7 @@ static int address_device(DLDeviceType t) {
  * anyway.  The allocator is copied too, so the block is freed through the
  * allocator that made it even after dlb_set_allocator changed it. */
 typedef struct export_block {
-  dlb_allocator allocator;
+  dlb_allocator allocator; /* what made it (block_alloc) */
   PyObject *owner; /* strong reference to the exported Tensor (or, for
                       dlb__legacy_capsule_of, whatever owns the memory) */
   int owner_is_tensor; /* owner is the Tensor the export views */
@@ -261,13 +263,53 @@ static export_block *pending_take(uintptr_t serial) {
   return b;
 }
 
-/* The deleter's work: free the block, then drop the Tensor (freeing
- * touches no Python; the DECREF may run arbitrary code). */
+/* Where a block's memory comes from: Python's object allocator (its free
+ * lists; glibc's malloc and free cost a capsule's life some 200
+ * instructions more, a tenth of a NumPy -> Dr.Jit convert) while the core
+ * allocator is dlbridge's own, else the allocator installed -- the tests'
+ * counting one, a user's -- as for everything else.  *from records which
+ * (release NULL: Python's).  PyMem wants an attached thread: every export
+ * is made with the GIL, and a deleter without it takes it to free the
+ * block (export_block_free). */
+static export_block *block_alloc(size_t bytes, dlb_allocator *from) {
+  if (dlb_allocator_is_default()) {
+    from->alloc = NULL;
+    from->release = NULL;
+    from->ctx = NULL;
+    return PyMem_Malloc(bytes);
+  }
+  *from = *dlb_get_allocator();
+  return from->alloc(bytes, from->ctx);
+}
+
+/* Free b, made by block_alloc from `from`; with the GIL (or an attached
+ * thread state) when it came from Python's allocator. */
+static void block_release(export_block *b, const dlb_allocator *from) {
+  if (from->release == NULL)
+    PyMem_Free(b);
+  else
+    from->release(b, from->ctx);
+}
+
+/* The deleter's work: free the block, then drop the Tensor (the DECREF may
+ * run arbitrary code).  A block of Python's allocator is freed with the
+ * GIL, taken here when the deleter runs without it -- or, when Python is
+ * gone and it cannot be, left behind with the reference, as
+ * dlb__release_ref leaves references then. */
 static void export_block_free(export_block *b, int have_gil) {
   PyObject *owner = b->owner;
-  dlb_allocator allocator = b->allocator;
-  allocator.release(b, allocator.ctx);
-  dlb__release_ref(owner, have_gil);
+  dlb_allocator from = b->allocator;
+  int gil = have_gil || dlb__gil_held();
+  if (gil || from.release != NULL) {
+    block_release(b, &from);
+    dlb__release_ref(owner, gil);
+    return;
+  }
+  if (dlb__python_gone()) return;
+  PyGILState_STATE g = PyGILState_Ensure();
+  block_release(b, &from);
+  dlb__release_ref(owner, 1);
+  PyGILState_Release(g);
 }
 
 /* The deleter: a block made for a capsule is taken off the pending list
@@ -299,8 +341,8 @@ static int export_block_make(PyObject *owner, const DLTensor *src,
    * [0, DLB_MAX_NDIM] and shape is non-NULL when ndim > 0, so the size
    * cannot overflow. */
   size_t bytes = sizeof(export_block) + 2u * (size_t)ndim * sizeof(int64_t);
-  const dlb_allocator *allocator = dlb_get_allocator();
-  export_block *b = allocator->alloc(bytes, allocator->ctx);
+  dlb_allocator from;
+  export_block *b = block_alloc(bytes, &from);
   if (b == NULL) {
     return dlb_error_set(err, DLB_ENOMEM,
                          "cannot export the tensor: out of memory allocating "
@@ -332,7 +374,7 @@ static int export_block_make(PyObject *owner, const DLTensor *src,
        * that was validated; free the block if it somehow does. */
       int rc = dlb_strides_row_major(ndim, shape, strides, err);
       if (rc != DLB_OK) {
-        allocator->release(b, allocator->ctx);
+        block_release(b, &from);
         return rc;
       }
     }
@@ -340,7 +382,7 @@ static int export_block_make(PyObject *owner, const DLTensor *src,
     t.strides = strides;
   }
 
-  b->allocator = *allocator;
+  b->allocator = from;
   b->owner = owner;
   b->owner_is_tensor = 0;
   b->serial = 0;

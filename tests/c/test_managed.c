@@ -360,6 +360,32 @@ static void test_allocator_swap(void) {
   failing_allocator_remove();
 }
 
+/* dlb_allocator_is_default: true exactly while no allocator is installed,
+ * whichever way the default came back. */
+static void test_allocator_is_default(void) {
+  tag_alloc a = {0};
+  dlb_set_allocator(NULL);
+  CHECK(dlb_allocator_is_default());
+  tag_install(&a);
+  CHECK(!dlb_allocator_is_default());
+  dlb_set_allocator(NULL);
+  CHECK(dlb_allocator_is_default());
+  /* An allocator with either function missing is refused: the default is
+   * back. */
+  dlb_allocator half = {tag_alloc_fn, NULL, &a};
+  tag_install(&a);
+  dlb_set_allocator(&half);
+  CHECK(dlb_allocator_is_default());
+  /* The default's own functions with a context of the caller's are an
+   * allocator of the caller's. */
+  dlb_allocator copied = *dlb_get_allocator();
+  copied.ctx = &a;
+  dlb_set_allocator(&copied);
+  CHECK(!dlb_allocator_is_default());
+  failing_allocator_remove();
+  CHECK(dlb_allocator_is_default());
+}
+
 /* ---- wrap ------------------------------------------------------------------- */
 
 static void test_wrap(void) {
@@ -855,6 +881,7 @@ int main(void) {
   test_padded_subbyte();
   test_empty_errors();
   test_allocator_swap();
+  test_allocator_is_default();
   test_wrap();
   test_wrap_max_ndim();
   test_wrap_errors();

@@ -51,13 +51,21 @@ def capsule_name(cap):
 
 
 def versioned_struct(cap):
+    """The capsule's managed tensor, read in place.  It holds the capsule:
+    a capsule nobody took frees its tensor when it dies, and the memory is
+    then another allocation's (Python's allocator reuses it at once)."""
     ptr = _api.PyCapsule_GetPointer(cap, b"dltensor_versioned")
-    return DLManagedTensorVersioned.from_address(ptr)
+    m = DLManagedTensorVersioned.from_address(ptr)
+    m.capsule = cap
+    return m
 
 
 def legacy_struct(cap):
+    """As versioned_struct, for a legacy capsule."""
     ptr = _api.PyCapsule_GetPointer(cap, b"dltensor")
-    return DLManagedTensor.from_address(ptr)
+    m = DLManagedTensor.from_address(ptr)
+    m.capsule = cap
+    return m
 
 
 def consume_versioned(cap):
