@@ -247,6 +247,19 @@ def _no_kernel_text():
             f"--kernels (meson builds build/{KERNEL_LIB})")
 
 
+def _compiled_function(cfg, symbol, signature):
+    """(the dlbridge Function of the kernel library's `symbol`, None), or
+    (None, why there is none) for a compiled row."""
+    import dlbridge as dlb
+    kernel = cfg.get("kernel")
+    if not kernel:
+        return None, _no_kernel_text()
+    try:
+        return dlb.load(kernel, symbol, signature), None
+    except Exception as e:
+        return None, _measure.why(e, 160)
+
+
 def _compiled_rows(fw, cfg, settings):
     """The "compiled" rows of jax or torch (dlbridge/_bench_compiled.py)."""
     try:
@@ -264,7 +277,6 @@ def _jax_compiled_rows(cfg):
     import jax
     import jax.numpy as jnp
 
-    import dlbridge as dlb
     peer = cfg.get("peers", {}).get("jax-tvm-ffi", {})
     target = theirs = None
     if peer.get("present"):
@@ -274,15 +286,8 @@ def _jax_compiled_rows(cfg):
             theirs = _measure.why(e, 160)
     else:
         theirs = peer.get("note", "jax-tvm-ffi: absent")
-    kernel = cfg.get("kernel")
-    function = None
-    if not kernel:
-        ours = _no_kernel_text()
-    else:
-        try:
-            function = dlb.load(kernel, _bc.JAX_KERNEL_SYMBOL, _bc.JAX_SIGNATURE)
-        except Exception as e:
-            ours = _measure.why(e, 160)
+    function, ours = _compiled_function(cfg, _bc.JAX_KERNEL_SYMBOL,
+                                        _bc.JAX_SIGNATURE)
     if function is not None or target is not None:
         chains = _bc.jax_chains(jax, function, target)
         if function is None:
@@ -305,16 +310,8 @@ def _jax_compiled_rows(cfg):
 def _torch_compiled_rows(cfg, settings):
     import torch
 
-    import dlbridge as dlb
-    kernel = cfg.get("kernel")
-    function = None
-    if not kernel:
-        missing = _no_kernel_text()
-    else:
-        try:
-            function = dlb.load(kernel, _bc.TORCH_KERNEL_SYMBOL, _bc.TORCH_SIGNATURE)
-        except Exception as e:
-            missing = _measure.why(e, 160)
+    function, missing = _compiled_function(cfg, _bc.TORCH_KERNEL_SYMBOL,
+                                           _bc.TORCH_SIGNATURE)
     _lib, bare, wrapped = _bc.torch_anchors(torch, function)
     fns = {_bc.TORCH_BARE: bare}
     if function is not None:
