@@ -875,6 +875,8 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
   convert_target *tg = NULL;
   PyObject *cap = resolve_target(st, to, &tg), *res = NULL;
   dlb_TensorObject *self = NULL;
+  PyTypeObject *type = NULL;
+  const dlb_handler *h = NULL;
   if (cap == NULL) return NULL;
 
   if (tg->takes == TAKES_DLBRIDGE) {
@@ -884,13 +886,19 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
   /* Already the target's tensor: as it is.  (NumPy scalars, which are no
    * arrays and have no __dlpack__, are imported as 0-d arrays.) */
   if (copy != 1 && device == NULL) {
-    const dlb_handler *h =
-        dlb__handler_memo_get(st, &tg->source, Py_TYPE(obj));
+    /* Held while its handler is used: classifying a new type runs Python
+     * code, which may give obj another class and let the old one die with
+     * its handler.  obj is then read by the general path below. */
+    type = (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(obj));
+    h = dlb__handler_memo_get(st, &tg->source, type);
     if (h == NULL) {
-      int ran_python = 0; /* obj is the caller's: nothing borrowed to drop */
-      h = dlb__handler_for_memo(st, &tg->source, Py_TYPE(obj), &ran_python);
+      int ran_python = 0;
+      h = dlb__handler_for_memo(st, &tg->source, type, &ran_python);
       if (h == NULL) goto done;
+      if (ran_python && Py_TYPE(obj) != type) h = NULL;
     }
+  }
+  if (h != NULL) {
     if (h->framework == tg->name &&
         (tg->exact == NULL || PyObject_TypeCheck(obj, tg->exact)) &&
         dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
@@ -936,6 +944,7 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
   res = hand_over(st, tg, self);
 done:
   Py_XDECREF(self);
+  Py_XDECREF(type);
   Py_DECREF(cap);
   return res;
 }

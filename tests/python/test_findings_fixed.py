@@ -1444,3 +1444,33 @@ def test_function_has_no_backward(lib, torch_bits):
         s(1.0, y, p)
     assert p.tolist() == [0.0] * 3
     assert dlb._core._torch_bits_state() == (-1 if torch_bits == "ask" else 1)
+
+
+def test_convert_reads_the_class_obj_has_after_classifying_ran_code():
+    """Finding (this session): classifying a new type runs Python code (its
+    metaclass's __module__ here), which gave the object another class; convert
+    went on with the old class's handler -- numpy's, by the fake module -- and
+    returned the object itself as "the numpy tensor".  The old class is also
+    held while its handler is used: it could be collected meanwhile."""
+    check("""
+    arr = np.ones(3)
+    bad = 0
+    for it in range(30):
+        class Plain:
+            def __dlpack__(self, **kw): return arr.__dlpack__(**kw)
+            def __dlpack_device__(self): return (1, 0)
+        class Meta(type):
+            @property
+            def __module__(cls):
+                victim.__class__ = Plain
+                gc.collect()
+                return "numpy.fake"
+        A = Meta("A", (), {"__dlpack__": lambda self, **kw: arr.__dlpack__(**kw),
+                           "__dlpack_device__": lambda self: (1, 0)})
+        victim = A()
+        del A
+        r = dlb.convert(victim, "numpy")
+        bad += not (isinstance(r, np.ndarray) and type(victim) is Plain
+                    and r.__array_interface__["data"][0] == arr.ctypes.data)
+    print("OK" if bad == 0 else "WRONG %d" % bad)
+    """)
