@@ -834,14 +834,13 @@ static PyObject *lean_numpy(dlb_module_state *st, const convert_target *tg,
     }
   }
   dlb_view v;
+  int row_major;
   /* NUMPY views own nothing and run no Python code: no release needed. */
-  if (dlb__view_numpy(st, h, obj, &v) < 0) {
+  if (dlb__view_numpy(st, h, obj, &v, &row_major) < 0) {
     *done = 1;
     return NULL;
   }
   char why[256];
-  int row_major =
-      (((const np_array_head *)obj)->flags & NP_ARRAY_C_CONTIGUOUS) != 0;
   if (v.t.device.device_type != kDLCPU ||
       (v.flags & DLPACK_FLAG_BITMASK_READ_ONLY) ||
       copy_reason(tg, &v.t, v.flags, row_major, why, sizeof why) != NULL ||

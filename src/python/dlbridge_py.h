@@ -1013,9 +1013,10 @@ int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
 int dlb__view_get_with(dlb_module_state *st, const dlb_handler *h,
                        PyObject *obj, unsigned options, dlb_view *view);
 /* dlb__view_get_with for h->kind DLB_KIND_NUMPY and no options: a NumPy
- * array read straight from its fields (nothing to release). */
+ * array read straight from its fields (nothing to release); *row_major is
+ * NumPy's C_CONTIGUOUS flag (compact row-major, known without a walk). */
 int dlb__view_numpy(dlb_module_state *st, const dlb_handler *h,
-                    PyObject *obj, dlb_view *view);
+                    PyObject *obj, dlb_view *view, int *row_major);
 /* The borrowed exchange-table view (h->api has
  * dltensor_from_py_object_no_sync) for a caller that has run
  * dlb__check_bits on obj already: dlb__view_get_with's EXCHANGE path,

@@ -319,10 +319,12 @@ int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
 }
 
 int dlb__view_numpy(dlb_module_state *st, const dlb_handler *h,
-                    PyObject *obj, dlb_view *view) {
+                    PyObject *obj, dlb_view *view, int *row_major) {
   view->handler = h;
   view->owned = NULL;
   view->has_buffer = 0;
+  *row_major =
+      (((const np_array_head *)obj)->flags & NP_ARRAY_C_CONTIGUOUS) != 0;
   return view_numpy(st->handlers, obj, view);
 }
 
