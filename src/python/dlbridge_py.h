@@ -31,7 +31,15 @@
  *   import.c   from_dlpack's policy: which reader, device= and copy=
  *   convert.c  dlbridge.convert: targets bound from the registry, what
  *              each can hold, copy= and device=, the hand-over
- *   function.c Function and load()
+ *   function_sig.c  (Function, five files sharing src/python/function.h)
+ *              the signature: parse, mismatch messages, one spelling,
+ *              identity
+ *   function_mut.c  what a call's reading marked: grad refusal, the
+ *              copies of immutable `mut` arguments, version counters,
+ *              the hand-back of results
+ *   function_call.c the eager call: reading, checks, the kernel
+ *   function_ops.c  what graph compilers ask of a Function
+ *   function.c the Function type and load()
  *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
  *              Functions compiled graphs name, by identity
  *   ops/tf.c   the DlbridgeCall op and its kernels, registered through
@@ -55,7 +63,7 @@
  * dlb__state_from_type below: the module's identity, defined in module.c
  * because it names the method table.  The declarations below are grouped
  * by file in the same order.  Of the core's private headers one is used
- * here: function.c includes src/core/validate_fast.h, the inline fast path
+ * here: function_call.c includes src/core/validate_fast.h, the inline fast path
  * of dlb_tensor_validate, to validate torch arguments without a call.
  *
  * Ownership model: every Tensor owns exactly one DLManagedTensorVersioned
@@ -151,7 +159,7 @@ typedef struct {
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
-  /* function.c */
+  /* function.c: the Function type */
   PyTypeObject *FunctionType;
   /* types.c: DType objects already made, direct-mapped by a hash of
    * (code, bits, lanes).  Reading t.dtype is common and a DType is
@@ -1096,7 +1104,7 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
  * 1, 0, or -1 with an exception. */
 int dlb__convert_is_target(dlb_module_state *st, PyObject *name);
 
-/* ---- Function (function.c), the C API capsule (capi.c), tests (testing.c) -- */
+/* ---- Function (function_*.c), the C API capsule (capi.c), tests (testing.c) */
 
 /* Adds the Function type and load() to the module. */
 int dlb__function_init(PyObject *module, dlb_module_state *st);
