@@ -1120,9 +1120,15 @@ const dlb_signature_param *dlb__function_params(PyObject *fn, int32_t *nin,
 const char *dlb__function_name(PyObject *fn);
 /* Whether two Functions run the same kernel (same address). */
 int dlb__function_same_kernel(PyObject *a, PyObject *b);
-/* The compiled identity "<name>_<8 hex digits>": a hash of the signature
- * in one spelling, the same in every process (new reference). */
+/* The compiled identity "<name>_<16 hex digits>": a 64-bit hash of the
+ * signature in one spelling, the same in every process (new reference). */
 PyObject *dlb__function_identity(PyObject *fn);
+/* The signature in one spelling, what the identity hashes (new
+ * reference): the registry compares it whole. */
+PyObject *dlb__function_normalized(PyObject *fn);
+/* Tests only (testing.c): make fn's identity the str identity, before it
+ * was made.  0, or -1 with ValueError (already made) or TypeError. */
+int dlb__function_force_identity(PyObject *fn, PyObject *identity);
 /* Run fn's kernel on argv: its nin inputs then nout results, in signature
  * order, each checked against the signature first (dtype, rank, extents;
  * a Python number arrives as the 0-d tensor it was made into); stream as
@@ -1177,8 +1183,9 @@ int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
 
 /* Register fn for compiled graphs under its identity, idempotently: on
  * success *registered is the Function registered under it (fn itself the
- * first time; alive until exit).  ValueError when another kernel holds the
- * identity, RuntimeError past DLB_OPS_MAX.  GIL held.  0 or -1. */
+ * first time; alive until exit).  ValueError when a Function with another
+ * signature (a hash collision) or another kernel holds the identity,
+ * RuntimeError past DLB_OPS_MAX.  GIL held.  0 or -1. */
 int dlb__ops_register(PyObject *fn, PyObject **registered);
 /* The Function registered under identity (len bytes, UTF-8), borrowed and
  * alive until exit; NULL when none.  Lock-free; needs no GIL. */

