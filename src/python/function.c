@@ -273,6 +273,11 @@ static PyMethodDef function_methods[] = {
      "Python number), checked as a call checks its arguments; results is a "
      "(shape, DType) pair per declared result, aliases the indices of the "
      "'mut' inputs."},
+    {"_refuse_overlap", dlb__fn_refuse_overlap_specs, METH_O,
+     "_refuse_overlap(specs) -> None\n\nThe eager call's rule for 'mut' "
+     "inputs that overlap another input, for a compiler's placeholders: "
+     "specs has None or (storage, byte_offset, shape, strides, dtype) per "
+     "input; BufferError naming both parameters."},
     {NULL, NULL, 0, NULL},
 };
 

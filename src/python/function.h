@@ -46,6 +46,8 @@ typedef struct {
   dlb_kernel kernel;
   dlb_module_state *st; /* alive as long as our type, which we hold */
   int32_t nin, nout;
+  int32_t nmut;         /* `mut` inputs: a call compares their memory with
+                           the other inputs' (dlb__fn_refuse_overlap) */
   fn_param *params;     /* nin inputs then nout outputs; owns dims too */
   fn_dim *dims;
   /* [nin]: the last handler each input's type had (the common call passes
@@ -216,12 +218,22 @@ int dlb__fn_copy_immutable(const fn_object *fn, fn_frame *f, void *stream,
                            int *nalloc);
 PyObject *dlb__fn_hand_back(const fn_object *fn, fn_frame *f,
                             const dlb_handler *h, int nres);
+/* A `mut` input whose memory overlaps another input's, unless the two are
+ * the same view (dlb_tensor_overlap): BufferError naming both, -1.  argv:
+ * the nin inputs as the kernel would get them; group: NULL to compare
+ * every pair, or [nin] -- a tensor is compared only with those of its
+ * group (one storage of a compiler's), none when its group is < 0.  0
+ * when none overlaps. */
+int dlb__fn_refuse_overlap(const fn_object *fn, DLTensor *const *argv,
+                           const int64_t *group);
 
 /* function_call.c: the type's vectorcall. */
 PyObject *dlb__fn_vectorcall(PyObject *self, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames);
 
-/* function_ops.c: Function._result_specs (a METH_O method). */
+/* function_ops.c: Function._result_specs and Function._refuse_overlap
+ * (METH_O methods). */
 PyObject *dlb__fn_result_specs(PyObject *self, PyObject *specs);
+PyObject *dlb__fn_refuse_overlap_specs(PyObject *self, PyObject *specs);
 
 #endif /* DLB_PYTHON_FUNCTION_H_ */

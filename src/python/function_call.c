@@ -557,6 +557,10 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   if ((marked & MARK_COPY) &&
       dlb__fn_copy_immutable(fn, f, stream, &nalloc) < 0)
     goto cleanup;
+  /* After the copies: what the kernel gets is what is compared (a copy
+   * overlaps nothing). */
+  if (fn->nmut > 0 && dlb__fn_refuse_overlap(fn, argv, NULL) < 0)
+    goto cleanup;
 
   err.code = DLB_OK;
   err.message[0] = '\0';

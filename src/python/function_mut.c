@@ -147,3 +147,36 @@ PyObject *dlb__fn_hand_back(const fn_object *fn, fn_frame *f,
   return tuple;
 }
 
+
+/* Refused, as torch refuses its own in-place ops on partly overlapping
+ * arguments: a kernel writing a `mut` argument while it reads another
+ * that shares memory sees what it wrote (or not) depending on its order
+ * of work -- and a compiler that copies `mut` inputs (torch's
+ * functionalisation) gives another answer.  The same view twice (y
+ * passed as x and y) is allowed: an elementwise kernel reads each element
+ * before it writes it.  The rule is the core's (byte ranges: interleaved
+ * views are refused too, docs/function.md). */
+int dlb__fn_refuse_overlap(const fn_object *fn, DLTensor *const *argv,
+                           const int64_t *group) {
+  for (int i = 0; i < fn->nin; i++) {
+    if (!fn->params[i].mut || (group != NULL && group[i] < 0)) continue;
+    for (int j = 0; j < fn->nin; j++) {
+      if (j == i || (group != NULL && group[j] != group[i])) continue;
+      int how;
+      dlb_error err;
+      if (dlb_tensor_overlap(argv[i], argv[j], &how, &err) != DLB_OK) {
+        dlb__raise(&err);
+        dlb__fn_prefix_error(fn, i);
+        return -1;
+      }
+      if (how != DLB_OVERLAP_PARTIAL) continue;
+      PyErr_Format(PyExc_BufferError,
+                   "%U() argument '%U' is 'mut' and its memory overlaps "
+                   "argument '%U' (not the same view): the kernel would "
+                   "write memory it reads; pass a copy of one of them",
+                   fn->name, pname(fn, i), pname(fn, j));
+      return -1;
+    }
+  }
+  return 0;
+}

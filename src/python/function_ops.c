@@ -284,3 +284,96 @@ cleanup:
   Py_XDECREF(seq);
   return result;
 }
+
+/* Function._refuse_overlap(specs): the eager call's overlap rule
+ * (dlb__fn_refuse_overlap) for a compiler's placeholders, which have no
+ * memory to compare but say where they would lie.  specs has one entry
+ * per input: None (not a tensor), or (storage, byte_offset, shape,
+ * strides, dtype) -- storage an int naming the memory the tensor is a view
+ * of (tensors of different storages never overlap), byte_offset where its
+ * element 0 lies in it, strides in elements.  None, or BufferError naming
+ * both parameters exactly as eagerly. */
+PyObject *dlb__fn_refuse_overlap_specs(PyObject *self, PyObject *specs) {
+  fn_object *fn = (fn_object *)self;
+  PyObject *result = NULL, *seq = NULL;
+  PyObject *keys[FN_MAX_PARAMS];
+  int64_t group[FN_MAX_PARAMS];
+  DLTensor ts[FN_MAX_PARAMS];
+  DLTensor *argv[FN_MAX_PARAMS];
+  int64_t *dims = NULL;
+  int nin = fn->nin;
+  seq = PyList_Check(specs)
+            ? PyList_AsTuple(specs)
+            : PySequence_Fast(specs, "_refuse_overlap() takes a sequence");
+  if (seq == NULL) goto cleanup;
+  if (PySequence_Fast_GET_SIZE(seq) != nin) {
+    dlb__fn_nargs_error(fn, PySequence_Fast_GET_SIZE(seq));
+    goto cleanup;
+  }
+  dims = PyMem_Calloc((size_t)nin * 2 * DLB_MAX_NDIM + 1, sizeof *dims);
+  if (dims == NULL) {
+    PyErr_NoMemory();
+    goto cleanup;
+  }
+  for (int i = 0; i < nin; i++) {
+    PyObject *spec = PySequence_Fast_GET_ITEM(seq, i);
+    int64_t *shape = dims + (size_t)i * 2 * DLB_MAX_NDIM;
+    int64_t *strides = shape + DLB_MAX_NDIM;
+    long long offset;
+    PyObject *key, *shp, *str, *dtype;
+    keys[i] = NULL;
+    group[i] = -1;
+    argv[i] = &ts[i];
+    memset(&ts[i], 0, sizeof ts[i]);
+    if (spec == Py_None) continue;
+    if (!PyArg_ParseTuple(spec, "OLOOO;_refuse_overlap(): a spec is "
+                          "(storage, byte_offset, shape, strides, dtype)",
+                          &key, &offset, &shp, &str, &dtype))
+      goto cleanup;
+    if (dlb__dtype_converter(fn->st, dtype, &ts[i].dtype) < 0) goto cleanup;
+    PyObject *tshape = PySequence_Tuple(shp);
+    PyObject *tstrides = tshape ? PySequence_Tuple(str) : NULL;
+    Py_ssize_t n = tshape ? PyTuple_GET_SIZE(tshape) : 0;
+    int ok = tstrides != NULL && offset >= 0 && n <= DLB_MAX_NDIM &&
+             PyTuple_GET_SIZE(tstrides) == n;
+    for (Py_ssize_t a = 0; ok && a < n; a++) {
+      shape[a] = PyLong_AsLongLong(PyTuple_GET_ITEM(tshape, a));
+      strides[a] = PyLong_AsLongLong(PyTuple_GET_ITEM(tstrides, a));
+      if (PyErr_Occurred() || shape[a] < 0) ok = 0;
+    }
+    Py_XDECREF(tshape);
+    Py_XDECREF(tstrides);
+    if (!ok) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError,
+                     "%U()._refuse_overlap: the spec of argument '%U' is "
+                     "not a layout (an offset >= 0, extents >= 0, a stride "
+                     "per extent, at most %d)",
+                     fn->name, pname(fn, i), DLB_MAX_NDIM);
+      goto cleanup;
+    }
+    ts[i].ndim = (int32_t)n;
+    ts[i].shape = shape;
+    ts[i].strides = strides;
+    ts[i].byte_offset = (uint64_t)offset;
+    ts[i].device.device_type = kDLCPU;
+    /* The first input of the same storage names the group. */
+    keys[i] = key;
+    group[i] = i;
+    for (int j = 0; j < i; j++) {
+      if (keys[j] == NULL) continue;
+      int eq = PyObject_RichCompareBool(keys[j], key, Py_EQ);
+      if (eq < 0) goto cleanup;
+      if (eq) {
+        group[i] = group[j];
+        break;
+      }
+    }
+  }
+  if (dlb__fn_refuse_overlap(fn, argv, group) < 0) goto cleanup;
+  result = Py_NewRef(Py_None);
+cleanup:
+  PyMem_Free(dims);
+  Py_XDECREF(seq);
+  return result;
+}

@@ -109,6 +109,9 @@ int dlb__fn_compile_signature(fn_object *fn, PyObject *sig) {
   }
   fn->nin = p->nin;
   fn->nout = p->nparams - p->nin;
+  fn->nmut = 0;
+  for (int32_t i = 0; i < p->nin; i++)
+    if (p->params[i].mut) fn->nmut++;
   fn->name = PyUnicode_FromStringAndSize(p->name, (Py_ssize_t)p->name_len);
   if (fn->name == NULL) goto cleanup;
   fn->cname = (char *)PyMem_Malloc(p->name_len + 1);

@@ -162,3 +162,118 @@ def test_tf_registry_refuses_another_signature(lib):
     assert tuple(tf.function(lambda t: a(t))(x).shape) == (2,)
     with pytest.raises(ValueError, match="another signature"):
         tf.function(lambda t: b(t))(x)
+
+
+# ---- item 3: `mut` arguments overlapping another argument --------------------
+
+SAXPY = "saxpy(a: float32, x: float32[n], y: mut float32[n])"
+OVERLAP = "argument 'y' is 'mut' and its memory overlaps argument 'x'"
+
+
+@pytest.fixture
+def saxpy(lib):
+    return dlb.load(lib, "dlb_kernel_saxpy", SAXPY)
+
+
+def test_partial_overlap_is_refused_numpy(saxpy):
+    base = np.arange(6, dtype=np.float32)
+    with pytest.raises(BufferError, match=OVERLAP):
+        saxpy(1.0, base[0:4], base[1:5])
+    np.testing.assert_array_equal(base, np.arange(6))  # the kernel never ran
+    t = dlb.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], dtype="float32")
+    arr = np.asarray(t)
+    with pytest.raises(BufferError, match=OVERLAP):
+        saxpy(1.0, arr[1:5], arr[0:4])
+    # a reversed view over bytes the other reads
+    with pytest.raises(BufferError, match=OVERLAP):
+        saxpy(1.0, base[3::-1], base[0:4])
+
+
+def test_interleaved_views_are_refused(saxpy):
+    """Decided (docs/function.md): the rule is the byte ranges', so views
+    that interleave without sharing an element are refused too."""
+    base = np.arange(8, dtype=np.float32)
+    with pytest.raises(BufferError, match=OVERLAP):
+        saxpy(1.0, base[0::2], base[1::2])
+
+
+def test_same_view_twice_and_disjoint_views_are_allowed(saxpy):
+    y = np.arange(4, dtype=np.float32)
+    saxpy(1.0, y, y)                              # y += y
+    np.testing.assert_array_equal(y, 2 * np.arange(4))
+    base = np.arange(8, dtype=np.float32)
+    saxpy(2.0, base[0:4], base[4:8])              # touching, disjoint
+    np.testing.assert_array_equal(base[4:], [4, 7, 10, 13])
+
+
+def test_partial_overlap_is_refused_torch_eager(saxpy):
+    torch = pytest.importorskip("torch")
+    base = torch.arange(6, dtype=torch.float32)
+    with pytest.raises(BufferError, match=OVERLAP):
+        saxpy(1.0, base[0:4], base[1:5])
+    assert base.tolist() == list(range(6))
+
+
+def _overlapping_call(saxpy):
+    def f(base):
+        saxpy(1.0, base[0:4], base[1:5])
+        return base
+    return f
+
+
+def test_partial_overlap_is_refused_by_every_torch_backend(saxpy):
+    """The fake kernel sees the views' shared storage where Dynamo first
+    runs the call, before aot_eager's functionalisation copies y: every
+    backend raises, naming the eager BufferError (as torch reports any
+    error of a fake kernel, test_compiled_torch.py)."""
+    torch = pytest.importorskip("torch")
+    f = _overlapping_call(saxpy)
+    eager = None
+    try:
+        f(torch.arange(6, dtype=torch.float32))
+    except BufferError as exc:
+        eager = exc
+    assert eager is not None and OVERLAP in str(eager)
+    seen = []
+    for backend in ("eager", "aot_eager", "inductor"):
+        torch._dynamo.reset()
+        base = torch.arange(6, dtype=torch.float32)
+        with pytest.raises(Exception) as info:
+            torch.compile(f, backend=backend)(base)
+        assert str(eager) in str(info.value), (backend, info.value)
+        assert base.tolist() == list(range(6)), backend
+        seen.append(type(info.value))
+    assert len(set(seen)) == 1, seen
+    # graph inputs that are views of one tensor: fakified sharing a storage
+    torch._dynamo.reset()
+    base = torch.arange(6, dtype=torch.float32)
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x, y: saxpy(1.0, x, y),
+                      backend="aot_eager")(base[0:4], base[1:5])
+    assert str(eager) in str(info.value)
+    assert base.tolist() == list(range(6))
+
+
+def test_fake_kernel_raises_the_eager_buffer_error(saxpy):
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    base = torch.arange(6, dtype=torch.float32)
+    with pytest.raises(BufferError) as eager:
+        saxpy(1.0, base[0:4], base[1:5])
+    with FakeTensorMode():
+        fbase = torch.empty(6)
+        with pytest.raises(BufferError) as traced:
+            saxpy(1.0, fbase[0:4], fbase[1:5])
+        saxpy(1.0, fbase[0:4], fbase[0:4])          # the same view: fine
+        saxpy(1.0, fbase[0:3], fbase[3:6])          # disjoint: fine
+        saxpy(1.0, torch.empty(4), torch.empty(4))  # two storages: fine
+    assert str(traced.value) == str(eager.value)
+
+
+def test_same_view_twice_compiled(saxpy):
+    torch = pytest.importorskip("torch")
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        y = torch.arange(4, dtype=torch.float32)
+        torch.compile(lambda t: saxpy(1.0, t, t), backend=backend)(y)
+        assert y.tolist() == [0.0, 2.0, 4.0, 6.0], backend
