@@ -306,7 +306,65 @@ static PyObject *get_address(PyObject *self, void *c) {
   return PyLong_FromVoidPtr(ptr);
 }
 
+/* __signature__: inspect.signature(f), for tools that read a callable's
+ * parameters (tf.function, functools, IDEs): one positional-or-keyword
+ * parameter per input, named as in the signature (the call takes them by
+ * keyword too), built when asked -- importing inspect is not for every
+ * Function.  A name Python cannot take as a parameter (a keyword such as
+ * "lambda") becomes positional-only "arg<i>", as the torch schema names
+ * it. */
+static PyObject *get_signature(PyObject *self, void *c) {
+  (void)c;
+  fn_object *fn = (fn_object *)self;
+  PyObject *result = NULL, *inspect = NULL, *parameter = NULL, *kind = NULL,
+           *params = NULL, *signature = NULL;
+  inspect = PyImport_ImportModule("inspect");
+  if (inspect == NULL) goto cleanup;
+  parameter = PyObject_GetAttrString(inspect, "Parameter");
+  if (parameter == NULL) goto cleanup;
+  for (int pass = 0; pass < 2 && params == NULL; pass++) {
+    /* pass 0: every name as written; pass 1 (a name was refused): all
+     * positional-only, the refused ones "arg<i>" (positional-only
+     * parameters cannot follow the others). */
+    Py_XSETREF(kind, PyObject_GetAttrString(
+                         parameter, pass ? "POSITIONAL_ONLY"
+                                         : "POSITIONAL_OR_KEYWORD"));
+    if (kind == NULL || (params = PyList_New(fn->nin)) == NULL) goto cleanup;
+    for (int i = 0; i < fn->nin; i++) {
+      PyObject *p = PyObject_CallFunctionObjArgs(parameter, pname(fn, i),
+                                                 kind, NULL);
+      if (p == NULL && pass == 1 && PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+        PyObject *generic = PyUnicode_FromFormat("arg%d", i);
+        if (generic == NULL) goto cleanup;
+        p = PyObject_CallFunctionObjArgs(parameter, generic, kind, NULL);
+        Py_DECREF(generic);
+      }
+      if (p == NULL) {
+        if (pass == 1 || !PyErr_ExceptionMatches(PyExc_ValueError))
+          goto cleanup;
+        PyErr_Clear(); /* a name Python refuses: the second pass */
+        Py_CLEAR(params);
+        break;
+      }
+      PyList_SET_ITEM(params, i, p);
+    }
+  }
+  signature = PyObject_GetAttrString(inspect, "Signature");
+  if (signature == NULL) goto cleanup;
+  result = PyObject_CallOneArg(signature, params);
+cleanup:
+  Py_XDECREF(signature);
+  Py_XDECREF(params);
+  Py_XDECREF(kind);
+  Py_XDECREF(parameter);
+  Py_XDECREF(inspect);
+  return result;
+}
+
 static PyGetSetDef function_getset[] = {
+    {"__signature__", get_signature, NULL,
+     "inspect.Signature of the call: the inputs by name.", NULL},
     {"nin", get_nin, NULL, "Number of arguments the call takes.", NULL},
     {"nout", get_nout, NULL, "Number of results the call returns.", NULL},
     {"address", get_address, NULL, "Address of the kernel (int).", NULL},

@@ -277,3 +277,33 @@ def test_same_view_twice_compiled(saxpy):
         y = torch.arange(4, dtype=torch.float32)
         torch.compile(lambda t: saxpy(1.0, t, t), backend=backend)(y)
         assert y.tolist() == [0.0, 2.0, 4.0, 6.0], backend
+
+
+# ---- item 11: inspect.signature of a Function -------------------------------
+
+SAXPY_OUT = "saxpy(a: float32, x: float32[n], y: float32[n]) -> float32[n]"
+
+
+def test_inspect_signature_names_the_inputs(lib):
+    f = dlb.load(lib, "dlb_kernel_saxpy_out", SAXPY_OUT)
+    sig = inspect.signature(f)
+    assert list(sig.parameters) == ["a", "x", "y"]
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+               for p in sig.parameters.values())
+    x = np.arange(3, dtype=np.float32)
+    bound = sig.bind(2.0, x, y=x)
+    np.testing.assert_array_equal(f(*bound.args, **bound.kwargs), 3 * x)
+    # a name Python cannot take as a parameter: positional-only
+    k = dlb.load(lib, "dlb_kernel_noop", "k(lambda: float32[n], x: float32[n])")
+    assert [p.kind for p in inspect.signature(k).parameters.values()] == \
+        [inspect.Parameter.POSITIONAL_ONLY] * 2
+
+
+def test_tf_function_of_the_function_object(lib):
+    tf = pytest.importorskip("tensorflow")
+    f = dlb.load(lib, "dlb_kernel_saxpy_out", SAXPY_OUT)
+    x = tf.constant([1.0, 2.0, 3.0])
+    y = tf.constant([1.0, 1.0, 1.0])
+    got = tf.function(f)(2.0, x, y)
+    np.testing.assert_array_equal(got.numpy(), f(2.0, x, y).numpy())
+    np.testing.assert_array_equal(got.numpy(), [3.0, 5.0, 7.0])
