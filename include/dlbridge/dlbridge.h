@@ -236,6 +236,27 @@ DLB_API bool dlb_tensor_is_dense(const DLTensor *t);
 DLB_API int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
                                  dlb_error *err);
 
+/* How two tensors' memory relates (dlb_tensor_overlap). */
+enum {
+  DLB_OVERLAP_NONE = 0,    /* no byte in common: disjoint byte ranges, a
+                              tensor with no elements, or two devices */
+  DLB_OVERLAP_SAME = 1,    /* the same view: one device, one address of
+                              element 0, one dtype, shape and strides (a
+                              stride of an extent-1 dim not compared) */
+  DLB_OVERLAP_PARTIAL = 2  /* anything else whose byte ranges intersect */
+};
+
+/* Whether a and b share memory, into *out (DLB_OVERLAP_*).  The rule is
+ * the byte ranges' (dlb_tensor_byte_span from each address of element 0,
+ * data + byte_offset): views that interleave without sharing a byte
+ * (x[0::2] and x[1::2]) intersect and are PARTIAL -- deciding exactly
+ * which elements two strided views share is a search this function does
+ * not make.  A function of the descriptions only: no memory is read, and
+ * data may be NULL (addresses are data + byte_offset as integers).
+ * dlb_tensor_byte_span's errors for either tensor. */
+DLB_API int dlb_tensor_overlap(const DLTensor *a, const DLTensor *b, int *out,
+                               dlb_error *err);
+
 /* ---- Validation ------------------------------------------------------------ */
 
 /* Options for dlb_tensor_validate. */

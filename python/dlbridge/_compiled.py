@@ -1,6 +1,6 @@
 """A dlbridge.Function inside a graph compiler.
 
-``Function.__call__`` (src/python/function.c) reads its arguments in C.  When
+``Function.__call__`` (src/python/function_call.c) reads its arguments in C.  When
 one of them is a compiler's placeholder for a tensor -- a JAX tracer, a
 torch fake or functional tensor, a TensorFlow symbolic tensor (the
 registry's ``_is_traced``) -- there is no memory to read, and the call is

@@ -161,6 +161,7 @@ def _fake_kernel(fn):
     first tensor argument's device (compact, as the eager call allocates
     them)."""
     names = [item[0] for item in fn._inputs]
+    mut = [i for i, item in enumerate(fn._inputs) if item[3]]
 
     def fake(*args):
         torch = _torch()
@@ -189,6 +190,8 @@ def _fake_kernel(fn):
         if torch.is_grad_enabled() and any(args[i].requires_grad
                                            for i in tensors):
             raise _no_backward(fn)
+        if mut:
+            _refuse_overlap(fn, torch, args, tensors, mut)
         outs = tuple(torch.empty(shape, dtype=_torch_dtype(torch, dtype),
                                  device=device)
                      for shape, dtype in results)
@@ -198,6 +201,41 @@ def _fake_kernel(fn):
 
     fake.__name__ = f"{fn.name}_fake"
     return fake
+
+
+def _storage(t):
+    """What names the memory fake tensor ``t`` is a view of (the same for
+    every view of one storage), or None when it has none."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
+def _refuse_overlap(fn, torch, args, tensors, mut):
+    """The eager call's refusal of a `mut` input whose memory overlaps
+    another input's (src/core's rule, through ``Function._refuse_overlap``)
+    for fake tensors: views of one storage are compared by their layout in
+    it.  Checked where Dynamo first runs the call on fake views of the
+    caller's tensors, before a backend's functionalisation copies `mut`
+    inputs, so every backend raises the eager BufferError.  The layout of
+    a tensor sharing a storage with a `mut` one is read as ints, which
+    specialises its symbolic extents -- only for such calls."""
+    storages = {i: _storage(args[i]) for i in tensors}
+    shared = {storages[i] for i in mut if storages.get(i) is not None}
+    if not any(storages[i] in shared for i in tensors if i not in mut) and \
+            len([i for i in mut if storages.get(i) in shared]) < 2:
+        return
+    specs = [None] * len(args)
+    for i in tensors:
+        a = args[i]
+        if storages[i] in shared:
+            size = a.element_size()
+            specs[i] = (storages[i], int(a.storage_offset()) * size,
+                        tuple(int(d) for d in a.shape),
+                        tuple(int(d) for d in a.stride()),
+                        _dtype_name(a.dtype))
+    fn._refuse_overlap(specs)
 
 
 def _torch_dtype(torch, dtype):

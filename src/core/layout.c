@@ -375,3 +375,54 @@ int dlb_tensor_byte_span(const DLTensor *t, int64_t *lo, int64_t *hi,
   if (byte_span_ok(t, lo, hi, false)) return DLB_OK;
   return byte_span_careful_out_of_line(t, lo, hi, err);
 }
+
+/* ---- overlap ------------------------------------------------------------------ */
+
+/* The address of t's element 0, as an integer: data + byte_offset. */
+static uint64_t element0(const DLTensor *t) {
+  return (uint64_t)(uintptr_t)t->data + t->byte_offset;
+}
+
+/* Whether a and b (one device, one address of element 0) lay their
+ * elements out alike: dtype, shape, and the strides of every dim of
+ * extent > 1. */
+static bool same_view(const DLTensor *a, const DLTensor *b) {
+  if (a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits ||
+      a->dtype.lanes != b->dtype.lanes || a->ndim != b->ndim)
+    return false;
+  int64_t sa_scratch[DLB_MAX_NDIM], sb_scratch[DLB_MAX_NDIM];
+  const int64_t *sa = dlb_tensor_strides(a, sa_scratch);
+  const int64_t *sb = dlb_tensor_strides(b, sb_scratch);
+  for (int32_t i = 0; i < a->ndim; i++) {
+    if (a->shape[i] != b->shape[i]) return false;
+    if (a->shape[i] > 1 && (sa == NULL || sb == NULL || sa[i] != sb[i]))
+      return false;
+  }
+  return true;
+}
+
+int dlb_tensor_overlap(const DLTensor *a, const DLTensor *b, int *out,
+                       dlb_error *err) {
+  if (out == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "overlap output is NULL");
+  if (a == NULL || b == NULL)
+    return dlb_error_set(err, DLB_EINVAL, "tensor is NULL");
+  int64_t alo, ahi, blo, bhi;
+  int rc = dlb_tensor_byte_span(a, &alo, &ahi, err);
+  if (rc != DLB_OK) return rc;
+  rc = dlb_tensor_byte_span(b, &blo, &bhi, err);
+  if (rc != DLB_OK) return rc;
+  *out = DLB_OVERLAP_NONE;
+  if (alo == ahi || blo == bhi ||
+      a->device.device_type != b->device.device_type ||
+      a->device.device_id != b->device.device_id)
+    return DLB_OK;
+  /* The ranges as addresses: two's complement wraps a negative lo
+   * correctly; a tensor does not wrap around the address space. */
+  uint64_t a0 = element0(a), b0 = element0(b);
+  uint64_t as = a0 + (uint64_t)alo, ae = a0 + (uint64_t)ahi;
+  uint64_t bs = b0 + (uint64_t)blo, be = b0 + (uint64_t)bhi;
+  if (as >= be || bs >= ae) return DLB_OK;
+  *out = a0 == b0 && same_view(a, b) ? DLB_OVERLAP_SAME : DLB_OVERLAP_PARTIAL;
+  return DLB_OK;
+}

@@ -1,6 +1,6 @@
 /* signature.c -- the signature language of dlb_kernel functions, parsed
  * once into flat records a caller checks tensors against with no symbol
- * table (dlbridge.Function, src/python/function.c).  Grammar (whitespace
+ * table (dlbridge.Function, src/python/function_sig.c).  Grammar (whitespace
  * allowed between any two tokens):
  *
  *     signature := NAME '(' [param {',' param} [',']] ')' ['->' results]

@@ -19,8 +19,11 @@
  *    more is a RuntimeError saying so.
  * Registration is idempotent per identity: the same Function again, or
  * another Function object with the same signature and the same kernel,
- * gets the registered one; another kernel under a registered identity is a
- * ValueError (two kernels cannot answer to one name in a graph).
+ * gets the registered one.  The identity is a hash, so an entry keeps the
+ * whole normalised signature and a registration under a taken identity is
+ * compared with it: another signature (the hashes collided) or another
+ * kernel is a ValueError (two Functions cannot answer to one name in a
+ * graph), never the registered Function serving the other's calls.
  */
 #include "../python/dlbridge_py.h"
 
@@ -31,6 +34,9 @@
 typedef struct {
   PyObject *fn;     /* strong, until exit */
   size_t len;
+  const char *normalized; /* fn's normalised signature, UTF-8, NUL-
+                             terminated: in the same block, after identity */
+  size_t normalized_len;
   char identity[];  /* UTF-8, NUL-terminated */
 } ops_entry;
 
@@ -57,21 +63,60 @@ PyObject *dlb__ops_find(const char *identity, size_t len) {
   return NULL;
 }
 
+/* An entry's Function and fn are one: the same object, or the same
+ * normalised signature (sig, len bytes) and the same kernel.  1; 0 with a
+ * ValueError saying which differs. */
+static int same_function(const ops_entry *e, PyObject *fn, PyObject *identity,
+                         const char *sig, size_t len) {
+  if (e->fn == fn) return 1;
+  if (e->normalized_len != len || memcmp(e->normalized, sig, len) != 0) {
+    PyErr_Format(PyExc_ValueError,
+                 "%U: a Function with another signature is registered for "
+                 "compiled graphs under this identity in this process (%s; "
+                 "this one is %s): their identity hashes collide; give one "
+                 "of them another name",
+                 identity, e->normalized, sig);
+    return 0;
+  }
+  if (!dlb__function_same_kernel(e->fn, fn)) {
+    PyErr_Format(PyExc_ValueError,
+                 "%U: another kernel is registered for compiled graphs "
+                 "under this name and signature in this process; give "
+                 "the new kernel another name",
+                 identity);
+    return 0;
+  }
+  return 1;
+}
+
 int dlb__ops_register(PyObject *fn, PyObject **registered) {
   int rc = -1;
+  PyObject *normalized = NULL;
   PyObject *identity = dlb__function_identity(fn);
   if (identity == NULL) return -1;
-  Py_ssize_t len;
+  Py_ssize_t len, slen;
   const char *text = PyUnicode_AsUTF8AndSize(identity, &len);
   if (text == NULL) goto cleanup;
+  /* The common case, fn registered already, asks for nothing more. */
+  ops_entry *found = NULL;
+  PyObject *known = dlb__ops_find(text, (size_t)len);
+  if (known == fn) {
+    *registered = fn;
+    rc = 0;
+    goto cleanup;
+  }
+  normalized = dlb__function_normalized(fn);
+  if (normalized == NULL) goto cleanup;
+  const char *sig = PyUnicode_AsUTF8AndSize(normalized, &slen);
+  if (sig == NULL) goto cleanup;
   pthread_mutex_lock(&registry_lock);
   size_t i = slot_of(text, (size_t)len);
   size_t probes = 0;
-  ops_entry *e;
   for (; probes < DLB_OPS_MAX; probes++, i = (i + 1) & (DLB_OPS_MAX - 1)) {
-    e = atomic_load_explicit(&slots[i], memory_order_relaxed);
-    if (e == NULL) break;
-    if (e->len == (size_t)len && memcmp(e->identity, text, (size_t)len) == 0)
+    found = atomic_load_explicit(&slots[i], memory_order_relaxed);
+    if (found == NULL) break;
+    if (found->len == (size_t)len &&
+        memcmp(found->identity, text, (size_t)len) == 0)
       break;
   }
   if (probes == DLB_OPS_MAX) {
@@ -82,21 +127,16 @@ int dlb__ops_register(PyObject *fn, PyObject **registered) {
                  identity, DLB_OPS_MAX);
     goto cleanup;
   }
-  if (e != NULL) {
+  if (found != NULL) {
+    /* An entry is never changed: it is read out of the lock. */
     pthread_mutex_unlock(&registry_lock);
-    if (!dlb__function_same_kernel(e->fn, fn)) {
-      PyErr_Format(PyExc_ValueError,
-                   "%U: another kernel is registered for compiled graphs "
-                   "under this name and signature in this process; give "
-                   "the new kernel another name",
-                   identity);
-      goto cleanup;
-    }
-    *registered = e->fn;
+    if (!same_function(found, fn, identity, sig, (size_t)slen)) goto cleanup;
+    *registered = found->fn;
     rc = 0;
     goto cleanup;
   }
-  e = (ops_entry *)PyMem_RawMalloc(sizeof *e + (size_t)len + 1);
+  ops_entry *e = (ops_entry *)PyMem_RawMalloc(sizeof *e + (size_t)len + 1 +
+                                              (size_t)slen + 1);
   if (e == NULL) {
     pthread_mutex_unlock(&registry_lock);
     PyErr_NoMemory();
@@ -105,11 +145,16 @@ int dlb__ops_register(PyObject *fn, PyObject **registered) {
   e->fn = Py_NewRef(fn); /* until exit: see the header comment */
   e->len = (size_t)len;
   memcpy(e->identity, text, (size_t)len + 1);
+  char *copy = e->identity + len + 1;
+  memcpy(copy, sig, (size_t)slen + 1);
+  e->normalized = copy;
+  e->normalized_len = (size_t)slen;
   atomic_store_explicit(&slots[i], e, memory_order_release);
   pthread_mutex_unlock(&registry_lock);
   *registered = fn;
   rc = 0;
 cleanup:
+  Py_XDECREF(normalized);
   Py_DECREF(identity);
   return rc;
 }
@@ -148,7 +193,8 @@ static PyMethodDef registry_methods[] = {
     {"_ops_register", py_ops_register, METH_O,
      "_ops_register(fn) -> Function\n\nRegister fn for compiled graphs "
      "under its identity (kept alive until exit); returns the Function "
-     "registered under it.  ValueError when another kernel holds it."},
+     "registered under it.  ValueError when a Function with another "
+     "signature or another kernel holds it."},
     {"_ops_find", py_ops_find, METH_O,
      "_ops_find(identity) -> Function or None"},
     {NULL, NULL, 0, NULL},

@@ -31,7 +31,15 @@
  *   import.c   from_dlpack's policy: which reader, device= and copy=
  *   convert.c  dlbridge.convert: targets bound from the registry, what
  *              each can hold, copy= and device=, the hand-over
- *   function.c Function and load()
+ *   function_sig.c  (Function, five files sharing src/python/function.h)
+ *              the signature: parse, mismatch messages, one spelling,
+ *              identity
+ *   function_mut.c  what a call's reading marked: grad refusal, the
+ *              copies of immutable `mut` arguments, version counters,
+ *              the hand-back of results
+ *   function_call.c the eager call: reading, checks, the kernel
+ *   function_ops.c  what graph compilers ask of a Function
+ *   function.c the Function type and load()
  *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
  *              Functions compiled graphs name, by identity
  *   ops/tf.c   the DlbridgeCall op and its kernels, registered through
@@ -55,7 +63,7 @@
  * dlb__state_from_type below: the module's identity, defined in module.c
  * because it names the method table.  The declarations below are grouped
  * by file in the same order.  Of the core's private headers one is used
- * here: function.c includes src/core/validate_fast.h, the inline fast path
+ * here: function_call.c includes src/core/validate_fast.h, the inline fast path
  * of dlb_tensor_validate, to validate torch arguments without a call.
  *
  * Ownership model: every Tensor owns exactly one DLManagedTensorVersioned
@@ -151,7 +159,7 @@ typedef struct {
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
-  /* function.c */
+  /* function.c: the Function type */
   PyTypeObject *FunctionType;
   /* types.c: DType objects already made, direct-mapped by a hash of
    * (code, bits, lanes).  Reading t.dtype is common and a DType is
@@ -1096,7 +1104,7 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
  * 1, 0, or -1 with an exception. */
 int dlb__convert_is_target(dlb_module_state *st, PyObject *name);
 
-/* ---- Function (function.c), the C API capsule (capi.c), tests (testing.c) -- */
+/* ---- Function (function_*.c), the C API capsule (capi.c), tests (testing.c) */
 
 /* Adds the Function type and load() to the module. */
 int dlb__function_init(PyObject *module, dlb_module_state *st);
@@ -1112,9 +1120,15 @@ const dlb_signature_param *dlb__function_params(PyObject *fn, int32_t *nin,
 const char *dlb__function_name(PyObject *fn);
 /* Whether two Functions run the same kernel (same address). */
 int dlb__function_same_kernel(PyObject *a, PyObject *b);
-/* The compiled identity "<name>_<8 hex digits>": a hash of the signature
- * in one spelling, the same in every process (new reference). */
+/* The compiled identity "<name>_<16 hex digits>": a 64-bit hash of the
+ * signature in one spelling, the same in every process (new reference). */
 PyObject *dlb__function_identity(PyObject *fn);
+/* The signature in one spelling, what the identity hashes (new
+ * reference): the registry compares it whole. */
+PyObject *dlb__function_normalized(PyObject *fn);
+/* Tests only (testing.c): make fn's identity the str identity, before it
+ * was made.  0, or -1 with ValueError (already made) or TypeError. */
+int dlb__function_force_identity(PyObject *fn, PyObject *identity);
 /* Run fn's kernel on argv: its nin inputs then nout results, in signature
  * order, each checked against the signature first (dtype, rank, extents;
  * a Python number arrives as the 0-d tensor it was made into); stream as
@@ -1169,8 +1183,9 @@ int dlb__buffer_format_dtype(const char *fmt, Py_ssize_t itemsize,
 
 /* Register fn for compiled graphs under its identity, idempotently: on
  * success *registered is the Function registered under it (fn itself the
- * first time; alive until exit).  ValueError when another kernel holds the
- * identity, RuntimeError past DLB_OPS_MAX.  GIL held.  0 or -1. */
+ * first time; alive until exit).  ValueError when a Function with another
+ * signature (a hash collision) or another kernel holds the identity,
+ * RuntimeError past DLB_OPS_MAX.  GIL held.  0 or -1. */
 int dlb__ops_register(PyObject *fn, PyObject **registered);
 /* The Function registered under identity (len bytes, UTF-8), borrowed and
  * alive until exit; NULL when none.  Lock-free; needs no GIL. */

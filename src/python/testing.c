@@ -369,6 +369,31 @@ static PyMethodDef private_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* _function_force_identity(fn, identity): fn's identity made identity
+ * before anything made it, so a test gives two Functions of different
+ * signatures one identity -- the hash collision the registry refuses
+ * (ops/registry.c), which a 64-bit hash no longer lets a test find. */
+static PyObject *py_function_force_identity(PyObject *module,
+                                            PyObject *const *args,
+                                            Py_ssize_t nargs) {
+  (void)module;
+  if (nargs != 2 || !dlb__function_check(args[0])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "_function_force_identity(fn, identity) takes a "
+                    "dlbridge.Function and a str");
+    return NULL;
+  }
+  if (dlb__function_force_identity(args[0], args[1]) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef function_test_methods[] = {
+    {"_function_force_identity",
+     (PyCFunction)(void (*)(void))py_function_force_identity, METH_FASTCALL,
+     "Private (tests): set a Function's identity before it is made."},
+    {NULL, NULL, 0, NULL},
+};
+
 int dlb__testing_init(PyObject *module, dlb_module_state *st) {
   (void)st;
   /* The budget of a never-installed allocator: unlimited.  Harmless to
@@ -381,5 +406,6 @@ int dlb__testing_init(PyObject *module, dlb_module_state *st) {
   if (PyModule_AddIntConstant(module, "_PYCOMPAT_PUBLIC_ONLY",
                               !DLB_PYCOMPAT_PRIVATE) < 0)
     return -1;
+  if (PyModule_AddFunctions(module, function_test_methods) < 0) return -1;
   return PyModule_AddFunctions(module, private_methods);
 }

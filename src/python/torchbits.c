@@ -18,7 +18,7 @@
  * switched off, so a subclass's override or an active TorchFunctionMode
  * does not run, and the answer is the TensorImpl's -- what the exchange
  * table reads.  That is what lets Function check every tensor again after
- * the last Python code of a call ran (function.c).  Only torch tensors
+ * the last Python code of a call ran (function_call.c).  Only torch tensors
  * (instances of torch._C.TensorBase) are checked: no other framework has
  * these bits.
  */

@@ -1,4 +1,5 @@
-/* test_layout.c -- element counts, strides, contiguity and byte spans. */
+/* test_layout.c -- element counts, strides, contiguity, byte spans and
+ * overlap. */
 #include "check.h"
 /* The core's checked-arithmetic helpers (static inline, not exported). */
 #include "../../src/core/internal.h"
@@ -548,6 +549,90 @@ static void test_checked_arithmetic(void) {
   CHECK(!dlb__size_overflow(0, SIZE_MAX, &z) && z == SIZE_MAX);
 }
 
+/* ---- overlap ----------------------------------------------------------------------- */
+
+/* A view of base: ndim dims of shape/strides (elements), starting at
+ * element off of a float32 buffer. */
+static DLTensor view_at(float *base, int64_t off, int32_t ndim, int64_t *shape,
+                        int64_t *strides) {
+  DLTensor t = tensor(ndim, shape, strides, F32);
+  t.data = base;
+  t.byte_offset = (uint64_t)off * sizeof(float);
+  return t;
+}
+
+static int overlap_of(const DLTensor *a, const DLTensor *b) {
+  dlb_error err;
+  int got = -1, back = -1;
+  CHECK_EQ(dlb_tensor_overlap(a, b, &got, &err), DLB_OK);
+  CHECK_EQ(dlb_tensor_overlap(b, a, &back, &err), DLB_OK);
+  CHECK_EQ(got, back); /* symmetric */
+  return got;
+}
+
+static void test_overlap(void) {
+  float base[16];
+  int64_t s4[] = {4}, s1[] = {1}, s2[] = {2}, s8[] = {8}, s0[] = {0};
+  int64_t m1[] = {-1};
+  /* base[0:4] and base[1:5]: partial */
+  DLTensor x = view_at(base, 0, 1, s4, s1), y = view_at(base, 1, 1, s4, s1);
+  CHECK_EQ(overlap_of(&x, &y), DLB_OVERLAP_PARTIAL);
+  /* base[0:4] and base[4:8]: touching, disjoint */
+  DLTensor z = view_at(base, 4, 1, s4, s1);
+  CHECK_EQ(overlap_of(&x, &z), DLB_OVERLAP_NONE);
+  /* the same view twice, NULL strides for one of them */
+  DLTensor x2 = view_at(base, 0, 1, s4, NULL);
+  CHECK_EQ(overlap_of(&x, &x2), DLB_OVERLAP_SAME);
+  CHECK_EQ(overlap_of(&x, &x), DLB_OVERLAP_SAME);
+  /* one address, another shape (a prefix) or stride: partial */
+  DLTensor pre = view_at(base, 0, 1, s2, s1);
+  CHECK_EQ(overlap_of(&x, &pre), DLB_OVERLAP_PARTIAL);
+  DLTensor even = view_at(base, 0, 1, s4, s2), odd = view_at(base, 1, 1, s4, s2);
+  CHECK_EQ(overlap_of(&x, &even), DLB_OVERLAP_PARTIAL);
+  /* interleaved views share no byte but their ranges intersect: partial
+   * (the documented rule) */
+  CHECK_EQ(overlap_of(&even, &odd), DLB_OVERLAP_PARTIAL);
+  /* another dtype at one address: partial */
+  DLTensor bytes = tensor(1, s4, s1, I8);
+  bytes.data = base;
+  CHECK_EQ(overlap_of(&x, &bytes), DLB_OVERLAP_PARTIAL);
+  /* negative strides: base[3::-1] spans base[0:4] */
+  DLTensor rev = view_at(base, 3, 1, s4, m1);
+  CHECK_EQ(overlap_of(&rev, &x), DLB_OVERLAP_PARTIAL);
+  CHECK_EQ(overlap_of(&rev, &z), DLB_OVERLAP_NONE);
+  /* a broadcast (stride 0) view of element 4 and base[4:8] */
+  DLTensor bc = view_at(base, 4, 1, s8, s0);
+  CHECK_EQ(overlap_of(&bc, &z), DLB_OVERLAP_PARTIAL);
+  CHECK_EQ(overlap_of(&bc, &x), DLB_OVERLAP_NONE);
+  /* an extent-1 dim's stride is not compared */
+  int64_t sh14[] = {1, 4}, st_a[] = {4, 1}, st_b[] = {99, 1};
+  DLTensor r1 = view_at(base, 0, 2, sh14, st_a), r2 = view_at(base, 0, 2, sh14, st_b);
+  CHECK_EQ(overlap_of(&r1, &r2), DLB_OVERLAP_SAME);
+  /* empty tensors and other devices share nothing */
+  int64_t e0[] = {0};
+  DLTensor empty = view_at(base, 0, 1, e0, s1);
+  CHECK_EQ(overlap_of(&empty, &x), DLB_OVERLAP_NONE);
+  DLTensor dev = x;
+  dev.device.device_type = kDLCUDA;
+  CHECK_EQ(overlap_of(&dev, &x), DLB_OVERLAP_NONE);
+  dev.device.device_type = kDLCPU;
+  dev.device.device_id = 1;
+  CHECK_EQ(overlap_of(&dev, &x), DLB_OVERLAP_NONE);
+  /* data NULL: addresses are data + byte_offset as integers */
+  DLTensor n1 = view_at(NULL, 0, 1, s4, s1), n2 = view_at(NULL, 3, 1, s4, s1);
+  CHECK_EQ(overlap_of(&n1, &n2), DLB_OVERLAP_PARTIAL);
+  n2.byte_offset = 16;
+  CHECK_EQ(overlap_of(&n1, &n2), DLB_OVERLAP_NONE);
+  /* errors: NULL arguments, a span that overflows */
+  dlb_error err;
+  int got;
+  CHECK_EQ(dlb_tensor_overlap(NULL, &x, &got, &err), DLB_EINVAL);
+  CHECK_EQ(dlb_tensor_overlap(&x, &x, NULL, &err), DLB_EINVAL);
+  int64_t big[] = {P62}, bigs[] = {P62};
+  DLTensor huge = view_at(base, 0, 1, big, bigs);
+  CHECK_EQ(dlb_tensor_overlap(&x, &huge, &got, &err), DLB_EOVERFLOW);
+}
+
 int main(void) {
   test_checked_arithmetic();
   test_numel();
@@ -558,5 +643,6 @@ int main(void) {
   test_contiguity();
   test_dense();
   test_byte_span();
+  test_overlap();
   return check_summary("test_layout");
 }

@@ -71,7 +71,7 @@ def test_identity_ignores_spacing_and_is_the_same_in_every_process(lib):
     assert a._identity == b._identity
     assert a._normalized_signature == \
         "matmul(a: float32[m, k], b: float32[k, n]) -> (float32[m, n])"
-    assert a._identity.startswith("matmul_") and len(a._identity) == 15
+    assert a._identity.startswith("matmul_") and len(a._identity) == 23
     code = ("import dlbridge as dlb; print(dlb.load(%r, 'dlb_kernel_matmul', "
             "%r)._identity)" % (lib, MATMUL))
     other = subprocess.run([sys.executable, "-c", code], capture_output=True,
