@@ -155,7 +155,9 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
   }
 
   if (like != NULL) {
-    h = dlb__handler_for(st, Py_TYPE(like));
+    /* like's class held while its handler is read: classifying it runs
+     * Python code, which may give like another class and free this one. */
+    h = dlb__handler_held(st, like, (PyTypeObject **)&like_type);
     if (h == NULL) goto done;
     if (h->kind == DLB_KIND_NONE) {
       PyErr_Format(PyExc_TypeError,
@@ -166,6 +168,7 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
     /* Held: the handler is not used once Python code has run below. */
     name = Py_NewRef(h->framework);
     h = NULL;
+    Py_CLEAR(like_type);
   } else if (framework == NULL || strcmp(framework, "dlbridge") == 0) {
     rc = 0;
     result = dlb__tensor_from_managed(st, m);
@@ -202,8 +205,7 @@ static int capi_export_managed(const dlb_capi *api, DLManagedTensorVersioned *m,
     if (known < 0) goto done;
     if (!known) {
       /* The handler is looked up only now, after the Python code above. */
-      like_type = Py_NewRef((PyObject *)Py_TYPE(like));
-      h = dlb__handler_for(st, (PyTypeObject *)like_type);
+      h = dlb__handler_held(st, like, (PyTypeObject **)&like_type);
       if (h == NULL) goto done;
       DLManagedTensorVersioned *e = NULL;
       if (dlb__tensor_export_managed((dlb_TensorObject *)tensor, &e, &err) <
@@ -280,9 +282,13 @@ static int capi_alloc_like(const dlb_capi *api, PyObject *like, int32_t ndim,
   prototype.shape = (int64_t *)(uintptr_t)shape;
   dlb__view_release(&view);
   {
-    const dlb_handler *h = dlb__handler_for(st, Py_TYPE(like));
+    /* Held while h is used: allocating runs the framework's Python code. */
+    PyTypeObject *type = NULL;
+    const dlb_handler *h = dlb__handler_held(st, like, &type);
     if (h == NULL) return -1;
-    return dlb__alloc_like(st, h, &prototype, out);
+    int rc = dlb__alloc_like(st, h, &prototype, out);
+    dlb__clear_keep_error((PyObject **)&type);
+    return rc;
   }
 }
 
@@ -296,9 +302,17 @@ static int capi_current_stream(const dlb_capi *api, PyObject *obj,
                     "dlb_py_current_stream: obj and stream must not be NULL");
     return -1;
   }
+  /* The device from a view; the handler looked up again after it is
+   * released (which may run Python code: a producer's deleter), with
+   * obj's class held while the framework is asked (Python code again). */
   if (dlb__view_get(st, obj, 0, &view) < 0) return -1;
-  rc = dlb__current_stream(st, view.handler, view.t.device, stream);
+  DLDevice device = view.t.device;
   dlb__view_release(&view);
+  PyTypeObject *type = NULL;
+  const dlb_handler *h = dlb__handler_held(st, obj, &type);
+  if (h == NULL) return -1;
+  rc = dlb__current_stream(st, h, device, stream);
+  dlb__clear_keep_error((PyObject **)&type);
   return rc;
 }
 

@@ -519,11 +519,16 @@ static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to) {
     Py_DECREF(name);
     return cap;
   }
-  /* A type or an object: its framework is the handler cache's answer. */
-  PyTypeObject *tp = PyType_Check(to) ? (PyTypeObject *)to : Py_TYPE(to);
-  const dlb_handler *h = dlb__handler_for(st, tp);
+  /* A type or an object: its framework is the handler cache's answer.  An
+   * object's class is held while its handler is read (classifying it runs
+   * Python code, which may give `to` another class and free this one). */
+  PyTypeObject *held = NULL;
+  const dlb_handler *h = PyType_Check(to)
+                             ? dlb__handler_for(st, (PyTypeObject *)to)
+                             : dlb__handler_held(st, to, &held);
   if (h == NULL) return NULL;
   name = Py_NewRef(h->framework);
+  Py_XDECREF(held);
   /* Classifying a new type ran Python code: the cache is looked up again. */
   cap = target_by_name_cached(st, name);
   if (cap == NULL && !PyErr_Occurred()) {

@@ -779,8 +779,30 @@ struct dlb_handler_cache {
 /* The handler for type (borrowed; lives as long as the type).  Never NULL
  * unless an exception is set: a type with no fast path gets a handler with
  * kind DLB_KIND_NONE, cached too.  A type modified since it was classified
- * (its version tag moved) is classified again, which runs Python code. */
+ * (its version tag moved) is classified again, which runs Python code: the
+ * caller must hold type itself (a reference, or the type is the caller's
+ * argument or held by module state) -- for the type of an object, whose
+ * class that Python code may change, use dlb__handler_held. */
 const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type);
+
+/* The handler of obj's class, that class held in *held (a new reference
+ * the caller drops once done with the handler, which lives as long as it).
+ * When classifying ran Python code that gave obj another class, the new
+ * class is classified instead, so the answer is always that of the class
+ * obj has on return; an object whose class changes every time is refused
+ * (TypeError).  NULL (*held NULL) with an exception. */
+const dlb_handler *dlb__handler_held(dlb_module_state *st, PyObject *obj,
+                                     PyTypeObject **held);
+
+/* After a read of obj routed by the handler of routed_by (held) failed
+ * with an exception: 1 (exception cleared) when obj should be read again
+ * from the start -- Python code the read ran gave obj another class, and
+ * the error is one a stale route makes (AttributeError: the old class's
+ * method is gone; TypeError, BufferError); 0 to keep the exception.  After
+ * a few tries (*tries counts them, starting at 0) the stale route's error
+ * becomes dlbridge's TypeError saying so: its AttributeError never reaches
+ * the caller. */
+int dlb__reread(PyObject *obj, PyTypeObject *routed_by, int *tries);
 
 /* One remembered answer of dlb__handler_for, for a caller that meets the
  * same type call after call (each Function parameter keeps one).  It stands
@@ -994,7 +1016,9 @@ void dlb__torch_clear(dlb_module_state *st);
 typedef struct {
   DLTensor t;                 /* valid until dlb__view_release */
   uint64_t flags;             /* DLPACK_FLAG_BITMASK_READ_ONLY, ... */
-  const dlb_handler *handler; /* how the object was read */
+  const dlb_handler *handler; /* how the object was read: the handler of
+                                 the class obj has when dlb__view_get
+                                 returns, valid while obj keeps it */
   DLManagedTensorVersioned *owned; /* owning export made for this view */
   Py_buffer buffer;           /* held when has_buffer */
   int has_buffer;

@@ -685,13 +685,6 @@ static const dlb_handler *handler_for(dlb_module_state *st,
   }
   DLB_FT_UNLOCK(&c->lock);
   if (h != NULL) return h;
-  /* Held while Python code classifies it: that code, or another thread
-   * meanwhile, may change the class of the object the caller read type
-   * from, and only this reference then keeps type alive. */
-  Py_INCREF(type);
-  h = classify_and_insert(st, c, type, ran_python);
-  dlb__clear_keep_error((PyObject **)&type);
-  return h;
 #else
   size_t i = hash_type(type) & c->mask;
   for (;;) {
@@ -703,8 +696,19 @@ static const dlb_handler *handler_for(dlb_module_state *st,
     }
     i = (i + 1) & c->mask;
   }
-  return classify_and_insert(st, c, type, ran_python);
+  const dlb_handler *h;
 #endif
+  /* Held while Python code classifies it, on every build: that code (a
+   * metaclass's __module__, the registry), or another thread meanwhile,
+   * may give the object the caller read type from another class, and only
+   * this reference then keeps type alive until the entry is made.  The
+   * answer lives as long as type: a caller that does not hold type itself
+   * (or an object that still has it) must not use it after this returns
+   * -- dlb__handler_held is for those. */
+  Py_INCREF(type);
+  h = classify_and_insert(st, c, type, ran_python);
+  dlb__clear_keep_error((PyObject **)&type);
+  return h;
 }
 
 const dlb_handler *dlb__handler_for(dlb_module_state *st, PyTypeObject *type) {
@@ -736,6 +740,61 @@ const dlb_handler *dlb__handler_for_memo(dlb_module_state *st,
   }
 #endif
   return h;
+}
+
+/* Classifications tried before an object whose class changes every time
+ * it is classified is refused (dlb__handler_held), and reads tried before
+ * one whose class changes every time it is read is (dlb__reread). */
+#define CLASS_TRIES 4
+
+const dlb_handler *dlb__handler_held(dlb_module_state *st, PyObject *obj,
+                                     PyTypeObject **held) {
+  *held = NULL;
+  for (int tries = 0; tries < CLASS_TRIES; tries++) {
+    PyTypeObject *type = (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(obj));
+    int ran_python = 0;
+    const dlb_handler *h = handler_for(st, type, &ran_python);
+    if (h == NULL) {
+      dlb__clear_keep_error((PyObject **)&type);
+      return NULL;
+    }
+    if (!ran_python || Py_TYPE(obj) == type) {
+      *held = type;
+      return h;
+    }
+    /* The classification gave obj another class: h is the old class's
+     * answer, which may die with it here.  The new class is classified. */
+    Py_DECREF(type);
+  }
+  PyErr_Format(PyExc_TypeError,
+               "an object of type '%.200s' changed its class every time "
+               "dlbridge classified it (%d times): it cannot be read",
+               Py_TYPE(obj)->tp_name, CLASS_TRIES);
+  return NULL;
+}
+
+int dlb__reread(PyObject *obj, PyTypeObject *routed_by, int *tries) {
+  if (Py_TYPE(obj) == routed_by) return 0; /* the route still stands */
+  if (!PyErr_ExceptionMatches(PyExc_AttributeError) &&
+      !PyErr_ExceptionMatches(PyExc_TypeError) &&
+      !PyErr_ExceptionMatches(PyExc_BufferError))
+    return 0; /* MemoryError, KeyboardInterrupt, ...: no route's doing */
+  if (++*tries < CLASS_TRIES) {
+    PyErr_Clear();
+    return 1;
+  }
+  /* Out of tries.  The error is a stale route's (an AttributeError: a
+   * method the old class had and the new one lacks; "not tensor-like" of
+   * a class obj no longer has), no answer of either class: it becomes
+   * dlbridge's own TypeError saying why, the route's as its context. */
+  dlb__saved_error first;
+  dlb__error_save(&first);
+  PyErr_Format(PyExc_TypeError,
+               "an object of type '%.200s' changed its class every time "
+               "dlbridge read it (%d times): it cannot be read",
+               Py_TYPE(obj)->tp_name, CLASS_TRIES);
+  dlb__error_chain_context(&first);
+  return 0;
 }
 
 PyObject *dlb__py_type_framework(PyObject *module, PyObject *type) {

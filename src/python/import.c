@@ -9,7 +9,8 @@
  *   b. through the per-type handler (handlers.c): a type publishing a
  *      DLPack C exchange table (__dlpack_c_exchange_api__, or the 1.2
  *      __c_dlpack_exchange_api__) is imported through the table's owning
- *      export; numpy.ndarray has its fields read directly (try_handler());
+ *      export; numpy.ndarray has its fields read directly
+ *      (try_handler_held());
  *   c. __dlpack__ / __dlpack_device__, versioned first, then without the
  *      2023.12 keywords on TypeError (the device and copy requests are then
  *      carried out here, by plan());
@@ -167,22 +168,9 @@ static PyObject *finish(dlb_module_state *st, DLManagedTensorVersioned *m,
  * may outlive any Python code), and numpy.ndarray, whose fields are read
  * without a Python call and wrapped with a reference to the array -- no
  * capsule, no __dlpack__ call.  1 with *out set when handled, 0 when
- * another path must handle obj, -1 on error. */
-static int try_handler_held(dlb_module_state *st, PyObject *obj,
-                            const dlb_handler *h, const DLDevice *target,
-                            int copy, PyObject **out);
-
-/* The handler lives as long as its type, held here: torch's checks and the
- * conversions may run Python code that reassigns obj's class. */
-static int try_handler(dlb_module_state *st, PyObject *obj,
-                       const DLDevice *target, int copy, PyObject **out) {
-  PyObject *type = Py_NewRef((PyObject *)Py_TYPE(obj));
-  const dlb_handler *h = dlb__handler_for(st, (PyTypeObject *)type);
-  int rc = h != NULL ? try_handler_held(st, obj, h, target, copy, out) : -1;
-  dlb__clear_keep_error(&type);
-  return rc;
-}
-
+ * another path must handle obj, -1 on error.  h lives as long as its type,
+ * which dlb__import holds: torch's checks and the conversions may run
+ * Python code that reassigns obj's class. */
 static int try_handler_held(dlb_module_state *st, PyObject *obj,
                             const dlb_handler *h, const DLDevice *target,
                             int copy, PyObject **out) {
@@ -258,15 +246,17 @@ static int try_handler_held(dlb_module_state *st, PyObject *obj,
 
 /* ---- the entry points ---------------------------------------------------------- */
 
-PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
-                      const DLDevice *device, int copy) {
+/* One reading of obj, routed by h, the handler of its class type (held). */
+static PyObject *import_routed(dlb_module_state *st, PyObject *obj,
+                               const dlb_handler *h, const DLDevice *device,
+                               int copy) {
   PyObject *result = NULL;
   DLManagedTensorVersioned *m = NULL;
   int found;
 
   /* a. our own Tensor, b. exchange tables and NumPy: through the per-type
    * handler, which costs one cached pointer compare per type */
-  found = try_handler(st, obj, device, copy, &result);
+  found = try_handler_held(st, obj, h, device, copy, &result);
   if (found != 0) return found > 0 ? result : NULL;
 
   /* c.-h.: the ladder's owning rungs, shared with Function and the C API */
@@ -281,6 +271,28 @@ PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
                "__cuda_array_interface__",
                Py_TYPE(obj)->tp_name);
   return NULL;
+}
+
+/* The route (the handler, then the ladder) is chosen from obj's class,
+ * held meanwhile; when Python code on the way (__dlpack_device__, a
+ * property, another thread) gave obj another class and the reading failed
+ * -- the old class's __dlpack__ gone, say -- obj is read again by its new
+ * class (dlb__reread), so the answer is one of the classes' own. */
+PyObject *dlb__import(dlb_module_state *st, PyObject *obj,
+                      const DLDevice *device, int copy) {
+  int tries = 0;
+  for (;;) {
+    PyTypeObject *type = NULL;
+    const dlb_handler *h = dlb__handler_held(st, obj, &type);
+    if (h == NULL) return NULL;
+    PyObject *result = import_routed(st, obj, h, device, copy);
+    if (result == NULL && dlb__reread(obj, type, &tries)) {
+      Py_DECREF(type);
+      continue;
+    }
+    dlb__clear_keep_error((PyObject **)&type);
+    return result;
+  }
 }
 
 PyObject *dlb__py_from_dlpack(PyObject *module, PyObject *const *args,

@@ -916,11 +916,14 @@ int dlb__read_owned(dlb_module_state *st, PyObject *obj, const DLDevice *target,
     /* TensorFlow's eager tensors: its own export, which __dlpack__() would
      * call (handlers.c checked that); what copy= and device= ask is done by
      * the caller, as for any producer that shares without copying. */
-    const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
+    PyTypeObject *type = NULL; /* held while h is used */
+    const dlb_handler *h = dlb__handler_held(st, obj, &type);
     if (h == NULL) return -1;
-    if (h->kind == DLB_KIND_TF_EAGER)
-      return dlb__tf_eager_managed(h, obj, out) < 0 ? -1 : 1;
-    return dlb__dunder_dlpack_managed(st, obj, target, copy, out) < 0 ? -1 : 1;
+    int rc = h->kind == DLB_KIND_TF_EAGER
+                 ? dlb__tf_eager_managed(h, obj, out)
+                 : dlb__dunder_dlpack_managed(st, obj, target, copy, out);
+    dlb__clear_keep_error((PyObject **)&type);
+    return rc < 0 ? -1 : 1;
   }
   if (PyCapsule_CheckExact(obj))
     return dlb__consume_capsule(obj, out) < 0 ? -1 : 1;

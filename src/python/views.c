@@ -311,11 +311,36 @@ error:
   return -1;
 }
 
+/* The route is chosen from obj's class, held while the view is filled
+ * (producers' __dlpack__, __dlpack_device__ and properties run Python
+ * code, which may give obj another class and free the old one, handler
+ * and all).  A view read by a class obj no longer has is read again by its
+ * new class (dlb__reread): a failure the stale route made is no answer of
+ * either class, and a view that succeeded would carry a handler that dies
+ * with the old class. */
 int dlb__view_get(dlb_module_state *st, PyObject *obj, unsigned options,
                   dlb_view *view) {
-  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
-  if (h == NULL) return -1;
-  return dlb__view_fill(st, obj, options, h, h->kind, view);
+  int tries = 0;
+  for (;;) {
+    PyTypeObject *type = NULL;
+    const dlb_handler *h = dlb__handler_held(st, obj, &type);
+    if (h == NULL) return -1;
+    int rc = dlb__view_fill(st, obj, options, h, h->kind, view);
+    if (rc == 0 && Py_TYPE(obj) != type) {
+      dlb__view_release(view);
+      PyErr_Format(PyExc_TypeError,
+                   "an object of type '%.200s' changed its class while "
+                   "dlbridge read it",
+                   Py_TYPE(obj)->tp_name);
+      rc = -1;
+    }
+    if (rc < 0 && dlb__reread(obj, type, &tries)) {
+      Py_DECREF(type);
+      continue;
+    }
+    dlb__clear_keep_error((PyObject **)&type);
+    return rc;
+  }
 }
 
 int dlb__view_numpy(dlb_module_state *st, const dlb_handler *h,
