@@ -303,7 +303,22 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
       break;
   }
   *python = 1;
-  if (dlb__view_get_with(st, h, obj, opts, &f->views[i]) < 0) return -1;
+  /* obj's class, held while h is used: reading runs Python code
+   * (__dlpack_device__, __dlpack__), which may give obj another class and
+   * free this one with its handler.  A reading that failed after the class
+   * changed is no answer of either class: obj is read again next round
+   * (read_again bounds the rounds). */
+  PyObject *routed = Py_NewRef((PyObject *)Py_TYPE(obj));
+  int tries = 0;
+  if (dlb__view_get_with(st, h, obj, opts, &f->views[i]) < 0) {
+    if (dlb__reread(obj, (PyTypeObject *)routed, &tries)) {
+      Py_DECREF(routed);
+      f->state[i] = ARG_UNREAD;
+      return 0;
+    }
+    dlb__clear_keep_error(&routed);
+    return -1;
+  }
   f->state[i] = ARG_VIEW;
   f->marked |= MARK_OWNING;
   if ((opts & DLB_VIEW_WRITABLE) && h->framework == st->str_torch) {
@@ -311,6 +326,7 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
     f->marks[i] |= MARK_WRITTEN;
     f->marked |= MARK_WRITTEN;
   }
+  Py_DECREF(routed);
   return 0;
 }
 

@@ -139,11 +139,16 @@ static dlb_module_state *mod_state(PyObject *module) {
 
 /* _exchange_handler(obj) -> (kind, framework, table address or None) */
 static PyObject *py_handler(PyObject *module, PyObject *obj) {
-  const dlb_handler *h = dlb__handler_for(mod_state(module), Py_TYPE(obj));
-  if (h == NULL) return NULL;
+  PyTypeObject *held = NULL;
+  PyObject *res = NULL;
+  const dlb_handler *h = dlb__handler_held(mod_state(module), obj, &held);
+  if (h == NULL) goto cleanup;
   PyObject *api = h->api ? PyLong_FromVoidPtr((void *)h->api) : Py_NewRef(Py_None);
-  if (api == NULL) return NULL;
-  return Py_BuildValue("(iON)", (int)h->kind, h->framework, api);
+  if (api == NULL) goto cleanup;
+  res = Py_BuildValue("(iON)", (int)h->kind, h->framework, api);
+cleanup:
+  Py_XDECREF(held);
+  return res;
 }
 
 /* args: (obj, options, forced kind or 0) */
@@ -161,28 +166,32 @@ static int parse_view_args(PyObject *const *args, Py_ssize_t nargs,
   return 0;
 }
 
+/* A forced kind's view through dlb__view_fill; *held (the caller drops it
+ * after releasing the view) keeps obj's class and so v->handler alive while
+ * the view's reads or the caller run Python code. */
 static int get_view(dlb_module_state *st, PyObject *obj, unsigned options,
-                    int kind, dlb_view *v) {
-  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(obj));
-  if (h == NULL) return -1;
+                    int kind, dlb_view *v, PyTypeObject **held) {
+  int rc = -1;
+  const dlb_handler *h = dlb__handler_held(st, obj, held);
+  if (h == NULL) goto cleanup;
   dlb_kind k = kind ? (dlb_kind)kind : h->kind;
-  if (k == DLB_KIND_TENSOR && h->kind != DLB_KIND_TENSOR) {
-    PyErr_SetString(PyExc_TypeError, "not a dlbridge.Tensor");
-    return -1;
+  const char *refused = NULL;
+  if (k == DLB_KIND_TENSOR && h->kind != DLB_KIND_TENSOR)
+    refused = "not a dlbridge.Tensor";
+  else if (k == DLB_KIND_NUMPY && h->kind != DLB_KIND_NUMPY)
+    refused = "not a numpy.ndarray";
+  else if (k == DLB_KIND_EXCHANGE && h->api == NULL)
+    refused = "the type has no exchange table";
+  else if (k == DLB_KIND_TF_EAGER && h->to_capsule == NULL)
+    refused = "not a TensorFlow eager tensor";
+  if (refused != NULL) {
+    PyErr_SetString(PyExc_TypeError, refused);
+    goto cleanup;
   }
-  if (k == DLB_KIND_NUMPY && h->kind != DLB_KIND_NUMPY) {
-    PyErr_SetString(PyExc_TypeError, "not a numpy.ndarray");
-    return -1;
-  }
-  if (k == DLB_KIND_EXCHANGE && h->api == NULL) {
-    PyErr_SetString(PyExc_TypeError, "the type has no exchange table");
-    return -1;
-  }
-  if (k == DLB_KIND_TF_EAGER && h->to_capsule == NULL) {
-    PyErr_SetString(PyExc_TypeError, "not a TensorFlow eager tensor");
-    return -1;
-  }
-  return dlb__view_fill(st, obj, options, h, k, v);
+  rc = dlb__view_fill(st, obj, options, h, k, v);
+cleanup:
+  if (rc < 0) Py_CLEAR(*held);
+  return rc;
 }
 
 /* _exchange_view(obj, options, kind) -> dict describing the view */
@@ -193,7 +202,9 @@ static PyObject *py_view(PyObject *module, PyObject *const *args,
   dlb_view v;
   if (parse_view_args(args, nargs, "_exchange_view", &options, &kind) < 0)
     return NULL;
-  if (get_view(mod_state(module), args[0], options, kind, &v) < 0) return NULL;
+  PyTypeObject *held = NULL;
+  if (get_view(mod_state(module), args[0], options, kind, &v, &held) < 0)
+    return NULL;
   int64_t scratch[DLB_MAX_NDIM];
   const int64_t *strides = dlb_tensor_strides(&v.t, scratch);
   PyObject *res = Py_BuildValue(
@@ -206,6 +217,7 @@ static PyObject *py_view(PyObject *module, PyObject *const *args,
       (int)v.t.device.device_type, (int)v.t.device.device_id, "owned",
       v.owned ? Py_True : Py_False, "buffer", v.has_buffer ? Py_True : Py_False);
   dlb__view_release(&v);
+  Py_DECREF(held);
   return res;
 }
 
@@ -225,8 +237,10 @@ static PyObject *py_view_loop(PyObject *module, PyObject *const *args,
   dlb_module_state *st = mod_state(module);
   for (Py_ssize_t i = 0; i < n; i++) {
     dlb_view v;
-    if (get_view(st, args[0], options, kind, &v) < 0) return NULL;
+    PyTypeObject *held = NULL;
+    if (get_view(st, args[0], options, kind, &v, &held) < 0) return NULL;
     dlb__view_release(&v);
+    Py_DECREF(held);
   }
   Py_RETURN_NONE;
 }
@@ -242,8 +256,6 @@ static PyObject *py_alloc_like(PyObject *module, PyObject *const *args,
     PyErr_SetString(PyExc_TypeError, "_exchange_alloc_like(obj, shape, dtype, device)");
     return NULL;
   }
-  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(args[0]));
-  if (h == NULL) return NULL;
   memset(&proto, 0, sizeof proto);
   if (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) > DLB_MAX_NDIM) {
     PyErr_SetString(PyExc_TypeError, "shape must be a short tuple");
@@ -257,10 +269,16 @@ static PyObject *py_alloc_like(PyObject *module, PyObject *const *args,
   proto.shape = shape;
   if (dlb__dtype_converter(st, args[2], &proto.dtype) < 0) return NULL;
   if (dlb__device_converter(st, args[3], &proto.device) < 0) return NULL;
-  DLManagedTensorVersioned *m = NULL;
-  if (dlb__alloc_like(st, h, &proto, &m) < 0) return NULL;
+  /* Looked up last, after the converters' Python code; held while used. */
+  PyTypeObject *held = NULL;
   PyObject *res = NULL;
-  if (dlb__to_framework(st, h, m, &res) < 0) return NULL;
+  DLManagedTensorVersioned *m = NULL;
+  const dlb_handler *h = dlb__handler_held(st, args[0], &held);
+  if (h == NULL) goto cleanup;
+  if (dlb__alloc_like(st, h, &proto, &m) < 0) goto cleanup;
+  (void)dlb__to_framework(st, h, m, &res);
+cleanup:
+  Py_XDECREF(held);
   return res;
 }
 
@@ -274,13 +292,18 @@ static PyObject *py_to_framework(PyObject *module, PyObject *const *args,
     PyErr_SetString(PyExc_TypeError, "_exchange_to_framework(like, dlb.Tensor)");
     return NULL;
   }
-  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(args[0]));
-  if (h == NULL) return NULL;
-  DLManagedTensorVersioned *m = NULL;
-  if (dlb__tensor_export_managed((dlb_TensorObject *)args[1], &m, &err) != DLB_OK)
-    return dlb__raise(&err);
+  PyTypeObject *held = NULL;
   PyObject *res = NULL;
-  if (dlb__to_framework(st, h, m, &res) < 0) return NULL;
+  DLManagedTensorVersioned *m = NULL;
+  const dlb_handler *h = dlb__handler_held(st, args[0], &held);
+  if (h == NULL) goto cleanup;
+  if (dlb__tensor_export_managed((dlb_TensorObject *)args[1], &m, &err) != DLB_OK) {
+    dlb__raise(&err);
+    goto cleanup;
+  }
+  (void)dlb__to_framework(st, h, m, &res);
+cleanup:
+  Py_XDECREF(held);
   return res;
 }
 
@@ -294,12 +317,16 @@ static PyObject *py_current_stream(PyObject *module, PyObject *const *args,
     PyErr_SetString(PyExc_TypeError, "_exchange_current_stream(obj, device)");
     return NULL;
   }
-  const dlb_handler *h = dlb__handler_for(st, Py_TYPE(args[0]));
-  if (h == NULL) return NULL;
   if (dlb__device_converter(st, args[1], &d) < 0) return NULL;
-  if (dlb__current_stream(st, h, d, &s) < 0) return NULL;
-  if (s == NULL) Py_RETURN_NONE;
-  return PyLong_FromVoidPtr(s);
+  /* Looked up after the converter's Python code; held while used. */
+  PyTypeObject *held = NULL;
+  PyObject *res = NULL;
+  const dlb_handler *h = dlb__handler_held(st, args[0], &held);
+  if (h == NULL || dlb__current_stream(st, h, d, &s) < 0) goto cleanup;
+  res = s == NULL ? Py_NewRef(Py_None) : PyLong_FromVoidPtr(s);
+cleanup:
+  Py_XDECREF(held);
+  return res;
 }
 
 static PyObject *py_cache_size(PyObject *module, PyObject *unused) {
