@@ -85,7 +85,9 @@ class Framework:
         #: whether ``convert`` offers it as a target
         self.target = target
         #: "module:attr" of the type of its tensors, when they have one (the
-        #: C side reaches its DLPack exchange table through it)
+        #: C side reaches its DLPack exchange table through it; for an
+        #: importer called with the object, TAKES_OBJECT, only objects of
+        #: this type are returned as they are)
         self.tensor_type = tensor_type
         #: how convert hands it a tensor (TAKES_*)
         self.takes = takes

@@ -1034,11 +1034,13 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
     }
   }
   if (h != NULL) {
-    /* (Of a target with a tensor type, only its tensors: PyArrow's arrays
-     * are converted into its Tensors.) */
+    /* A target called with the object whose type names its result type
+     * (PyArrow: pyarrow.Tensor; its Arrow arrays are converted into one)
+     * returns only objects of that type as they are. */
     if (h->framework == tg->name &&
         (tg->exact == NULL || PyObject_TypeCheck(obj, tg->exact)) &&
-        (tg->tensor_type == NULL || PyObject_TypeCheck(obj, tg->tensor_type)) &&
+        (tg->takes != TAKES_OBJECT || tg->tensor_type == NULL ||
+         PyObject_TypeCheck(obj, tg->tensor_type)) &&
         dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
       res = Py_NewRef(obj);
       goto done;
