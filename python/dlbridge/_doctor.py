@@ -206,12 +206,34 @@ def _probe(path, consumer, dtype, obj, ref, src_kit, announce):
     return ("zero-copy" if shared or ref.size == 0 else "copied"), "", facts
 
 
+# Why no probe runs without NumPy (the wheel does not require it).
+NO_NUMPY = ("the doctor needs NumPy for its probes (it makes each case's "
+            "tensors from a NumPy array and compares the results' bytes with "
+            "it), and NumPy is not installed here: pip install numpy")
+
+
+def _numpy_missing():
+    return importlib.util.find_spec("numpy") is None
+
+
 def child(producer, consumer, first=0):
     """Run the probes of one pair from probe number ``first`` on (probe
     2i is case i's "own" path, 2i + 1 its "dlb" path).  Each step is
     announced before it runs (see PHASES), so that the parent can pin a
-    crash or a hang on a probe and on whose code was running."""
-    import numpy as np
+    crash or a hang on a probe and on whose code was running.  Without
+    NumPy every probe is n/a (NO_NUMPY)."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is None:
+        for index, (dtype, layout) in enumerate(cases()):
+            for k, path in enumerate(PATHS):
+                if 2 * index + k >= first:
+                    _emit({"producer": producer, "consumer": consumer,
+                           "dtype": dtype, "layout": layout, "path": path,
+                           "outcome": NA, "message": NO_NUMPY})
+        return
     table = kits()
     kit, consumer_kit = table[_base(producer)], table[_base(consumer)]
     _emit({"outcome": "phase", "phase": "load"})
@@ -419,6 +441,9 @@ def run(frameworks=None, workers=2, progress=None, timeout=DEFAULT_TIMEOUT_S):
     ``workers`` children at once, a probe that takes over ``timeout``
     seconds being "hung"; return the judged report (see SCHEMA)."""
     fws = frameworks or installed_frameworks()
+    if _numpy_missing():
+        print(f"dlbridge doctor: {NO_NUMPY}; every probe is n/a",
+              file=sys.stderr)
     cells = []
     step = progress or (lambda pair: None)
     children = _Children()
@@ -500,8 +525,8 @@ def _decision(cell):
         return (f"dlbridge.convert copies data with negative strides for "
                 f"{consumer.name}, whose importer refuses or mishandles them "
                 "(torch 2.13 aborts; paddle 3.3 fails with a 2**64-byte "
-                "allocation, or not, depending on earlier exports; MLX "
-                "refuses them)")
+                "allocation, or not, depending on earlier exports; MLX and "
+                "PyArrow refuse them)")
     if (cell["path"] == "own" and _base(cell["producer"]) == "dlbridge"
             and cell["outcome"] in ("refused", "error")
             and "read-only" in cell.get("message", "")

@@ -85,7 +85,9 @@ class Framework:
         #: whether ``convert`` offers it as a target
         self.target = target
         #: "module:attr" of the type of its tensors, when they have one (the
-        #: C side reaches its DLPack exchange table through it)
+        #: C side reaches its DLPack exchange table through it; for an
+        #: importer called with the object, TAKES_OBJECT, only objects of
+        #: this type are returned as they are)
         self.tensor_type = tensor_type
         #: how convert hands it a tensor (TAKES_*)
         self.takes = takes
@@ -146,6 +148,11 @@ _TORCH_DTYPES = _NUMPY_DTYPES | frozenset(
 _MLX_DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 "
     "float16 float32 float64 bfloat16 complex64".split()
+)
+# pyarrow.Tensor's value types that DLPack names.
+_ARROW_DTYPES = frozenset(
+    "int8 int16 int32 int64 uint8 uint16 uint32 uint64 "
+    "float16 float32 float64".split()
 )
 # Dr.Jit's tensor types, by dtype (it converts nothing implicitly).
 _DRJIT_TENSORS = {
@@ -223,7 +230,15 @@ REGISTRY = {fw.name: fw for fw in (
     # and cuda.core's StridedMemoryView (types under the "cuda" package)
     Framework("numba", readonly=True),
     Framework("cuda.core", roots=("cuda",), dist="cuda-core", readonly=True),
-    Framework("pyarrow", target=False),
+    # PyArrow 26: pyarrow.Tensor.from_dlpack takes any object with
+    # __dlpack__ (a versioned capsule asked for: read-only kept, as a
+    # Tensor that is not mutable); any strides but negative ones -- on any
+    # dimension, extent 1 included ("negative strides not supported") --
+    # and no bool, complex, bfloat16 or float8 ("unsupported DLPack type").
+    # Its result is a pyarrow.Tensor: an Arrow array (1-D, read-only) is
+    # one of its framework's objects too, yet no Tensor, so it is converted.
+    Framework("pyarrow", tensor_type="pyarrow:Tensor", readonly=True,
+              negative_strides=False, dtypes=_ARROW_DTYPES, objects=True),
     Framework("dlbridge", takes=TAKES_DLBRIDGE, readonly=True),
 )}
 
@@ -536,6 +551,10 @@ def _load_drjit():
         "copies": backend.__name__ == "drjit.scalar"}
 
 
+def _load_pyarrow():
+    return _import("pyarrow").Tensor.from_dlpack
+
+
 def _load_array_api_strict():
     return _import("array_api_strict").from_dlpack
 
@@ -554,6 +573,7 @@ _LOADERS = {
     "open3d": _load_open3d,
     "drjit": _load_drjit,
     "array_api_strict": _load_array_api_strict,
+    "pyarrow": _load_pyarrow,
     "numba": _load_numba,
     "cuda.core": _load_cuda_core,
 }

@@ -250,12 +250,12 @@ class TensorFlow(Kit):
 
 
 class PyArrow(Kit):
-    # a producer only: it has no DLPack importer
+    # a producer (1-D Arrow arrays, read-only) and a consumer
+    # (pyarrow.Tensor.from_dlpack, what dlbridge.convert(x, "pyarrow")
+    # returns)
     name = module = "pyarrow"
     bench = True
-    consumer = False
-    no_importer = "PyArrow has no DLPack importer"
-    convert_label = "pa.array(y)"
+    own_label = "pa.Tensor.from_dlpack({})"
 
     def read_only(self, layout):
         return True     # Arrow arrays are immutable, exported READ_ONLY
@@ -272,15 +272,17 @@ class PyArrow(Kit):
         flat = a.ravel()
         return pa.array(flat), flat
 
+    def own_importer(self, dtype="float32"):
+        import pyarrow as pa
+        return pa.Tensor.from_dlpack
+
+    def writable(self, result):
+        # a Tensor over read-only memory says so (is_mutable False)
+        return bool(getattr(result, "is_mutable", False))
+
     def op(self):
         import pyarrow.compute as pc
         return "pc.add(a, b)", "add(a, b)", {"add": pc.add}
-
-    def convert_reference(self):
-        # No DLPack importer: convert is compared with PyArrow's own
-        # (zero-copy) NumPy import.
-        import pyarrow as pa
-        return self.convert_label, pa.array
 
 
 class Paddle(Kit):

@@ -554,11 +554,61 @@ static int64_t numel(const DLTensor *t) {
   return n;
 }
 
+/* Whether a stride of t addresses memory: that of a dimension of extent
+ * 2 or more in a tensor that has elements.  The stride of an extent-1
+ * dimension is never multiplied by anything but 0, and a tensor without
+ * elements reads nothing: the rules below ignore those strides. */
+static int stride_matters(const DLTensor *t, int32_t i, int empty) {
+  return !empty && t->shape[i] > 1;
+}
+
 static int has_negative_stride(const DLTensor *t) {
   if (t->strides == NULL) return 0;
+  int empty = numel(t) == 0;
   for (int32_t i = 0; i < t->ndim; i++)
-    if (t->shape[i] > 1 && t->strides[i] < 0) return 1;
+    if (stride_matters(t, i, empty) && t->strides[i] < 0) return 1;
   return 0;
+}
+
+/* Whether t has a negative stride where it addresses nothing (see
+ * stride_matters).  An importer that refuses negative strides may count
+ * those too (MLX and PyArrow do): such a target gets the tensor with them
+ * made positive (restride), the same memory, rather than a refusal. */
+static int has_idle_negative_stride(const DLTensor *t) {
+  if (t->strides == NULL) return 0;
+  int empty = numel(t) == 0;
+  for (int32_t i = 0; i < t->ndim; i++)
+    if (!stride_matters(t, i, empty) && t->strides[i] < 0) return 1;
+  return 0;
+}
+
+/* A Tensor over self's memory (self kept alive by it) whose strides that
+ * address nothing are those of compact row-major data, the others self's:
+ * the same elements at the same addresses.  New reference, NULL with an
+ * exception. */
+static dlb_TensorObject *restride(dlb_module_state *st,
+                                  dlb_TensorObject *self) {
+  DLTensor v = self->t;
+  int64_t strides[DLB_MAX_NDIM];
+  int empty = numel(&v) == 0;
+  int64_t compact = 1;
+  for (int32_t i = v.ndim - 1; i >= 0; i--) {
+    strides[i] = stride_matters(&v, i, empty) || v.strides[i] >= 0
+                     ? v.strides[i]
+                     : compact;
+    if (v.shape[i] > 1 && compact <= INT64_MAX / v.shape[i])
+      compact *= v.shape[i];
+  }
+  v.strides = strides;
+  DLManagedTensorVersioned *m = NULL;
+  dlb_error err;
+  Py_INCREF(self);
+  if (dlb_managed_wrap(&v, self->flags, dlb__owner_release, self, &m, &err) !=
+      DLB_OK) {
+    Py_DECREF(self); /* release is not called on failure */
+    return (dlb_TensorObject *)dlb__raise(&err);
+  }
+  return (dlb_TensorObject *)dlb__tensor_from_managed(st, m); /* steals m */
 }
 
 static int holds_dtype(const convert_target *tg, DLDataType dt) {
@@ -849,7 +899,8 @@ static PyObject *lean_numpy(dlb_module_state *st, const convert_target *tg,
   if (v.t.device.device_type != kDLCPU ||
       (v.flags & DLPACK_FLAG_BITMASK_READ_ONLY) ||
       copy_reason(tg, &v.t, v.flags, row_major, why, sizeof why) != NULL ||
-      (tg->copies && copy == 0))
+      (tg->copies && copy == 0) ||
+      (!tg->negative && has_idle_negative_stride(&v.t)))
     return NULL;
   *done = 1;
   if (check_holdable(tg, &v.t) < 0) return NULL;
@@ -872,6 +923,91 @@ static PyObject *lean_numpy(dlb_module_state *st, const convert_target *tg,
   return table_import(tg, api, m, &v.t);
 }
 
+/* ---- torch tensors DLPack cannot describe ------------------------------------------ */
+
+/* obj.<name>() or obj.<name> as a truth value: 1, 0, or -1 with an
+ * exception. */
+static int torch_truth(PyObject *obj, const char *name, int call) {
+  PyObject *r = call ? PyObject_CallMethod(obj, name, NULL)
+                     : PyObject_GetAttrString(obj, name);
+  if (r == NULL) return -1;
+  int yes = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return yes;
+}
+
+/* After reading obj failed (the exception pending): what convert does
+ * better than torch's exporter.  A torch tensor with its lazy conjugate or
+ * negative bit set (which DLPack cannot say) is read again resolved --
+ * obj.resolve_conj().resolve_neg(), torch's own copy with the values the
+ * tensor stands for -- unless copy=False forbids that copy; a nested one
+ * (which has no DLPack form at all: torch raises an internal RuntimeError)
+ * is a BufferError saying what to do.  Anything else, or any failure to
+ * ask, keeps the original exception.  New reference, or NULL with an
+ * exception. */
+static PyObject *torch_retry(dlb_module_state *st, PyObject *obj,
+                             const DLDevice *device, int copy) {
+  if (!PyErr_ExceptionMatches(PyExc_BufferError) &&
+      !PyErr_ExceptionMatches(PyExc_RuntimeError))
+    return NULL;
+  dlb__saved_error e;
+  dlb__error_save(&e);
+  PyObject *res = NULL, *resolved = NULL;
+  PyTypeObject *type = (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(obj));
+  const dlb_handler *h = dlb__handler_for(st, type);
+  int nested = -1, conj = -1, neg = -1;
+  if (h == NULL || h->framework != st->str_torch) goto keep;
+  nested = torch_truth(obj, "is_nested", 0);
+  if (nested < 0) goto keep;
+  if (nested) {
+    PyErr_SetString(PyExc_BufferError,
+                    "convert: a nested torch tensor has no DLPack form "
+                    "(DLPack describes strided memory); into torch convert "
+                    "returns it as it is (copy=None or False, no device=); "
+                    "copy or move it with torch (.clone(), .to()) or make it "
+                    "strided first (.to_padded_tensor(0), .unbind())");
+    dlb__error_chain_cause(&e);
+    goto done;
+  }
+  conj = torch_truth(obj, "is_conj", 1);
+  neg = conj < 0 ? -1 : torch_truth(obj, "is_neg", 1);
+  if (conj < 0 || neg < 0) goto keep;
+  if (!conj && !neg) goto keep_quiet;
+  if (copy == 0) {
+    PyErr_Format(PyExc_BufferError,
+                 "convert: copy=False, but the torch tensor has its lazy %s "
+                 "bit set, which DLPack cannot describe: its values need a "
+                 "copy (copy=None or True makes it, with the %s resolved)",
+                 conj ? "conjugate" : "negative",
+                 conj ? "conjugation" : "negation");
+    dlb__error_chain_cause(&e);
+    goto done;
+  }
+  dlb__error_discard(&e);
+  resolved = PyObject_CallMethod(obj, "resolve_conj", NULL);
+  if (resolved != NULL)
+    Py_SETREF(resolved, PyObject_CallMethod(resolved, "resolve_neg", NULL));
+  /* A copy no one else holds: copy=True is met, so it is shared. */
+  if (resolved != NULL) res = dlb__import(st, resolved, device, -1);
+  goto done;
+keep:
+  PyErr_Clear(); /* asking failed: the first answer stands */
+keep_quiet:
+  dlb__error_restore(&e);
+done:
+  Py_XDECREF(resolved);
+  Py_DECREF(type);
+  return res;
+}
+
+/* obj read as a Tensor (import.c), torch's tensors DLPack cannot describe
+ * handled as torch_retry says.  New reference, or NULL with an exception. */
+static PyObject *import_source(dlb_module_state *st, PyObject *obj,
+                               const DLDevice *device, int copy) {
+  PyObject *res = dlb__import(st, obj, device, copy);
+  return res != NULL ? res : torch_retry(st, obj, device, copy);
+}
+
 /* ---- convert --------------------------------------------------------------------- */
 
 PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
@@ -884,7 +1020,7 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
   if (cap == NULL) return NULL;
 
   if (tg->takes == TAKES_DLBRIDGE) {
-    res = dlb__import(st, obj, device, copy);
+    res = import_source(st, obj, device, copy);
     goto done;
   }
   /* Already the target's tensor: as it is.  (NumPy scalars, which are no
@@ -903,8 +1039,13 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
     }
   }
   if (h != NULL) {
+    /* A target called with the object whose type names its result type
+     * (PyArrow: pyarrow.Tensor; its Arrow arrays are converted into one)
+     * returns only objects of that type as they are. */
     if (h->framework == tg->name &&
         (tg->exact == NULL || PyObject_TypeCheck(obj, tg->exact)) &&
+        (tg->takes != TAKES_OBJECT || tg->tensor_type == NULL ||
+         PyObject_TypeCheck(obj, tg->tensor_type)) &&
         dlb__type_has(Py_TYPE(obj), st->str_dlpack)) {
       res = Py_NewRef(obj);
       goto done;
@@ -916,7 +1057,7 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
     }
   }
   /* A target that copies every import makes copy=True's copy itself. */
-  self = (dlb_TensorObject *)dlb__import(
+  self = (dlb_TensorObject *)import_source(
       st, obj, device, copy == 1 && tg->copies ? -1 : copy);
   if (self == NULL) goto done;
   if (check_holdable(tg, &self->t) < 0) goto done;
@@ -944,6 +1085,10 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
     PyObject *fresh = dlb__tensor_from_managed(st, m); /* steals m */
     if (fresh == NULL) goto done;
     Py_SETREF(self, (dlb_TensorObject *)fresh);
+  } else if (!tg->negative && has_idle_negative_stride(&self->t)) {
+    dlb_TensorObject *same = restride(st, self);
+    if (same == NULL) goto done;
+    Py_SETREF(self, same);
   }
   res = hand_over(st, tg, self);
 done:

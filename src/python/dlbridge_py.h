@@ -209,6 +209,8 @@ void dlb__error_discard(dlb__saved_error *s);
 /* Make the saved exception prev the __context__ of the pending one, as
  * `except: raise ...` does in Python.  Consumes prev. */
 void dlb__error_chain_context(dlb__saved_error *prev);
+/* The same as __cause__, as `raise ... from prev` does.  Consumes prev. */
+void dlb__error_chain_cause(dlb__saved_error *prev);
 /* Name the argument in the pending exception: dlbridge's own refusals are
  * re-raised as "<fname>() argument '<argname>': <message>" (the original as
  * __cause__); any other exception is kept as it is, with a note. */
@@ -228,6 +230,10 @@ void dlb__error_exchange_refusal(PyTypeObject *type, const char *what);
  * original chained as __cause__ (convert.c: an importer's refusal).  Any
  * other exception is left as it is. */
 void dlb__error_as_buffer_error(PyObject *types, PyObject *prefix);
+/* The same with exc (an exception class) instead of BufferError: the
+ * pending exception, when one of types and no MemoryError, becomes exc
+ * "<prefix>: <its first line>", the original chained as __cause__. */
+void dlb__error_reraise(PyObject *exc, PyObject *types, PyObject *prefix);
 /* o as an int64 (o must be an int or have __index__): an integer outside
  * int64 is a BufferError naming what ("from_dlpack: __array_interface__
  * shape entry"), not an OverflowError.  0, or -1 with an exception. */

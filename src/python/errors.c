@@ -46,18 +46,22 @@ void dlb__error_discard(dlb__saved_error *s) {
 #endif
 }
 
-/* Make the saved exception prev the __context__ of the pending one, as
- * `except: raise ...` does in Python.  Consumes prev. */
-void dlb__error_chain_context(dlb__saved_error *prev) {
+/* Make the saved exception prev the __context__ (as `except: raise ...`
+ * does in Python) or, cause set, the __cause__ (`raise ... from prev`) of
+ * the pending one.  Consumes prev. */
+static void chain(dlb__saved_error *prev, int cause) {
   if (!PyErr_Occurred()) {
     dlb__error_restore(prev);
     return;
   }
 #if PY_VERSION_HEX >= 0x030C0000
   PyObject *exc = PyErr_GetRaisedException();
-  if (prev->exc != NULL && prev->exc != exc)
-    PyException_SetContext(exc, prev->exc); /* steals */
-  else
+  if (prev->exc != NULL && prev->exc != exc) {
+    if (cause)
+      PyException_SetCause(exc, prev->exc); /* steals */
+    else
+      PyException_SetContext(exc, prev->exc); /* steals */
+  } else
     Py_XDECREF(prev->exc);
   PyErr_SetRaisedException(exc);
 #else
@@ -70,13 +74,20 @@ void dlb__error_chain_context(dlb__saved_error *prev) {
   if (prev->tb != NULL && prev->value != NULL)
     PyException_SetTraceback(prev->value, prev->tb);
   if (value != NULL && prev->value != NULL && value != prev->value) {
-    PyException_SetContext(value, prev->value); /* steals */
+    if (cause)
+      PyException_SetCause(value, prev->value); /* steals */
+    else
+      PyException_SetContext(value, prev->value); /* steals */
     prev->value = NULL;
   }
   PyErr_Restore(type, value, tb);
   dlb__error_discard(prev);
 #endif
 }
+
+void dlb__error_chain_context(dlb__saved_error *prev) { chain(prev, 0); }
+
+void dlb__error_chain_cause(dlb__saved_error *prev) { chain(prev, 1); }
 
 /* Say which argument the pending exception is about.  dlbridge's own
  * refusals -- the exact built-in types it raises -- are re-raised as
@@ -193,13 +204,17 @@ void dlb__error_exchange_refusal(PyTypeObject *type, const char *what) {
 /* ---- an importer refused ------------------------------------------------------ */
 
 void dlb__error_as_buffer_error(PyObject *types, PyObject *prefix) {
+  dlb__error_reraise(PyExc_BufferError, types, prefix);
+}
+
+void dlb__error_reraise(PyObject *exc, PyObject *types, PyObject *prefix) {
   if (!PyErr_Occurred() || !PyErr_ExceptionMatches(types) ||
       PyErr_ExceptionMatches(PyExc_MemoryError))
     return;
   PyObject *type_, *value, *tb;
   PyObject *line = take_error_line(&type_, &value, &tb);
   if (line != NULL) {
-    PyErr_Format(PyExc_BufferError, "%U: %U", prefix, line);
+    PyErr_Format(exc, "%U: %U", prefix, line);
     Py_DECREF(line);
     set_cause(value);
   }

@@ -519,6 +519,25 @@ static int legacy_capsule(dlb_module_state *st, PyObject *obj, PyObject **cap,
   if (tfdl == NULL) return -1;
   *cap = PyObject_CallMethod(tfdl, "to_dlpack", "O", obj);
   Py_DECREF(tfdl);
+  if (*cap == NULL && !PyErr_ExceptionMatches(PyExc_BufferError)) {
+    /* Its eager tensors have __dlpack__ and never get here: what does is
+     * no tensor TF exports (a TensorShape, a DType, a Dataset, a ragged
+     * or sparse tensor), which TF says with InvalidArgumentError. */
+    dlb__saved_error e;
+    dlb__error_save(&e); /* the message is made with none pending */
+    PyObject *prefix = PyUnicode_FromFormat(
+        "'%.200s' is no tensor dlbridge can read: TensorFlow exports "
+        "only its eager tensors through DLPack "
+        "(tf.experimental.dlpack.to_dlpack refused it)",
+        Py_TYPE(obj)->tp_name);
+    if (prefix != NULL) {
+      dlb__error_restore(&e);
+      dlb__error_reraise(PyExc_TypeError, PyExc_Exception, prefix);
+      Py_DECREF(prefix);
+    } else {
+      dlb__error_discard(&e); /* a MemoryError says more now */
+    }
+  }
   return *cap == NULL ? -1 : 1;
 }
 

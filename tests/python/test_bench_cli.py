@@ -103,11 +103,12 @@ def test_numpy_rows_compare_with_numpy(report):
 
 @pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None,
                     reason="pyarrow not installed")
-def test_pyarrow_has_no_importer_row(report):
+def test_pyarrow_importer_row(report):
+    # pyarrow.Tensor.from_dlpack: PyArrow's DLPack importer (issue 23)
     r = next(r for r in report["rows"] if r["framework"] == "pyarrow"
              and r["call"] == "from_dlpack")
-    assert r["reference"]["ns"] is None
-    assert "no DLPack importer" in r["reference"]["error"]
+    assert r["reference"]["expr"] == "pa.Tensor.from_dlpack(x)"
+    assert r["reference"]["ns"] is not None, r
 
 
 def test_absent_peers_are_a_note(report):

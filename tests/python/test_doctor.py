@@ -557,7 +557,7 @@ def test_cuda_variants_pair_only_with_cuda(fake_kits):
 
 def test_rows_and_columns_come_from_the_kits(fake_kits):
     """Every installed framework with a kit is a producer; those with a
-    DLPack importer are consumers too (PyArrow: a producer only); a kit
+    DLPack importer are consumers too (PyArrow as well); a kit
     module named by $DLBRIDGE_DOCTOR_KITS adds frameworks without any other
     change."""
     table = _kits.kits()
@@ -568,7 +568,7 @@ def test_rows_and_columns_come_from_the_kits(fake_kits):
     assert all(table[f].installed() for f in fws)
     consumers = _doctor._consumers(fws)
     assert "crasher" not in consumers and "hanger" in consumers
-    assert "pyarrow" not in consumers
+    assert "pyarrow" in consumers   # pyarrow.Tensor.from_dlpack
     # the registry's order, dlbridge after every framework and peer with a
     # kit here, then the extra kits
     assert fws.index("dlbridge") == len(fws) - 4
