@@ -481,20 +481,30 @@ class _DynamoWatcher:
             return None
         if fullname != "torch._dynamo":
             return None
-        spec = None
-        for finder in sys.meta_path:
-            if getattr(finder, "_dlbridge_dynamo_watcher", False):
-                continue
-            find = getattr(finder, "find_spec", None)
-            if find is not None:
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
+        me = _thread.get_ident()
+        if me in _finding:
+            return None   # another finder asked sys.meta_path again
+        _finding.add(me)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if getattr(finder, "_dlbridge_dynamo_watcher", False):
+                    continue
+                find = getattr(finder, "find_spec", None)
+                if find is not None:
+                    spec = find(fullname, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            _finding.discard(me)
         if spec is None or spec.loader is None or \
                 isinstance(spec.loader, _AfterExec):
             return spec
         spec.loader = _AfterExec(spec.loader)
         return spec
+
+
+_finding = set()   # threads in _DynamoWatcher's search of the other finders
 
 
 def _unwatch():
