@@ -150,3 +150,152 @@ def test_the_finder_stays_until_torch_dynamo_is_imported():
         print("OK")
         """)
     _run_all({"find_spec": src}, timeout=120)
+
+
+# ---- item 6: 64-bit numbers under jax.jit without jax_enable_x64 ---------------
+
+def _jax_x64_off():
+    jax = pytest.importorskip("jax")
+    if jax.config.jax_enable_x64:
+        pytest.skip("jax_enable_x64 is on in this process")
+    return jax
+
+
+class _Take:
+    """take(a: T, x: float32[n]) -> T: a kernel (ctypes) that copies the
+    bytes of its 0-d input into its result and records how the input
+    arrived (dtype code, bits, ndim, device type)."""
+
+    def __init__(self):
+        import ctypes as C
+        from dlpack_ctypes import DLTensor
+        kernel_t = C.CFUNCTYPE(C.c_int, C.POINTER(C.POINTER(DLTensor)),
+                               C.c_int32, C.c_void_p, C.c_void_p)
+        self.seen = []
+
+        def take(args, nargs, stream, err):
+            a, out = args[0].contents, args[nargs - 1].contents
+            self.seen.append((a.dtype.code, a.dtype.bits, a.ndim,
+                              a.device.device_type))
+            C.memmove(out.data + out.byte_offset, a.data + a.byte_offset,
+                      a.dtype.bits // 8)
+            return 0
+
+        self._kernel = kernel_t(take)        # kept alive with the Function
+        self.address = C.cast(self._kernel, C.c_void_p).value
+
+    def function(self, dtype):
+        import dlbridge as dlb
+        return dlb.Function(self.address,
+                            f"take_{dtype}(a: {dtype}, x: float32[n]) -> {dtype}")
+
+
+@pytest.fixture(scope="module")
+def take():
+    return _Take()
+
+
+_DL_CODES = {"int64": (0, 64), "uint64": (1, 64), "float64": (2, 64)}
+
+_VALUES = [
+    ("int64", 2**40 + 1), ("int64", -(2**62) - 3), ("int64", 2**63 - 1),
+    ("uint64", 2**64 - 1), ("uint64", 2**40 + 1),
+    ("float64", 1e300), ("float64", 0.1), ("float64", -0.0),
+    ("float64", 5e-324), ("float64", 1 / 3),
+    ("int64", "np.int64(2**40 + 1)"), ("float64", "np.float64(0.1)"),
+    ("float64", "np.array(1e300)"),
+]
+
+
+@pytest.mark.parametrize("dtype,value", _VALUES,
+                         ids=[f"{d}-{v}" for d, v in _VALUES])
+def test_jit_number_for_64bit_0d_parameter_matches_eager_bit_exactly(
+        take, dtype, value):
+    """Without jax_enable_x64 a Python number (or NumPy 0-d constant) for a
+    0-d int64/uint64/float64 parameter reaches the kernel in that dtype,
+    on the host, with the eager call's exact bits (it used to become an
+    int32/float32 operand and fail when the graph ran)."""
+    import numpy as np
+    jax = _jax_x64_off()
+    if isinstance(value, str):
+        value = eval(value)
+    f = take.function(dtype)
+    x = np.ones(3, np.float32)
+    eager = np.asarray(f(value, x))
+    take.seen.clear()
+    got = np.asarray(jax.jit(lambda x: f(value, x))(jax.numpy.asarray(x)))
+    assert got.dtype == np.dtype(dtype) and got.tobytes() == eager.tobytes(), \
+        (got, eager)
+    assert take.seen == [_DL_CODES[dtype] + (0, 1)]   # 0-d, kDLCPU
+
+
+def test_jit_traced_int32_for_int64_parameter_is_a_trace_time_error(take):
+    """A traced JAX array cannot be int64 without jax_enable_x64: a
+    TypeError when the call is traced, naming the parameter and the flag,
+    not an INVALID_ARGUMENT when the graph runs."""
+    import numpy as np
+    jax = _jax_x64_off()
+    f = take.function("int64")
+    x = jax.numpy.ones(3, jax.numpy.float32)
+    with pytest.raises(TypeError) as e:
+        jax.jit(lambda a, x: f(a, x))(np.int32(3), x)
+    message = str(e.value)
+    assert "argument 'a'" in message and "jax_enable_x64" in message
+    assert "int64" in message and "int32" in message
+
+
+def test_jit_numpy_64bit_array_constant_is_a_trace_time_error(take):
+    """A NumPy int64 array constant for an int64[k] parameter would be
+    narrowed by JAX too: refused at trace time, saying why."""
+    import numpy as np
+    import dlbridge as dlb
+    jax = _jax_x64_off()
+    f = dlb.Function(take.address, "takes(a: int64[k], x: float32[n]) -> int64")
+    with pytest.raises(TypeError, match=r"argument 'a'.*jax_enable_x64"):
+        jax.jit(lambda x: f(np.arange(2), x))(jax.numpy.ones(3))
+
+
+def test_jit_number_for_complex128_parameter_is_a_trace_time_error(take):
+    import numpy as np
+    import dlbridge as dlb
+    jax = _jax_x64_off()
+    f = dlb.Function(take.address, "takec(a: complex128, x: float32[n])")
+    with pytest.raises(TypeError, match=r"argument 'a'.*jax_enable_x64"):
+        jax.jit(lambda x: f(1j, x))(np.ones(3, np.float32))
+
+
+def test_jax_export_of_a_64bit_number_round_trips(take):
+    """The number is a typed attribute of the custom call (dlb_arg<i>), so
+    an exported graph carries it exactly and runs after deserialize."""
+    import numpy as np
+    from jax import export
+    import dlbridge as dlb
+    jax = _jax_x64_off()
+    fi, ff = take.function("int64"), take.function("float64")
+    g = jax.jit(lambda x: (fi(2**40 + 1, x), ff(0.1, x)))
+    x = jax.numpy.ones(3, jax.numpy.float32)
+    exported = export.export(g, disabled_checks=dlb.jax_export_checks())(x)
+    assert "dlb_arg0 = 1099511627777 : i64" in exported.mlir_module()
+    again = export.deserialize(exported.serialize())
+    got = again.call(x)
+    assert np.asarray(got[0]).tobytes() == np.int64(2**40 + 1).tobytes()
+    assert np.asarray(got[1]).tobytes() == np.float64(0.1).tobytes()
+
+
+def test_handler_refuses_a_scalar_attribute_for_a_tensor_parameter(take):
+    """A hand-made custom call whose dlb_arg<i> names a parameter that is
+    not a 0-d input, or gives another dtype: the handler's error, named."""
+    import numpy as np
+    from dlbridge import _ops_jax
+    jax = _jax_x64_off()
+    f = take.function("int64")
+    np.asarray(jax.jit(lambda x: f(2**40, x))(np.ones(3, np.float32)))
+    out = jax.ShapeDtypeStruct((), np.int64)
+    x = np.ones(3, np.float32)
+    call = jax.ffi.ffi_call(_ops_jax.TARGET, out)
+    with pytest.raises(Exception, match="dlb_arg1' does not name a 0-d"):
+        np.asarray(jax.jit(lambda x: call(
+            x, x, dlb_identity=f._identity, dlb_arg1=np.int64(3)))(x))
+    with pytest.raises(Exception, match="argument 0 is a float64 tensor"):
+        np.asarray(jax.jit(lambda x: call(
+            x, dlb_identity=f._identity, dlb_arg0=np.float64(3)))(x))
