@@ -299,3 +299,42 @@ def test_handler_refuses_a_scalar_attribute_for_a_tensor_parameter(take):
     with pytest.raises(Exception, match="argument 0 is a float64 tensor"):
         np.asarray(jax.jit(lambda x: call(
             x, dlb_identity=f._identity, dlb_arg0=np.float64(3)))(x))
+
+
+def test_cuda_handler_gives_the_number_as_a_host_tensor(take):
+    """On CUDA too the number arrives as the eager call gives it: a 0-d
+    tensor on the host (the operands are on the GPU).  XLA's side is the
+    recording fake of test_compiled_jax (no GPU needed)."""
+    import ctypes as C
+    import numpy as np
+    import dlbridge as dlb
+    _jax_x64_off()
+    cj = pytest.importorskip("test_compiled_jax")
+
+    class Scalar(C.Structure):              # XLA_FFI_Scalar
+        _fields_ = [("dtype", C.c_int), ("value", C.c_void_p)]
+
+    f = take.function("int64")
+    dlb.jax_register(f)
+    xla = cj.FakeXla(stream=0x1234, ordinal=0)
+    keep = []
+    value = C.c_int64(2**40 + 1)
+    scalar = Scalar(5, C.addressof(value))  # S64
+    x, out = np.ones(3, np.float32), np.zeros((), np.int64)
+    frame = cj._Frame()
+    frame.struct_size = 168
+    frame.api = C.pointer(xla.api)
+    frame.ctx = C.addressof(xla.ctx)
+    frame.args = xla._buffers([x], keep)
+    frame.rets = xla._buffers([out], keep)
+    spans = [cj._Span(b"dlb_arg0", 8), cj._Span(b"dlb_identity", 12)]
+    ident = f._identity.encode()
+    identity = cj._Span(ident, len(ident))
+    names = (C.POINTER(cj._Span) * 2)(*[C.pointer(s) for s in spans])
+    values = (C.c_void_p * 2)(C.addressof(scalar), C.addressof(identity))
+    types = (C.c_int * 2)(3, 4)
+    frame.attrs = cj._Attrs(48, None, 2, types, names, values)
+    take.seen.clear()
+    assert xla.handler("cuda")(C.byref(frame)) is None, xla.errors
+    assert out[()] == 2**40 + 1
+    assert take.seen == [(0, 64, 0, 1)]     # int64, 0-d, kDLCPU
