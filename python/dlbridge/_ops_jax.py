@@ -14,6 +14,11 @@ Decisions:
   everywhere in JAX), and Python numbers for 0-d parameters (stored as the
   eager call stores them, then a 0-d constant of the parameter's dtype);
   any other framework's tensor in the same call is a TypeError;
+* 64-bit values without jax_enable_x64 (JAX would narrow an operand): a
+  number or NumPy 0-d constant for a 0-d int64/uint64/float64 parameter is
+  a typed scalar attribute ``dlb_arg<i>`` instead of an operand, so the
+  kernel gets the eager call's exact value; any other argument JAX would
+  narrow is a TypeError at trace time saying so (_x64_plan);
 * results: the declared results, then the new value of each ``mut``
   parameter (aliased with its input, so XLA updates it in place when it
   can); the caller's array is never written.  None, one array, or a tuple;
@@ -41,6 +46,9 @@ __all__ = ["call", "register", "export_checks", "TARGET"]
 TARGET = "dlbridge_function"
 # The attribute carrying the Function's identity (src/ops/xla.c).
 IDENTITY_ATTR = "dlb_identity"
+# The attribute of 0-d input i given as a number JAX would narrow:
+# SCALAR_ATTR + str(i), a typed scalar (src/ops/xla.c).
+SCALAR_ATTR = "dlb_arg"
 
 _targets_lock = threading.Lock()
 _targets_registered = False
@@ -148,12 +156,14 @@ def _no_derivative(fn):
 
 
 @functools.lru_cache(maxsize=256)
-def _op(jax, fn, out_specs, nout, aliases):
+def _op(jax, fn, out_specs, nout, aliases, scalars=()):
     """The traced op for a call of fn producing out_specs ((shape, dtype)
-    per result, the `mut` values last; aliases: the `mut` inputs): one
-    ffi_call under a JVP rule that refuses.  Cached (bounded) because a
-    fresh custom_jvp costs about three times as much to trace as a cached
-    one, and a graph usually calls a Function with few shapes."""
+    per result, the `mut` values last; aliases: the `mut` inputs; scalars:
+    (input, dtype str, value bytes) of each 0-d input given as a scalar
+    attribute, by its bytes so -0.0 and 0.0 differ): one ffi_call under a
+    JVP rule that refuses.  Cached (bounded) because a fresh custom_jvp
+    costs about three times as much to trace as a cached one, and a graph
+    usually calls a Function with few shapes."""
     custom_call = jax.ffi.ffi_call(
         TARGET,
         [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out_specs],
@@ -162,6 +172,8 @@ def _op(jax, fn, out_specs, nout, aliases):
         or None,
         has_side_effect=not out_specs)
     attrs = {IDENTITY_ATTR: fn._identity}
+    for i, dtype, value in scalars:
+        attrs[f"{SCALAR_ATTR}{i}"] = np.frombuffer(value, dtype)[0]
 
     @jax.custom_jvp
     def op(*xs):
@@ -169,6 +181,64 @@ def _op(jax, fn, out_specs, nout, aliases):
 
     op.defjvp(lambda primals, tangents: _no_derivative(fn))
     return op
+
+
+# ---- 64-bit values without jax_enable_x64 -----------------------------------
+
+def _narrowed(jax, dtype):
+    """The dtype JAX would turn NumPy dtype ``dtype`` into (int64 -> int32
+    and so on without jax_enable_x64), or None when it keeps it."""
+    kept = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    return None if kept == dtype else kept
+
+
+def _x64_refusal(fn, name, dtype, narrowed, what):
+    return TypeError(
+        f"{fn.name}() argument '{name}': {what}; the signature says "
+        f"{dtype}, which JAX narrows to {narrowed} while jax_enable_x64 is "
+        f"False, so the kernel would not get {dtype} data.  Enable it "
+        f"(jax.config.update('jax_enable_x64', True)) before making the "
+        f"arrays"
+        + (", or pass a Python number (given to the kernel as a "
+           f"{dtype} exactly as eagerly)" if what.startswith("a JAX") and
+           dtype.kind in "iuf" else ""))
+
+
+def _x64_plan(jax, fn, args):
+    """Which arguments must not reach XLA as operands because JAX would
+    narrow them (without jax_enable_x64): the indices of the 0-d inputs
+    given a Python number or a NumPy constant, passed to the kernel as
+    typed scalar attributes instead (int, uint and float dtypes); any other
+    argument of a dtype JAX narrows is a TypeError saying why."""
+    scalars = []
+    for i, ((name, dtype, ndim, mut), arg) in enumerate(zip(fn._inputs,
+                                                              args)):
+        if dtype.lanes != 1 or dtype.bits < 8:
+            continue                 # refused by _np_dtype below
+        want = _np_dtype(fn, dtype)
+        narrowed = _narrowed(jax, want)
+        if narrowed is None:
+            continue
+        constant = isinstance(arg, (np.generic, np.ndarray) + _NUMBERS)
+        if constant and ndim == 0 and not mut and np.ndim(arg) == 0:
+            if want.kind not in "iuf":
+                raise _x64_refusal(fn, name, want, narrowed,
+                                   "a number for a 0-d complex parameter")
+            if not isinstance(arg, _NUMBERS) and np.dtype(arg.dtype) != want:
+                continue             # the eager dtype error, from _result_specs
+            scalars.append(i)
+        elif isinstance(arg, np.ndarray) and np.dtype(arg.dtype) == want:
+            raise _x64_refusal(fn, name, want, narrowed,
+                               f"a NumPy {want} constant")
+        elif isinstance(arg, jax.Array) and np.dtype(arg.dtype) == narrowed:
+            raise _x64_refusal(fn, name, want, narrowed,
+                               f"a JAX {narrowed} array")
+    return scalars
+
+
+def _as_attr(value):
+    value = np.asarray(value)
+    return value.view(np.int64) if value.dtype == np.uint64 else value
 
 
 def _extent(d):
@@ -216,9 +286,16 @@ def call(fn, args):
             shapes.append(shape)
         else:
             _refuse(fn, name, arg)
+    as_attrs = _x64_plan(jax, fn, args)
     results, aliases = fn._result_specs(specs)
     operands = [_constant(fn, dtype, arg) if isinstance(arg, _NUMBERS)
                 else arg for arg, (_, dtype, _, _) in zip(operands, fn._inputs)]
+    # the exact value in the parameter's dtype, as bytes (kept out of the
+    # operands: JAX would narrow it)
+    # (a uint64 goes as an int64 of the same bits, which the handler takes
+    # back: MLIR's Python binding makes only signed 64-bit integers)
+    scalars = tuple((i, v.dtype.str, v.tobytes()) for i, v in
+                    ((i, _as_attr(operands[i])) for i in as_attrs))
     # Checked, so the Function may be named by graphs: first compiled use.
     _core._ops_register(fn)
     _register_targets(jax)
@@ -228,10 +305,14 @@ def call(fn, args):
                        for i in aliases)
     for _, dtype, _, _ in fn._inputs:
         _np_dtype(fn, dtype)         # sub-byte inputs refused here too
+    if scalars:
+        skip = set(as_attrs)
+        operands = [a for i, a in enumerate(operands) if i not in skip]
     try:
-        op = _op(jax, fn, out_specs, len(results), aliases)
+        op = _op(jax, fn, out_specs, len(results), aliases, scalars)
     except TypeError:                # a symbolic extent that cannot be hashed
-        op = _op.__wrapped__(jax, fn, out_specs, len(results), aliases)
+        op = _op.__wrapped__(jax, fn, out_specs, len(results), aliases,
+                             scalars)
     outs = op(*operands)
     if not out_specs:
         return None

@@ -36,6 +36,11 @@ import sys
 
 from . import _core
 
+# Kept across importlib.reload of this module (see the end of the file).
+_kept = {name: globals()[name] for name in (
+    "_lock", "_library", "_overloads", "_dynamo_taught", "_tm", "_NUMBERS",
+    "_plan", "_function_call", "_DynamoWatcher") if name in globals()}
+
 __all__ = ["call", "op", "watch_dynamo"]
 
 #: The namespace of the operators: torch.ops.dlbridge.<identity>.
@@ -486,28 +491,79 @@ def _teach_dynamo():
 
 
 class _DynamoWatcher:
-    """Runs _teach_dynamo once torch._dynamo has been imported (a post-import
-    hook: the module is found by the other finders, and its loader's
-    exec_module is followed by the hook).  Removes itself on first use."""
+    """Installs the polyfill (_teach_dynamo) once torch._dynamo is really
+    imported, whatever route imported it; stays on sys.meta_path until the
+    polyfill is in.  Two ways in:
+
+    * asked for ``torch._dynamo`` while it is not imported, it finds the
+      module with the finders after it and wraps the loader, whose
+      exec_module is then followed by the installation (a post-import hook).
+      A spec only looked at (``importlib.util.find_spec``) and never loaded
+      installs nothing and uses nothing up: the next request wraps again;
+    * asked about any module while a fully imported ``torch._dynamo`` is in
+      sys.modules (it was loaded past this finder: a finder ahead of it that
+      serves torch's modules), it installs the polyfill there and then.
+
+    A non-torch import before torch._dynamo costs one dict lookup."""
+
+    _dlbridge_dynamo_watcher = True
 
     def find_spec(self, fullname, path, target=None):
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None:
+            if getattr(getattr(dynamo, "__spec__", None), "_initializing",
+                       False):
+                return None   # being imported: its own loader's turn
+            _unwatch()
+            _teach_dynamo_or_warn()
+            return None
         if fullname != "torch._dynamo":
             return None
+        me = _thread.get_ident()
+        if me in _finding:
+            return None   # another finder asked sys.meta_path again
+        _finding.add(me)
         try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        spec = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if find is not None:
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
-        if spec is None or spec.loader is None:
+            spec = None
+            for finder in sys.meta_path:
+                if getattr(finder, "_dlbridge_dynamo_watcher", False):
+                    continue
+                find = getattr(finder, "find_spec", None)
+                if find is not None:
+                    spec = find(fullname, path, target)
+                    if spec is not None:
+                        break
+        finally:
+            _finding.discard(me)
+        if spec is None or spec.loader is None or \
+                isinstance(spec.loader, _AfterExec):
             return spec
         spec.loader = _AfterExec(spec.loader)
         return spec
+
+
+_finding = set()   # threads in _DynamoWatcher's search of the other finders
+
+
+def _unwatch():
+    # Every watcher: there is one, unless a reload of this module made
+    # another class of it (the one kept across reloads avoids that).
+    for finder in list(sys.meta_path):
+        if getattr(finder, "_dlbridge_dynamo_watcher", False):
+            try:
+                sys.meta_path.remove(finder)
+            except ValueError:
+                pass   # removed by another thread meanwhile
+
+
+def _teach_dynamo_or_warn():
+    try:
+        _teach_dynamo()
+    except Exception as exc:  # never break torch's import
+        import warnings
+        warnings.warn(f"dlbridge: torch.compile will not see dlbridge "
+                      f"Functions as operators: {exc!r}", RuntimeWarning,
+                      stacklevel=3)
 
 
 class _AfterExec:
@@ -523,13 +579,8 @@ class _AfterExec:
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        try:
-            _teach_dynamo()
-        except Exception as exc:  # never break torch's import
-            import warnings
-            warnings.warn(f"dlbridge: torch.compile will not see dlbridge "
-                          f"Functions as operators: {exc!r}", RuntimeWarning,
-                          stacklevel=2)
+        _unwatch()
+        _teach_dynamo_or_warn()
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -537,8 +588,18 @@ class _AfterExec:
 
 def watch_dynamo():
     """Make Dynamo know every Function: now if torch._dynamo is imported,
-    else right after it is (called once, by dlbridge's __init__)."""
+    else once it is (called by dlbridge's __init__, again on a reload)."""
     if "torch._dynamo" in sys.modules:
         _teach_dynamo()
-    elif not any(isinstance(f, _DynamoWatcher) for f in sys.meta_path):
+    elif not any(getattr(f, "_dlbridge_dynamo_watcher", False)
+                 for f in sys.meta_path):
         sys.meta_path.insert(0, _DynamoWatcher())
+
+
+# importlib.reload of this module runs it again in the same namespace, but
+# what it installed in torch outlives that: the operators' library and the
+# polyfill, whose helpers Dynamo holds by identity.  The state describing
+# them is kept, so a reload neither forgets the polyfill (nor installs it
+# twice: torch refuses) nor defines an operator twice.
+globals().update(_kept)
+del _kept

@@ -51,6 +51,10 @@
  *  - Errors: a refused argument or a failed kernel is an XLA_FFI_Error
  *    whose message starts with the Function's name; jax raises it as a
  *    JaxRuntimeError (a RuntimeError) "<CODE>: <name>: <message>".
+ *  - Numbers: a 0-d input may come as a typed scalar attribute
+ *    "dlb_arg<i>" rather than an operand (what JAX would narrow without
+ *    jax_enable_x64: scalar_inputs below); the kernel gets it as the eager
+ *    call gives a number, a 0-d host tensor with NULL shape and strides.
  *  - Platforms: the host (DLDevice kDLCPU 0, stream NULL, as the kernel ABI
  *    says) and CUDA (kDLCUDA with XLA's device ordinal; the stream from
  *    Stream_Get, XLA's own, so the kernel is ordered with the graph's other
@@ -141,6 +145,7 @@ typedef struct {
 } xffi_buffer;
 
 enum { XFFI_BUFFER_KIND = 1 };      /* XLA_FFI_ArgType / RetType BUFFER */
+enum { XFFI_ATTR_SCALAR = 3 };      /* XLA_FFI_AttrType SCALAR */
 enum { XFFI_ATTR_STRING = 4 };      /* XLA_FFI_AttrType STRING */
 typedef int xffi_kind;              /* the C enums of those types */
 
@@ -164,6 +169,11 @@ typedef struct {
   xffi_kind *types;
   void **rets;
 } xffi_rets;
+
+typedef struct {
+  xffi_data_type dtype;
+  void *value;
+} xffi_scalar; /* XLA_FFI_Scalar */
 
 typedef struct {
   size_t struct_size;
@@ -279,6 +289,8 @@ _Static_assert(offsetof(xffi_args, size) == 16 &&
                    XFFI_SIZE(xffi_args, args) == 40 &&
                    XFFI_SIZE(xffi_rets, rets) == 40,
                "XLA_FFI_Args, XLA_FFI_Rets");
+_Static_assert(offsetof(xffi_scalar, value) == 8 && sizeof(xffi_scalar) == 16,
+               "XLA_FFI_Scalar");
 _Static_assert(offsetof(xffi_attrs, names) == 32 &&
                    XFFI_SIZE(xffi_attrs, attrs) == 48 &&
                    sizeof(xffi_byte_span) == 16,
@@ -311,6 +323,10 @@ _Static_assert(offsetof(xffi_api, api_version) == 16 &&
 
 /* The one attribute of a dlbridge call: the Function's identity. */
 #define XLA_IDENTITY_ATTR "dlb_identity"
+
+/* The attribute of a 0-d input given as a number (a typed scalar, so JAX's
+ * x64 narrowing never reaches it): "dlb_arg<input index>". */
+#define XLA_SCALAR_ATTR "dlb_arg"
 
 /* Tensors and extents kept on the stack; a larger call allocates. */
 #define XLA_INLINE_TENSORS 8
@@ -441,6 +457,70 @@ static PyObject *find_function(const char *identity, size_t len) {
   return fn;
 }
 
+/* ---- 0-d inputs passed as scalar attributes ---------------------------------
+ *
+ * _ops_jax.py passes a Python number or NumPy constant for a 0-d input whose
+ * dtype JAX would narrow (int64, uint64, float64 without jax_enable_x64) as a
+ * typed scalar attribute "dlb_arg<i>" instead of an operand: the kernel gets
+ * it as the eager call gives a number, a 0-d host tensor of the value in the
+ * parameter's dtype (the signature check below compares the dtype). */
+
+/* The input index of scalar attribute name key, or -1 for another name. */
+static int scalar_attr_index(const xffi_byte_span *key) {
+  static const char prefix[] = XLA_SCALAR_ATTR;
+  const size_t n = sizeof prefix - 1;
+  if (key->len <= n || key->len > n + 9 || memcmp(key->ptr, prefix, n) != 0)
+    return -1;
+  int index = 0;
+  for (size_t c = n; c < key->len; c++) {
+    if (key->ptr[c] < '0' || key->ptr[c] > '9') return -1;
+    index = index * 10 + (key->ptr[c] - '0');
+  }
+  return index;
+}
+
+/* Fill slot[i] (NULL for an operand) with the scalar attribute of each 0-d
+ * input i given as one, its tensor at scalars[k]; *count the number found.
+ * Status; err says which attribute is wrong (the caller names the
+ * Function). */
+static int scalar_inputs(const xffi_attrs *attrs,
+                         const dlb_signature_param *params, int32_t nin,
+                         DLTensor *scalars, DLTensor **slot, int32_t *count,
+                         dlb_error *err) {
+  int32_t k = 0;
+  for (int32_t i = 0; i < nin; i++) slot[i] = NULL;
+  for (int64_t a = 0; a < attrs->size; a++) {
+    const xffi_byte_span *key = attrs->names[a];
+    int i = scalar_attr_index(key);
+    if (i < 0) continue;
+    if (attrs->types[a] != XFFI_ATTR_SCALAR || i >= nin ||
+        params[i].ndim != 0 || params[i].mut || slot[i] != NULL)
+      return dlb_error_set(err, DLB_EINVAL,
+                           "attribute '%.*s' does not name a 0-d input the "
+                           "signature takes as a number",
+                           (int)key->len, key->ptr);
+    const xffi_scalar *v = (const xffi_scalar *)attrs->attrs[a];
+    DLTensor *t = &scalars[k++];
+    if (xla_dtype(v->dtype, &t->dtype) < 0)
+      return dlb_error_set(err, DLB_EUNSUPPORTED,
+                           "attribute '%.*s' has XLA element type %d",
+                           (int)key->len, key->ptr, (int)v->dtype);
+    if (t->dtype.code == kDLInt && t->dtype.bits == 64 &&
+        params[i].dtype.code == kDLUInt && params[i].dtype.bits == 64)
+      t->dtype = params[i].dtype; /* a uint64's bits, sent as an int64 */
+    t->data = v->value; /* never written: the input is not `mut` */
+    t->device.device_type = kDLCPU; /* a number is on the host, as eagerly */
+    t->device.device_id = 0;
+    t->ndim = 0;
+    t->shape = NULL;
+    t->strides = NULL;
+    t->byte_offset = 0;
+    slot[i] = t;
+  }
+  *count = k;
+  return DLB_OK;
+}
+
 /* The metadata query XLA makes once, at registration: the version we were
  * written against and no traits (see the header comment).  1 when cf was
  * the query. */
@@ -562,6 +642,9 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
 
   /* Every operand then every result as a DLTensor, on the host for now. */
   const int64_t nargs = cf->args.size, nrets = cf->rets.size;
+  /* at most this many 0-d inputs come as scalar attributes (all but the
+   * identity); the usual call has none and reads no attribute for them */
+  const int64_t nattr = cf->attrs.size > 1 ? cf->attrs.size - 1 : 0;
   int64_t extents = 0;
   for (int64_t i = 0; i < nargs + nrets; i++) {
     const xffi_buffer *b = (const xffi_buffer *)(
@@ -576,9 +659,10 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
   DLTensor *tensors = tensors_inline;
   DLTensor **argv = argv_inline;
   int64_t *strides = strides_inline;
-  if (nargs < 0 || nrets < 0 || nargs + nrets > XLA_INLINE_TENSORS ||
+  if (nargs < 0 || nrets < 0 || nargs + nrets + nattr > XLA_INLINE_TENSORS ||
       extents > XLA_INLINE_EXTENTS) {
-    size_t count = (size_t)(nargs > 0 ? nargs : 0) + (size_t)(nrets > 0 ? nrets : 0);
+    size_t count = (size_t)(nargs > 0 ? nargs : 0) +
+                   (size_t)(nrets > 0 ? nrets : 0) + (size_t)nattr;
     if (count == 0) count = 1;
     block = allocator->alloc(count * (sizeof(DLTensor) + sizeof(DLTensor *)) +
                                  ((size_t)extents + 1) * sizeof(int64_t),
@@ -620,15 +704,31 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
   const char *fname = dlb__function_name(fn);
   int32_t nin, nout;
   const dlb_signature_param *params = dlb__function_params(fn, &nin, &nout);
-  int32_t nmut = 0;
+  int32_t nmut = 0, nscalar = 0;
   for (int32_t i = 0; i < nin; i++) nmut += params[i].mut != 0;
-  if (nargs != nin || nrets != (int64_t)nout + nmut) {
+  /* argv[i]: input i's scalar attribute, or NULL for an operand */
+  if (nin <= nargs + nattr) { /* else too few operands: refused below */
+    int src = DLB_OK;
+    if (nattr > 0)
+      src = scalar_inputs(&cf->attrs, params, nin, tensors + nargs + nrets,
+                          argv, &nscalar, &err);
+    else
+      for (int32_t i = 0; i < nin; i++) argv[i] = NULL;
+    if (src != DLB_OK) {
+      rc = src;
+      goto named;
+    }
+  }
+  if (nargs + nscalar != nin || nrets != (int64_t)nout + nmut) {
+    char numbers[48] = "";
+    if (nscalar > 0)
+      snprintf(numbers, sizeof numbers, " (and %d numbers)", (int)nscalar);
     result = xla_errorf(cf, XFFI_INVALID_ARGUMENT,
-                        "%s: XLA passed %lld operands and %lld results; the "
+                        "%s: XLA passed %lld operands%s and %lld results; the "
                         "signature has %d parameters (%d of them mut) and %d "
                         "results",
-                        fname, (long long)nargs, (long long)nrets, (int)nin,
-                        (int)nmut, (int)nout);
+                        fname, (long long)nargs, numbers, (long long)nrets,
+                        (int)nin, (int)nmut, (int)nout);
     goto cleanup;
   }
   if (rc != DLB_OK) goto named;
@@ -644,26 +744,29 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
     }
   }
 
-  /* Inputs then results, in signature order; a `mut` input is the result
-   * XLA aliased with it, which the kernel updates. */
-  for (int32_t i = 0, k = 0; i < nin && rc == DLB_OK; i++) {
-    argv[i] = &tensors[i];
+  /* Inputs then results, in signature order: an operand each, but an
+   * input given as a scalar attribute (argv[i] already); a `mut` input is
+   * the result XLA aliased with it, which the kernel updates. */
+  for (int32_t i = 0, j = 0, k = 0; i < nin && rc == DLB_OK; i++) {
+    if (argv[i] != NULL) continue;
+    DLTensor *input = &tensors[j++];
+    argv[i] = input;
     if (!params[i].mut) continue;
     DLTensor *updated = &tensors[nargs + nout + k++];
-    if (updated->data != tensors[i].data) {
-      if (updated->ndim != tensors[i].ndim ||
-          memcmp(updated->shape, tensors[i].shape,
+    if (updated->data != input->data) {
+      if (updated->ndim != input->ndim ||
+          memcmp(updated->shape, input->shape,
                  (size_t)updated->ndim * sizeof(int64_t)) != 0 ||
-          updated->dtype.code != tensors[i].dtype.code ||
-          updated->dtype.bits != tensors[i].dtype.bits)
+          updated->dtype.code != input->dtype.code ||
+          updated->dtype.bits != input->dtype.bits)
         rc = dlb_error_set(&err, DLB_EINVAL,
                            "the result XLA aliased with mut argument %d is "
                            "not shaped like it",
                            (int)i);
       else if (device_type == kDLCUDA)
-        rc = dlb_cuda_copy(updated, &tensors[i], stream, &err);
+        rc = dlb_cuda_copy(updated, input, stream, &err);
       else
-        rc = dlb_copy(updated, &tensors[i], &err);
+        rc = dlb_copy(updated, input, &err);
     }
     argv[i] = updated;
   }
