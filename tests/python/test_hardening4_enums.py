@@ -220,3 +220,82 @@ def test_unknown_dtype_code_is_buffer_error_naming_it(code):
         raise AssertionError("dtype code {code} accepted")
     print("OK")
     """, pre=CAPSULE)
+
+
+# ---- item 4: MLX and Dr.Jit arrays are immutable values ---------------------
+
+SAXPY = "saxpy(a: float32, x: float32[n], y: mut float32[n])"
+BOTH = ("g(x: float32[n], y: mut float32[n], z: mut float32[n]) "
+        "-> float32[n]")
+
+
+def test_registry_immutable_frameworks():
+    """The per-framework decision of docs/decisions.md, section 21: these
+    frameworks' arrays are values that must not be written."""
+    from dlbridge._frameworks import REGISTRY
+    assert {n for n, fw in REGISTRY.items() if fw.immutable} == {
+        "jax", "tensorflow", "mlx", "drjit"}
+
+
+def _mlx():
+    mx = pytest.importorskip("mlx.core")
+
+    def make(values):
+        return mx.array(np.asarray(values, np.float32))
+
+    def lazy(p):
+        # built before the call, evaluated after it
+        return [p + 100, p.astype(p.dtype), p * 1]
+
+    return make, lazy, np.asarray
+
+
+def _drjit():
+    pytest.importorskip("drjit")
+    try:
+        from drjit.llvm import TensorXf
+        TensorXf(np.zeros(1, np.float32)).numpy()
+    except Exception as e:  # no LLVM backend in this install
+        pytest.skip(f"Dr.Jit's LLVM backend is unavailable: {e}")
+
+    def make(values):
+        return TensorXf(np.asarray(values, np.float32))
+
+    def lazy(p):
+        return [p + 100, TensorXf(p), p * 1]
+
+    return make, lazy, lambda t: np.asarray(t.numpy())
+
+
+@pytest.mark.parametrize("framework", ["mlx", "drjit"])
+def test_mut_on_lazy_immutable_framework_returns_new_value(lib, framework):
+    """Issue 23 item 4: a `mut` MLX / Dr.Jit argument was written in its
+    framework's own buffer, changing the array and every lazy expression
+    built from it before the call.  Now, as for JAX, the caller's array is
+    never written and the new value comes back after the declared
+    results."""
+    make, lazy, host = _mlx() if framework == "mlx" else _drjit()
+    saxpy = dlb.load(lib, "dlb_kernel_saxpy", SAXPY)
+    x, p = make([0, 1, 2, 3]), make([1, 1, 1, 1])
+    before = lazy(p)
+    r = saxpy(2.0, x, p)
+    assert type(r) is type(p)
+    np.testing.assert_array_equal(host(r), [1, 3, 5, 7])
+    np.testing.assert_array_equal(host(p), [1, 1, 1, 1])
+    q, b, m = before
+    np.testing.assert_array_equal(host(q), [101, 101, 101, 101])
+    np.testing.assert_array_equal(host(b), [1, 1, 1, 1])
+    np.testing.assert_array_equal(host(m), [1, 1, 1, 1])
+    # declared results first, then the new values in parameter order
+    both = dlb.load(lib, "dlb_kernel_noop", BOTH)
+    y, z = make([1, 1, 1, 1]), make([0, 0, 0, 0])
+    out = both(x, y, z)
+    assert isinstance(out, tuple) and len(out) == 3
+    assert all(type(o) is type(y) for o in out)
+    np.testing.assert_array_equal(host(out[1]), [1, 1, 1, 1])
+    np.testing.assert_array_equal(host(out[2]), [0, 0, 0, 0])
+    # a NumPy `mut` argument beside them is still written in place
+    yn = np.ones(4, np.float32)
+    assert saxpy(2.0, x, yn) is None
+    np.testing.assert_array_equal(yn, [1, 3, 5, 7])
+
