@@ -116,7 +116,8 @@ DLB_API bool dlb_allocator_is_default(void);
 
 /* The dtype named name: NumPy's names for the common types ("bool", "int8"
  * ... "uint64", "float16", "float32", "float64", "complex64", "complex128"),
- * "bfloat16", "complex32", integers of any width dlb_dtype_check allows
+ * "bfloat16", "complex32", "bcomplex32" (two bfloat16, the post-1.3
+ * kDLBcomplex), integers of any width dlb_dtype_check allows
  * named by their bits ("int2", "uint4", "int24"), and DLPack's enum names in
  * lower case for the rest ("float8_e4m3fn", "float6_e2m3fn", "float4_e2m1fn",
  * ...).  A vector type is written "float32x4".  Unknown names fail with
@@ -159,8 +160,9 @@ DLB_API int dlb_dtype_from_buffer_format(const char *fmt, int64_t itemsize,
  *     managed tensor says IS_SUBBYTE_TYPE_PADDED), or of any bits when
  *     bits * lanes is a multiple of 8 (int8 ... int64, int24, int12x2);
  *   - every other code at its defined widths only (float 16/32/64,
- *     bfloat 16, complex 32/64/128, bool 8, the float8 codes 8, fp6 6,
- *     fp4 4); kDLOpaqueHandle never.
+ *     bfloat 16, complex 32/64/128, bcomplex 32, bool 8, the float8
+ *     codes 8, fp6 6, fp4 4); kDLOpaqueHandle never; a code above 18 (none
+ *     is defined) never: its size is not known.
  * Otherwise DLB_EUNSUPPORTED with a message naming code, bits and lanes and
  * saying which part is wrong. */
 DLB_API int dlb_dtype_check(DLDataType dtype, dlb_error *err);
@@ -264,7 +266,9 @@ enum {
   /* Reject NULL strides when ndim > 0 (the DLPack >= 1.2 rule).  Off by
    * default: legacy and older producers send NULL for compact tensors. */
   DLB_VALIDATE_STRIDES_REQUIRED = 1u << 0,
-  /* Accept device types dlbridge does not recognise. */
+  /* Accept any device type, 0 and negative ones too.  Without it every
+   * type >= 1 is accepted (one dlbridge has no name for is a foreign
+   * device, see dlb_device_type_valid) and the others are refused. */
   DLB_VALIDATE_ANY_DEVICE = 1u << 1,
   /* Accept dtypes dlbridge does not recognise (code, bits, lanes). */
   DLB_VALIDATE_ANY_DTYPE = 1u << 2
@@ -273,7 +277,8 @@ enum {
 /* Check a DLTensor that came from a producer we do not trust, before reading
  * any of it: ndim in [0, DLB_MAX_NDIM]; shape non-NULL when ndim > 0; every
  * extent >= 0; element count, byte size and strided byte span within
- * int64_t; a known dtype and device (unless options say otherwise);
+ * int64_t; a known dtype and a device type >= 1 (unless options say
+ * otherwise);
  * device_id >= 0; data non-NULL unless the tensor has no elements; byte_offset
  * <= INT64_MAX; sub-byte dtypes only in contiguous layouts.  The first
  * failure is returned with a message naming the field and value. */
@@ -287,14 +292,23 @@ DLB_API int dlb_tensor_validate(const DLTensor *t, unsigned options,
 DLB_API int dlb_managed_check_version(const DLManagedTensorVersioned *m,
                                       dlb_error *err);
 
-/* True when dlbridge knows the device type. */
+/* True when dlbridge knows the device type: it has a name (the types of
+ * DLPack 1.3 and the post-1.3 kDLTPU, kDLTPUHost, kDLAscend). */
 DLB_API bool dlb_device_type_known(int32_t device_type);
 
+/* True when device_type can be a device at all: >= 1.  A valid type that
+ * is not known is a foreign device (a type newer than this header): a
+ * tensor on it can be held and passed on, its memory never read by the
+ * host; it is named "device<N>". */
+DLB_API bool dlb_device_type_valid(int32_t device_type);
+
 /* Lower-case name of a device type ("cpu", "cuda", "cuda_host", "rocm",
- * ...), or NULL when unknown. */
+ * "tpu_host", ...), or NULL when unknown. */
 DLB_API const char *dlb_device_type_name(int32_t device_type);
 
-/* Parse "cpu", "cuda", "cuda:1", "rocm:0", ... into *out. */
+/* Parse "cpu", "cuda", "cuda:1", "rocm:0", "tpu_host:0", ... into *out;
+ * "device<N>[:<id>]" names DLPack device type N (any N >= 1, canonical
+ * decimal), so every device's text below parses back. */
 DLB_API int dlb_device_from_name(const char *name, DLDevice *out,
                                  dlb_error *err);
 
@@ -304,8 +318,8 @@ DLB_API int dlb_device_from_name(const char *name, DLDevice *out,
 
 /* The one spelling of a device in dlbridge's messages, and what
  * str(dlbridge.Device) gives: "cpu" for CPU 0, "<type>:<id>" for any other
- * ("cuda:1", "cpu:1"), "device_type_<n>:<id>" for a type dlbridge does not
- * know.  Writes into buf (truncated to buflen - 1 characters, always
+ * ("cuda:1", "cpu:1"), "device<n>:<id>" for a type dlbridge has no name
+ * for ("device99:0").  Writes into buf (truncated to buflen - 1 characters, always
  * NUL-terminated when buflen > 0) and returns buf, so it can be used
  * directly as a "%s" argument. */
 DLB_API const char *dlb_device_describe(DLDevice device, char *buf,

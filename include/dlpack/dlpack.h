@@ -5,6 +5,9 @@
  * exactly as in upstream DLPack 1.3, so a tensor built against this header can
  * be handed to any other DLPack implementation and back.  tests/c/test_abi.c
  * checks each size and offset against the published values (LP64).
+ * Four enum values from DLPack's main branch, newer than 1.3 and marked so
+ * below, are here too (kDLTPU, kDLTPUHost, kDLAscend, kDLBcomplex): enum
+ * additions change no layout.
  *
  * The prose is ours; it records the ownership, NULL and version rules a
  * correct producer or consumer has to follow, because those rules are where
@@ -75,6 +78,13 @@ typedef enum {
   kDLHexagon = 16,    /* Qualcomm Hexagon DSP */
   kDLMAIA = 17,       /* Microsoft MAIA (since 1.0) */
   kDLTrn = 18,        /* AWS Trainium (since 1.2) */
+  /* Post-1.3: on DLPack's main branch, not in a release yet (the version
+   * macros stay 1.3).  Producers already send them (JAX exports TPU host
+   * arrays as kDLTPUHost), so a consumer meets them in 1.3 tensors. */
+  kDLTPU = 19,        /* Google TPU device memory */
+  kDLTPUHost = 20,    /* host memory of a TPU runtime (not known to be
+                       * readable by the consumer's CPU) */
+  kDLAscend = 21,     /* Huawei Ascend NPU */
 } DLDeviceType;
 
 /* A device: its type and the producer's index for it.  device_id is 0 for
@@ -110,6 +120,10 @@ typedef enum {
   kDLFloat6_e2m3fn = 15U,
   kDLFloat6_e3m2fn = 16U,
   kDLFloat4_e2m1fn = 17U,
+  /* Post-1.3 (DLPack's main branch, not released): a complex number whose
+   * real and imaginary parts are each a bfloat16, real first; bits counts
+   * both parts, so bcomplex32 is {18, 32, 1}. */
+  kDLBcomplex = 18U,
 } DLDataTypeCode;
 
 /* An element type: code, bits per lane, and lanes (> 1 for vector types).

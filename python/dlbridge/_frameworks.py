@@ -208,9 +208,12 @@ REGISTRY = {fw.name: fw for fw in (
     # hands them one, which spares them the protocol's method calls.
     Framework("onnxruntime", takes=TAKES_CAPSULE, layout="row-major"),
     # MLX 0.32 copies every import on its CPU backend and refuses negative
-    # strides.
+    # strides.  Its arrays are values in a lazy graph: writing one's buffer
+    # would change expressions built from it before (q = p + 100), so a
+    # Function never writes one (immutable, as JAX).
     Framework("mlx", takes=TAKES_CAPSULE, readonly=True,
-              negative_strides=False, copies=True, dtypes=_MLX_DTYPES),
+              negative_strides=False, copies=True, dtypes=_MLX_DTYPES,
+              immutable=True),
     # Warp 1.19: legacy capsules, zero-copy for any strides; its arrays
     # have at least one dimension.
     Framework("warp", dist="warp-lang", takes=TAKES_CAPSULE, min_ndim=1),
@@ -220,9 +223,10 @@ REGISTRY = {fw.name: fw for fw in (
     # shares CPU memory, the scalar one copies (_c_convert_target says
     # which, per backend).
     # Not objects: TensorX<dtype>(ndarray) converts the dtype silently, a
-    # capsule of the wrong dtype is refused.
+    # capsule of the wrong dtype is refused.  Its arrays are traced values
+    # (copy-on-write, lazily evaluated): immutable, as MLX's.
     Framework("drjit", takes=TAKES_CAPSULE, layout="row-major",
-              dtypes=frozenset(_DRJIT_TENSORS)),
+              dtypes=frozenset(_DRJIT_TENSORS), immutable=True),
     # NumPy underneath, read-only kept.
     Framework("array_api_strict", dist="array-api-strict", readonly=True,
               objects=True),

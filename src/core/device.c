@@ -1,4 +1,8 @@
-/* device.c -- device type names and parsing of "type[:id]" strings. */
+/* device.c -- device type names and parsing of "type[:id]" strings.
+ *
+ * A device type this table has no name for (a value newer than the header,
+ * or 5 and 6) is a foreign device: it is named "device<N>" ("device99:0"),
+ * and that name parses back.  Types 0 and below are no device at all. */
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +29,9 @@ static const char *const device_names[] = {
     "hexagon",     /* kDLHexagon */
     "maia",        /* kDLMAIA */
     "trn",         /* kDLTrn */
+    "tpu",         /* kDLTPU (post-1.3) */
+    "tpu_host",    /* kDLTPUHost (post-1.3) */
+    "ascend",      /* kDLAscend (post-1.3) */
 };
 
 #define DEVICE_NAMES_LEN \
@@ -45,13 +52,32 @@ const char *dlb_device_describe(DLDevice device, char *buf, size_t buflen) {
   else if (name != NULL)
     snprintf(buf, buflen, "%s:%d", name, (int)device.device_id);
   else
-    snprintf(buf, buflen, "device_type_%d:%d", (int)device.device_type,
+    snprintf(buf, buflen, "device%d:%d", (int)device.device_type,
              (int)device.device_id);
   return buf;
 }
 
 bool dlb_device_type_known(int32_t device_type) {
   return dlb_device_type_name(device_type) != NULL;
+}
+
+bool dlb_device_type_valid(int32_t device_type) { return device_type >= 1; }
+
+/* The N of a generic name "device<N>" (type_len characters of name):
+ * decimal digits, no sign, no leading zero, in [1, INT32_MAX]; -1 when the
+ * text is not such a name. */
+static int32_t generic_device_type(const char *name, size_t type_len) {
+  static const char prefix[] = "device";
+  const size_t plen = sizeof prefix - 1;
+  if (type_len <= plen || strncmp(name, prefix, plen) != 0) return -1;
+  if (name[plen] < '1' || name[plen] > '9') return -1;
+  int64_t v = 0;
+  for (size_t i = plen; i < type_len; i++) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+    if (v > INT32_MAX) return -1;
+  }
+  return (int32_t)v;
 }
 
 bool dlb_device_is_host_accessible(DLDevice device) {
@@ -81,10 +107,13 @@ int dlb_device_from_name(const char *name, DLDevice *out, dlb_error *err) {
       break;
     }
   }
+  if (type < 0) type = generic_device_type(name, type_len);
   if (type < 0)
     return dlb_error_set(err, DLB_EINVAL,
                          "unknown device \"%.64s\" (expected a type such as "
-                         "\"cpu\", \"cuda\", \"rocm\", optionally \":<id>\")",
+                         "\"cpu\", \"cuda\", \"rocm\", \"tpu_host\" or "
+                         "\"device<N>\" for DLPack device type N, "
+                         "optionally \":<id>\")",
                          name);
   int64_t id = 0;
   if (colon != NULL) {

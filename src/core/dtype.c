@@ -43,6 +43,7 @@ static const dtype_entry dtype_table[] = {
     {"float6_e2m3fn", kDLFloat6_e2m3fn, 6},
     {"float6_e3m2fn", kDLFloat6_e3m2fn, 6},
     {"float4_e2m1fn", kDLFloat4_e2m1fn, 4},
+    {"bcomplex32", kDLBcomplex, 32}, /* post-1.3: two bfloat16 */
 };
 
 #define DTYPE_TABLE_LEN (sizeof dtype_table / sizeof dtype_table[0])
@@ -56,9 +57,13 @@ static const char *const code_names[] = {
     "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
     "float8_e5m2",   "float8_e5m2fnuz", "float8_e8m0fnu",
     "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn",
+    "bcomplex",
 };
 
 #define CODE_NAMES_LEN (sizeof code_names / sizeof code_names[0])
+
+_Static_assert(CODE_NAMES_LEN == DLB__DTYPE_CODES,
+               "code_names and dlb__dtype_ok's rows cover the same codes");
 
 static bool is_integer_code(unsigned code) {
   return code == kDLInt || code == kDLUInt;
@@ -93,8 +98,8 @@ static int dtype_check_slow(DLDataType dtype, dlb_error *err) {
   if (code >= CODE_NAMES_LEN)
     return dlb_error_set(err, DLB_EUNSUPPORTED,
                          "dtype %s: unknown type "
-                         "code %u (known codes are 0-17)",
-                         d, code);
+                         "code %u (known codes are 0-%u)",
+                         d, code, (unsigned)CODE_NAMES_LEN - 1);
   if (is_integer_code(code)) {
     if (!integer_width_ok(bits, lanes))
       return dlb_error_set(err, DLB_EUNSUPPORTED,

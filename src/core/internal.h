@@ -105,7 +105,7 @@ static inline bool dlb__size_overflow(int64_t bytes, size_t extra,
   {(DLB__BYTES_WORD & ~(uint64_t)1) | DLB__BITW(1, 0) | DLB__BITW(2, 0) | \
        DLB__BITW(4, 0),                                                \
    DLB__BYTES_WORD, DLB__BYTES_WORD, DLB__BYTES_WORD}
-#define DLB__DTYPE_CODES 18
+#define DLB__DTYPE_CODES 19
 
 static inline bool dlb__dtype_ok(DLDataType d) {
   static const uint64_t allowed[DLB__DTYPE_CODES][4] = {
@@ -127,6 +127,7 @@ static inline bool dlb__dtype_ok(DLDataType d) {
       DLB__ALLOW(6, 0, 0, 0, 0),      /* kDLFloat6_e2m3fn */
       DLB__ALLOW(6, 0, 0, 0, 0),      /* kDLFloat6_e3m2fn */
       DLB__ALLOW(4, 0, 0, 0, 0),      /* kDLFloat4_e2m1fn */
+      DLB__ALLOW(32, 0, 0, 0, 0),     /* kDLBcomplex (post-1.3) */
   };
   unsigned code = d.code, bits = d.bits;
   if (d.lanes == 0 || code >= DLB__DTYPE_CODES) return false;

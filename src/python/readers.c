@@ -349,9 +349,10 @@ int dlb__dunder_dlpack_managed(dlb_module_state *st, PyObject *obj,
     dev_res = PyObject_CallMethodNoArgs(obj, st->str_dlpack_device);
     if (dev_res == NULL) goto cleanup;
     if (parse_device_pair(dev_res, &src) < 0) goto cleanup;
-    /* A device DLPack does not define would be refused in the capsule
-     * anyway: say so before the producer exports (or copies) anything. */
-    if (!dlb_device_type_known((int32_t)src.device_type)) {
+    /* A type that is no device (< 1) would be refused in the capsule
+     * anyway: say so before the producer exports (or copies) anything.  A
+     * type without a name is a foreign device, held like any other. */
+    if (!dlb_device_type_valid((int32_t)src.device_type)) {
       PyErr_Format(PyExc_BufferError,
                    "from_dlpack: __dlpack_device__() returned %R: device "
                    "type %d is not a DLPack device type",

@@ -567,11 +567,22 @@ static PyObject *tensor_get_array_interface(PyObject *op, void *c) {
   if (!host_accessible(self)) {
     PyObject *d = dlb__device_text(self->t.device);
     if (d == NULL) return NULL;
-    PyErr_Format(PyExc_AttributeError,
-                 "__array_interface__ is only defined for tensors in host "
-                 "memory; this one is on %U (use __cuda_array_interface__ or "
-                 "__dlpack__)",
-                 d);
+    /* CUDA memory has its own interface, which a consumer probing with
+     * hasattr() moves on to.  Any other device (ROCm, Metal, TPU, a
+     * foreign type) has none the CPU can use: BufferError, as for every
+     * host access to it, so np.asarray() says so instead of wrapping the
+     * tensor in an object array. */
+    if (self->t.device.device_type == kDLCUDA)
+      PyErr_Format(PyExc_AttributeError,
+                   "__array_interface__ is only defined for tensors in host "
+                   "memory; this one is on %U (use __cuda_array_interface__ "
+                   "or __dlpack__)",
+                   d);
+    else
+      PyErr_Format(PyExc_BufferError,
+                   "__array_interface__ needs memory the CPU can read, but "
+                   "the tensor is on %U; pass it on with __dlpack__",
+                   d);
     Py_DECREF(d);
     return NULL;
   }

@@ -402,12 +402,13 @@ PyObject *dlb__device_new(dlb_module_state *st, DLDevice device) {
   return (PyObject *)self;
 }
 
-/* Device.name; unknown types (only reachable through imports that accept
- * any device) get the stand-in dlb_device_describe uses, "device_type_5". */
+/* Device.name; a foreign type (one the header has no name for) gets the
+ * generic name dlb_device_describe uses and dlb.device() parses back,
+ * "device99". */
 static PyObject *device_type_name_obj(DLDevice d) {
   const char *name = dlb_device_type_name((int32_t)d.device_type);
   if (name != NULL) return PyUnicode_FromString(name);
-  return PyUnicode_FromFormat("device_type_%d", (int)d.device_type);
+  return PyUnicode_FromFormat("device%d", (int)d.device_type);
 }
 
 static PyObject *device_get_type(PyObject *self, void *closure) {
@@ -633,10 +634,13 @@ int dlb__device_converter(dlb_module_state *st, PyObject *obj,
     int r = as_int32(tv, &t);
     Py_DECREF(tv);
     if (r < 0) return -1;
-    if (r == 0 || !dlb_device_type_known(t)) {
+    /* Any type >= 1: one without a name is a foreign device ("device99"),
+     * as a tensor on it is. */
+    if (r == 0 || !dlb_device_type_valid(t)) {
       PyErr_Format(PyExc_ValueError,
-                   "unknown DLPack device type %R in device tuple %R", ot,
-                   obj);
+                   "device type %R in device tuple %R is not a DLPack device "
+                   "type (types are ints >= 1)",
+                   ot, obj);
       return -1;
     }
     r = as_int32(oi, &i);

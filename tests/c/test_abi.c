@@ -90,6 +90,10 @@ ABI_STATIC(kDLWebGPU, 15);
 ABI_STATIC(kDLHexagon, 16);
 ABI_STATIC(kDLMAIA, 17);
 ABI_STATIC(kDLTrn, 18);
+/* Post-1.3 values of DLPack's main branch. */
+ABI_STATIC(kDLTPU, 19);
+ABI_STATIC(kDLTPUHost, 20);
+ABI_STATIC(kDLAscend, 21);
 
 ABI_STATIC(kDLInt, 0);
 ABI_STATIC(kDLUInt, 1);
@@ -109,6 +113,7 @@ ABI_STATIC(kDLFloat8_e8m0fnu, 14);
 ABI_STATIC(kDLFloat6_e2m3fn, 15);
 ABI_STATIC(kDLFloat6_e3m2fn, 16);
 ABI_STATIC(kDLFloat4_e2m1fn, 17);
+ABI_STATIC(kDLBcomplex, 18);
 
 ABI_STATIC(DLPACK_FLAG_BITMASK_READ_ONLY, 1);
 ABI_STATIC(DLPACK_FLAG_BITMASK_IS_COPIED, 2);
@@ -191,6 +196,9 @@ static void test_device_types(void) {
   CHECK_EQ(kDLHexagon, 16);
   CHECK_EQ(kDLMAIA, 17);
   CHECK_EQ(kDLTrn, 18);
+  CHECK_EQ(kDLTPU, 19);
+  CHECK_EQ(kDLTPUHost, 20);
+  CHECK_EQ(kDLAscend, 21);
 }
 
 static void test_dtype_codes(void) {
@@ -212,6 +220,7 @@ static void test_dtype_codes(void) {
   CHECK_EQ(kDLFloat6_e2m3fn, 15);
   CHECK_EQ(kDLFloat6_e3m2fn, 16);
   CHECK_EQ(kDLFloat4_e2m1fn, 17);
+  CHECK_EQ(kDLBcomplex, 18);
 }
 
 static void test_flags_and_version(void) {

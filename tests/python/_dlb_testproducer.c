@@ -1514,7 +1514,9 @@ static int ct_dltensor(void *py_object, DLTensor *out) {
   } else if (strcmp(g_ct_corrupt, "span_overflow") == 0) {
     g_ct_bad_strides[0] = INT64_C(1) << 62;
   } else if (strcmp(g_ct_corrupt, "unknown_device") == 0) {
-    out->device.device_type = (DLDeviceType)99;
+    /* 0 is no device at all (a type >= 1 without a name is a foreign
+     * device, which is held). */
+    out->device.device_type = (DLDeviceType)0;
   } else if (strcmp(g_ct_corrupt, "negative_device_id") == 0) {
     out->device.device_id = -1;
   } else if (strcmp(g_ct_corrupt, "huge_offset") == 0) {

@@ -135,11 +135,11 @@ def test_device_cpu():
 
 def test_device_errors():
     with pytest.raises(ValueError):
-        dlb.device("tpu:0")
+        dlb.device("tpuu:0")
     with pytest.raises(ValueError):
         dlb.device("cuda:-1")
     with pytest.raises(ValueError):
-        dlb.device((5, 0))  # unassigned device type
+        dlb.device((0, 0))  # no device type (5, unassigned, is "device5")
     with pytest.raises(ValueError):
         dlb.device((2, -1))
     with pytest.raises(ValueError):
