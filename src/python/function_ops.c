@@ -157,6 +157,20 @@ static PyObject *extents_tuple(int32_t n, const int64_t *v) {
   return t;
 }
 
+/* specs, one per input, as a sequence that stays as it is while it is read
+ * (a list is read from a copy: another thread may change it meanwhile); NULL
+ * with TypeError (not a sequence: not_sequence) or the argument-count error. */
+static PyObject *specs_per_input(const fn_object *fn, PyObject *specs,
+                                 const char *not_sequence) {
+  PyObject *seq = PyList_Check(specs) ? PyList_AsTuple(specs)
+                                      : PySequence_Fast(specs, not_sequence);
+  if (seq != NULL && PySequence_Fast_GET_SIZE(seq) != fn->nin) {
+    dlb__fn_nargs_error(fn, PySequence_Fast_GET_SIZE(seq));
+    Py_CLEAR(seq);
+  }
+  return seq;
+}
+
 /* Function._result_specs(specs) -> (results, aliases).  What a call with
  * inputs described by specs produces, checked as the eager call checks
  * its arguments (same rule, same exception and message): specs holds one
@@ -173,15 +187,8 @@ PyObject *dlb__fn_result_specs(PyObject *self, PyObject *specs) {
   int nin = fn->nin, nout = fn->nout, nmut = 0;
   DLTensor *ts = NULL, **argv = NULL;
   int64_t *shapes = NULL;
-  /* A list is read from a copy: another thread may change it meanwhile. */
-  seq = PyList_Check(specs)
-            ? PyList_AsTuple(specs)
-            : PySequence_Fast(specs, "_result_specs() takes a sequence of specs");
+  seq = specs_per_input(fn, specs, "_result_specs() takes a sequence of specs");
   if (seq == NULL) goto cleanup;
-  if (PySequence_Fast_GET_SIZE(seq) != nin) {
-    dlb__fn_nargs_error(fn, PySequence_Fast_GET_SIZE(seq));
-    goto cleanup;
-  }
   ts = PyMem_Calloc((size_t)nin + 1, sizeof *ts);
   argv = PyMem_Calloc((size_t)nin + 1, sizeof *argv);
   shapes = PyMem_Calloc(((size_t)nin + 1) * DLB_MAX_NDIM, sizeof *shapes);
@@ -302,14 +309,8 @@ PyObject *dlb__fn_refuse_overlap_specs(PyObject *self, PyObject *specs) {
   DLTensor *argv[FN_MAX_PARAMS];
   int64_t *dims = NULL;
   int nin = fn->nin;
-  seq = PyList_Check(specs)
-            ? PyList_AsTuple(specs)
-            : PySequence_Fast(specs, "_refuse_overlap() takes a sequence");
+  seq = specs_per_input(fn, specs, "_refuse_overlap() takes a sequence");
   if (seq == NULL) goto cleanup;
-  if (PySequence_Fast_GET_SIZE(seq) != nin) {
-    dlb__fn_nargs_error(fn, PySequence_Fast_GET_SIZE(seq));
-    goto cleanup;
-  }
   dims = PyMem_Calloc((size_t)nin * 2 * DLB_MAX_NDIM + 1, sizeof *dims);
   if (dims == NULL) {
     PyErr_NoMemory();
