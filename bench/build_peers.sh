@@ -5,10 +5,11 @@
 #   _nb_peer     nanobind 3.1 from its shipped sources (g++, C++17)
 #   libtvm_peer  a tvm-ffi module compiled against tvm_ffi's shipped headers
 #                and libtvm_ffi.so, loaded with tvm_ffi.load_module
-#   libjax_tvm_peer  the no-op kernel of build/libdlb_example_kernels.so as a
-#                tvm-ffi function, registered with jax-tvm-ffi as an XLA FFI
-#                target (bench/bench_compiled.py, `dlbridge bench`'s jax
-#                compiled row); needs jax-tvm-ffi and `make build` first
+#   libjax_tvm_peer  the no-op kernel of build/libdlb_example_kernels.so, and
+#                its mul_f32 kernel and that kernel's vjp, as tvm-ffi
+#                functions registered with jax-tvm-ffi as XLA FFI targets
+#                (bench/bench_compiled.py, `dlbridge bench`'s jax compiled
+#                and train-jit rows); needs jax-tvm-ffi and `make build` first
 # Idempotent: each output is rebuilt only when one of its inputs is newer.
 # A peer whose package or compiler is missing, or that fails to compile, is
 # skipped with a note (bench_calls.py then reports it as not measured); the

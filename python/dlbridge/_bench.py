@@ -17,9 +17,10 @@ data, which would time a copy instead of the exchange).
 
 The "compiled" rows (JAX's and torch's children) take their figures with
 dlbridge/_bench_compiled.py, the rules bench/bench_compiled.py and
-bench/bench_torch_ops.py use too.  The targets of issues 16 and 17 are
-judged in the parent from the rows (TARGETS, targets()); they are
-informational: the exit status never depends on a speed.
+bench/bench_torch_ops.py use too; the gradient rows ("train", "train-jit",
+"vjp no-grad") with dlbridge/_bench_grad.py.  The targets of issues 16, 17
+and 24 are judged in the parent from the rows (TARGETS, targets()); they
+are informational: the exit status never depends on a speed.
 """
 
 import glob
@@ -32,19 +33,25 @@ import sys
 import time
 
 from . import _bench_compiled as _bc
+from . import _bench_grad as _bg
 from . import _measure
 from ._kits import kits, short_name, version_of
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # The kits the bench measures, in the registry's order.
 FRAMEWORKS = tuple(n for n, k in kits().items() if k.bench)
 # Calls every framework has a row of, against its own way ("own").
 EAGER_CALLS = ("from_dlpack", "convert", "__dlpack__", "Function")
 # A Function as an op of the framework's compiler: {framework: compiler}.
 COMPILED = {"jax": "jax.jit", "torch": "torch.compile"}
-CALLS = EAGER_CALLS + ("compiled",)
+# Training through a Function with a vjp (dlbridge/_bench_grad.py), and
+# what declaring the vjp costs calls that need no gradient: the frameworks
+# with each row.
+GRAD_CALLS = {"train": ("torch",), "train-jit": ("torch", "jax"),
+              "vjp no-grad": ("torch", "jax", "numpy")}
+CALLS = EAGER_CALLS + ("compiled",) + tuple(GRAD_CALLS)
 REFERENCES = ("own", "nanobind", "tvm-ffi", "no-op", "jax-tvm-ffi",
-              "define+impl", "custom_op")
+              "define+impl", "custom_op", "autograd.Function", "no vjp")
 PEERS = ("nanobind", "tvm-ffi", "no-op", "jax-tvm-ffi")
 STATUSES = ("met", "missed", "not measured")
 MODES = {"quick": _measure.QUICK, "default": _measure.DEFAULT,
@@ -82,7 +89,15 @@ LEGEND = ("x, a, b, c: the framework's float32[16] tensors; y: a NumPy "
           "1,000 no-op ffi_calls, / 1,000; torch.compile (inductor): 100 "
           "chained saxpy calls on float32[8] minus none, / 100; define+impl: "
           "a bare torch.library op of the same schema; custom_op: a "
-          "torch.library.custom_op wrapping the Function.")
+          "torch.library.custom_op wrapping the Function.  train: one step "
+          "mul(a, b).backward(g) of two float32[16] leaves, mul a Function "
+          "of dlb_kernel_mul_f32 with vjp= its vjp kernel, against the same "
+          "two kernels in a custom_op + register_autograd and in a "
+          "torch.autograd.Function; train-jit: the same compiled (inductor), "
+          "and for JAX one call of jax.jit(jax.grad(sum of mul)) against "
+          "jax-tvm-ffi targets of the two kernels under jax.custom_vjp; vjp "
+          "no-grad: mul called on tensors that need no gradient, against the "
+          "same kernel declared without a vjp.")
 
 
 # ------------------------------------------------------------ child side
@@ -221,6 +236,8 @@ def child(fw, cfg):
     rows.sort(key=lambda r: EAGER_CALLS.index(r["call"]))
     if fw in COMPILED:
         rows += _compiled_rows(fw, cfg, settings)
+    if any(fw in fws for fws in GRAD_CALLS.values()):
+        rows += _grad_rows(fw, cfg, settings, make)
     return rows
 
 
@@ -329,6 +346,26 @@ def _torch_compiled_rows(cfg, settings):
     return [_row("torch", "compiled", ours, kind, side(COMPILED_REF_EXPR[kind], name))
             for kind, name in (("define+impl", _bc.TORCH_BARE),
                                ("custom_op", _bc.TORCH_WRAPPED))]
+
+
+def _grad_rows(fw, cfg, settings, make):
+    """The gradient rows of fw (GRAD_CALLS; dlbridge/_bench_grad.py)."""
+    import dlbridge as dlb
+    kernel = cfg.get("kernel")
+    wanted = [call for call, fws in GRAD_CALLS.items() if fw in fws]
+    if not kernel:
+        got = {(call, who): _no_kernel_text() for call in wanted
+               for who in _bg.references(fw, call)}
+    else:
+        try:
+            got = _bg.cases(fw, dlb, kernel, make, TORCH_BACKEND,
+                            cfg.get("peers", {}).get("jax-tvm-ffi", {}))
+        except Exception as e:  # the framework's autodiff could not be set up
+            why = _measure.why(e, 160)
+            got = {(call, who): why for call in wanted
+                   for who in _bg.references(fw, call)}
+    rows = _bg.rows(fw, _measure.measure(got, settings), _side, _row)
+    return sorted(rows, key=lambda r: CALLS.index(r["call"]))
 
 
 def _child_main(argv):
@@ -508,13 +545,15 @@ def defects(report):
     out, seen = [], set()
     for r in report["rows"]:
         fw, call = r["framework"], r["call"]
-        if r["reference"]["kind"] != "own" and call != "compiled":
+        if (r["reference"]["kind"] != "own" and call != "compiled"
+                and call not in GRAD_CALLS):
             continue
         if r["dlbridge"]["ns"] is not None or r["reference"]["ns"] is None:
             continue
         if call == "convert" and table[fw].own_label is None:
             continue
-        if call in ("Function", "compiled") and report["kernel"] is None:
+        if (call in ("Function", "compiled") or call in GRAD_CALLS) and \
+                report["kernel"] is None:
             continue
         if (fw, call) not in seen:
             seen.add((fw, call))
@@ -546,6 +585,19 @@ TARGETS = (
     ("torch", "compiled", "define+impl", 1 / _bc.TORCH_TARGET,
      f"Function in torch.compile within {_bc.TORCH_TARGET:g}x of a bare "
      "define+impl op"),
+    # issue 24 item 7
+    ("torch", "train", "custom_op", 1.15,
+     "torch training step at least 1.15x faster than custom_op + "
+     "register_autograd"),
+    ("torch", "train", "autograd.Function", 1 / 1.1,
+     "torch training step within 1.1x of a bare torch.autograd.Function"),
+    ("torch", "train-jit", "custom_op", 1.0,
+     "torch.compile training step no slower than custom_op + register_autograd"),
+    ("jax", "train-jit", "jax-tvm-ffi", 1.0,
+     "jax.jit(jax.grad) no slower than jax-tvm-ffi + custom_vjp"),
+    *((fw, "vjp no-grad", "no vjp", 1 / 1.1,
+       f"{fw}: a Function with a vjp, called without grad, within 1.1x of "
+       "one without") for fw in GRAD_CALLS["vjp no-grad"]),
 )
 
 
@@ -728,7 +780,7 @@ def plain(report, width=100):
     return "\n".join(lines)
 
 
-TARGETS_TITLE = ("targets (issues 16 and 17; informational: the exit status "
+TARGETS_TITLE = ("targets (issues 16, 17 and 24; informational: the exit status "
                  "does not depend on speed)")
 
 

@@ -114,7 +114,7 @@ def test_pyarrow_importer_row(report):
 def test_absent_peers_are_a_note(report):
     assert not any(p["present"] for p in report["peers"].values())
     kinds = {r["reference"]["kind"] for r in report["rows"]
-             if r["call"] != "compiled"}
+             if r["call"] != "compiled" and r["call"] not in _bench.GRAD_CALLS}
     assert kinds == {"own"}
     notes = "\n".join(report["notes"])
     assert "nanobind: absent" in notes and "tvm-ffi: absent" in notes
@@ -151,6 +151,42 @@ def test_compiled_rows(report):
                 assert r["reference"]["compile_s"] > 0
                 assert r["ratio"] == pytest.approx(
                     r["reference"]["ns"] / r["dlbridge"]["ns"])
+
+
+# The gradient rows (issue 24 item 7): {(framework, call): reference kinds}.
+GRAD_ROWS = {("torch", "train"): {"custom_op", "autograd.Function"},
+             ("torch", "train-jit"): {"custom_op"},
+             ("jax", "train-jit"): {"jax-tvm-ffi"},
+             ("torch", "vjp no-grad"): {"no vjp"},
+             ("jax", "vjp no-grad"): {"no vjp"},
+             ("numpy", "vjp no-grad"): {"no vjp"}}
+
+
+def test_gradient_rows(report):
+    """A training step through a Function with a vjp, eager and compiled,
+    against torch's two hand-written routes over the same kernels (measured
+    without any peer) and jax-tvm-ffi (absent here: says so); and the
+    Function called without grad against the kernel declared without a vjp.
+    With the kernel library every dlbridge side is measured."""
+    got = {}
+    for r in report["rows"]:
+        if r["call"] in _bench.GRAD_CALLS:
+            got.setdefault((r["framework"], r["call"]), {})[r["reference"]["kind"]] = r
+    want = {k: v for k, v in GRAD_ROWS.items() if k[0] in report["frameworks"]}
+    assert {k: set(v) for k, v in got.items()} == want
+    for (fw, call), rows in got.items():
+        for kind, r in rows.items():
+            if kind == "jax-tvm-ffi":
+                assert "jax-tvm-ffi: absent" in r["reference"]["error"], r
+            elif report["kernel"] is not None:
+                assert r["reference"]["ns"] > 0, r
+            if report["kernel"] is not None:
+                assert r["dlbridge"]["ns"] > 0, r
+                if r["reference"]["ns"] is not None:
+                    assert r["ratio"] == pytest.approx(
+                        r["reference"]["ns"] / r["dlbridge"]["ns"])
+        # one dlbridge figure per framework and call
+        assert len({json.dumps(r["dlbridge"]) for r in rows.values()}) == 1
 
 
 def test_targets_section(report):
@@ -271,7 +307,8 @@ def test_present_peers_are_rows(tmp_path):
     (fake / "tvm_ffi").mkdir(parents=True)
     (fake / "tvm_ffi" / "__init__.py").write_text(
         "def load_module(path):\n"
-        "    return {'noop3': lambda a, b, c: None, 'step': None}\n")
+        "    return {'noop3': lambda a, b, c: None, 'step': None,\n"
+        "            'mul': None, 'mul_vjp': None}\n")
     (fake / "jax_tvm_ffi").mkdir()
     (fake / "jax_tvm_ffi" / "__init__.py").write_text(
         "def register_ffi_target(name, fn, platform):\n"
@@ -309,6 +346,11 @@ def test_present_peers_are_rows(tmp_path):
         t = next(t for t in rep["targets"] if t["call"] == "compiled"
                  and t["framework"] == "jax")
         assert t["status"] in ("met", "missed") and t["ratio"] == r["ratio"]
+        # the gradient row's reference: the stand-in's targets under
+        # jax.custom_vjp, measured in the same run
+        g = next(r for r in rep["rows"] if r["framework"] == "jax"
+                 and r["call"] == "train-jit")
+        assert g["reference"]["ns"] > 0 and g["dlbridge"]["ns"] > 0, g
 
 
 def test_plain_table_fits_100_columns(report):
@@ -351,7 +393,7 @@ def test_cli_json_file_and_unknown_framework(tmp_path, no_peers):
 
 def test_defects_are_dlbridge_failures_where_the_own_way_works(report):
     rows = {(r["framework"], r["call"]): r for r in report["rows"]
-            if r["reference"]["kind"] == "own"}
+            if r["reference"]["kind"] == "own" or r["call"] in _bench.GRAD_CALLS}
     for d in report["defects"]:
         r = rows[d["framework"], d["call"]]
         assert r["dlbridge"]["error"] == d["error"]
@@ -362,7 +404,8 @@ def test_defects_are_dlbridge_failures_where_the_own_way_works(report):
             # not a defect: PyArrow has no DLPack importer to convert into;
             # Function without the kernel library
             assert (fw, call) in listed or fw == "pyarrow" or (
-                call == "Function" and report["kernel"] is None), r
+                (call == "Function" or call in _bench.GRAD_CALLS)
+                and report["kernel"] is None), r
 
 
 @pytest.mark.parametrize("args, why", [
