@@ -214,6 +214,9 @@ demo: build
 	@echo "== the same Function inside jax.jit, torch.compile and tf.function (examples/compiled_demo.py) =="
 	@TF_CPP_MIN_LOG_LEVEL=3 $(PY) examples/compiled_demo.py $(BUILD)/libdlb_example_kernels.so
 	@echo
+	@echo "== training through C kernels and their vjp in torch, JAX and TensorFlow (examples/train_demo.py) =="
+	@TF_CPP_MIN_LOG_LEVEL=3 $(PY) examples/train_demo.py $(BUILD)/libdlb_example_kernels.so
+	@echo
 	@echo "== a C extension using dlbridge's C API (examples/extension_demo.py) =="
 	@PYTHONPATH=$(BUILD)/examples/extension $(PY) examples/extension_demo.py
 	@echo
