@@ -658,6 +658,8 @@ typedef struct dlb_signature_param {
   int32_t ndim;
   int32_t dim0; /* first of ndim records in dims[] */
   uint8_t mut;  /* inputs only: written by the kernel */
+  uint8_t nodiff; /* declared `nodiff`: no cotangent/tangent (inputs and
+                     results) */
 } dlb_signature_param;
 
 /* The parse, in one (large: ~130 KB, allocate it) struct.  Names point
@@ -686,6 +688,80 @@ typedef struct dlb_signature {
  * text that is not a signature. */
 DLB_API int dlb_signature_parse(const char *text, size_t length,
                                 dlb_signature *out, dlb_error *err);
+
+/* ---- Derivatives of a signature (signature_grad.c) ---------------------------
+ *
+ * A Function's vjp and jvp kernels are Functions of their own, bound to the
+ * primal by name (docs/function.md, "Gradients"):
+ *   vjp: <name>_vjp(<every input>, d<r> per differentiable result r)
+ *            -> (d<p>: per differentiable input p)
+ *   jvp: <name>_jvp(<every input>, t<p> per differentiable input p)
+ *            -> (t<r>: per differentiable result r)
+ * A spelled derivative signature may take any subset of the primal's
+ * inputs (and, for a vjp, its results: saved from the forward), must take
+ * the cotangent (tangent) of every differentiable result (input), and must
+ * return exactly one cotangent (tangent) per differentiable input
+ * (result).  A derivative parameter or result has the dtype, rank and
+ * dimension spelling of its primal; none is `mut`.
+ *
+ * A parameter or result is differentiable when its dtype is floating or
+ * complex (float*, bfloat16, complex*) and it is neither `mut` nor
+ * `nodiff`.  A result's label is its name, or "out" for the only result,
+ * "out<k>" for the k-th of several unnamed ones. */
+
+enum { DLB_DERIVATIVE_VJP = 0, DLB_DERIVATIVE_JVP = 1 };
+
+/* What a derivative kernel's parameter receives. */
+enum {
+  DLB_BIND_INPUT = 0,    /* the primal's input `index` */
+  DLB_BIND_RESULT = 1,   /* the primal's result `index` (0-based among the
+                            results; vjp only) */
+  DLB_BIND_DERIVATIVE = 2 /* vjp: the cotangent of result `index`;
+                             jvp: the tangent of input `index` */
+};
+
+typedef struct dlb_signature_binding {
+  int nargs;    /* the derivative's inputs */
+  int nresults; /* the derivative's results */
+  struct {
+    int16_t kind;  /* DLB_BIND_* */
+    int16_t index;
+  } arg[DLB_SIGNATURE_MAX_PARAMS];
+  /* vjp: the primal input each result is the cotangent of; jvp: the
+   * primal result (0-based among results) each result is the tangent of */
+  int16_t result[DLB_SIGNATURE_MAX_PARAMS];
+} dlb_signature_binding;
+
+/* Whether parameter or result i of s (0 <= i < s->nparams) is
+ * differentiable (1) or not (0). */
+DLB_API int dlb_signature_differentiable(const dlb_signature *s, int i);
+
+/* The label of parameter or result i: its name, or out / out<k> for an
+ * unnamed result.  Writes at most cap bytes with a NUL (truncating);
+ * returns the label's length. */
+DLB_API size_t dlb_signature_param_label(const dlb_signature *s, int i,
+                                         char *buf, size_t cap);
+
+/* The derived signature of kind (DLB_DERIVATIVE_*) of primal, as text in
+ * buf (cap bytes, NUL-terminated; *len its length).  DLB_EINVAL with a
+ * message naming the reason: a `mut` parameter, nothing differentiable
+ * among the inputs or the results, a derived name (d<r>, t<p>, ...) that
+ * is also a parameter's; DLB_EOVERFLOW when cap is too small. */
+DLB_API int dlb_signature_derive(const dlb_signature *primal, int kind,
+                                 char *buf, size_t cap, size_t *len,
+                                 dlb_error *err);
+
+/* Bind the derivative signature deriv (derived or spelled) of kind to
+ * primal by name into *out.  DLB_EINVAL with a message naming the
+ * parameter for: a name that is neither an input, a result (vjp), nor the
+ * derivative of one; the derivative of something not differentiable; a
+ * type (dtype, rank or dims) other than its primal's; a `mut` parameter;
+ * a missing cotangent/tangent parameter or result; a result that is not
+ * d<input> (t<result>) or is given twice; a primal with `mut`
+ * parameters. */
+DLB_API int dlb_signature_bind(const dlb_signature *primal,
+                               const dlb_signature *deriv, int kind,
+                               dlb_signature_binding *out, dlb_error *err);
 
 /* ---- CUDA IPC (cuda_ipc.c) ---------------------------------------------------
  *
