@@ -630,7 +630,10 @@ DLB_API int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src,
  *
  * The signature language of dlb_kernel functions, as dlbridge.Function
  * takes it: "saxpy(a: float32, x: float32[n], y: mut float32[n]) ->
- * float32[n]" (grammar in src/core/signature.c and docs/function.md).
+ * float32[n]", with `nodiff` parameters and named results for the
+ * derivatives: "f(x: float32[n], idx: nodiff int64[k]) -> (y: float32[k],
+ * lse: nodiff float32)" (grammar in src/core/signature.c and
+ * docs/function.md).
  * Parsed into flat records: a parameter is a dtype, a rank and the index
  * of its first dimension record; a dimension is a literal extent, the
  * first appearance of a name (binds it), or a later one (must equal the
@@ -674,6 +677,8 @@ typedef struct dlb_signature {
   size_t name_len;
   int nparams, nin;    /* parameters and results; inputs among them */
   dlb_signature_param params[DLB_SIGNATURE_MAX_PARAMS];
+  /* a parameter's name; a result's name, or NULL / 0 when it has none
+   * (dlb_signature_param_label gives every result a label) */
   const char *param_name[DLB_SIGNATURE_MAX_PARAMS];
   size_t param_name_len[DLB_SIGNATURE_MAX_PARAMS];
   int ndims;
@@ -698,7 +703,8 @@ DLB_API int dlb_signature_parse(const char *text, size_t length,
  *   jvp: <name>_jvp(<every input>, t<p> per differentiable input p)
  *            -> (t<r>: per differentiable result r)
  * A spelled derivative signature may take any subset of the primal's
- * inputs (and, for a vjp, its results: saved from the forward), must take
+ * inputs and results (a vjp's are saved from the forward; a jvp runs after
+ * the forward, softmax's reads its result), must take
  * the cotangent (tangent) of every differentiable result (input), and must
  * return exactly one cotangent (tangent) per differentiable input
  * (result).  A derivative parameter or result has the dtype, rank and
@@ -715,7 +721,7 @@ enum { DLB_DERIVATIVE_VJP = 0, DLB_DERIVATIVE_JVP = 1 };
 enum {
   DLB_BIND_INPUT = 0,    /* the primal's input `index` */
   DLB_BIND_RESULT = 1,   /* the primal's result `index` (0-based among the
-                            results; vjp only) */
+                            results), as the forward computed it */
   DLB_BIND_DERIVATIVE = 2 /* vjp: the cotangent of result `index`;
                              jvp: the tangent of input `index` */
 };
@@ -746,7 +752,10 @@ DLB_API size_t dlb_signature_param_label(const dlb_signature *s, int i,
  * buf (cap bytes, NUL-terminated; *len its length).  DLB_EINVAL with a
  * message naming the reason: a `mut` parameter, nothing differentiable
  * among the inputs or the results, a derived name (d<r>, t<p>, ...) that
- * is also a parameter's; DLB_EOVERFLOW when cap is too small. */
+ * is also another name's (both meanings named); DLB_EOVERFLOW when cap is
+ * too small, *len then the length it needs (without the NUL), as
+ * snprintf.  The text always parses and binds back to primal (every input
+ * is kept, so every dimension name is bound). */
 DLB_API int dlb_signature_derive(const dlb_signature *primal, int kind,
                                  char *buf, size_t cap, size_t *len,
                                  dlb_error *err);
@@ -757,8 +766,10 @@ DLB_API int dlb_signature_derive(const dlb_signature *primal, int kind,
  * derivative of one; the derivative of something not differentiable; a
  * type (dtype, rank or dims) other than its primal's; a `mut` parameter;
  * a missing cotangent/tangent parameter or result; a result that is not
- * d<input> (t<result>) or is given twice; a primal with `mut`
- * parameters. */
+ * d<input> (t<result>) (an unnamed one included); a name with two
+ * meanings; and what dlb_signature_derive refuses of the primal: `mut`
+ * parameters, nothing differentiable.  (A name given twice cannot parse.)
+ * *out is zeroed on failure. */
 DLB_API int dlb_signature_bind(const dlb_signature *primal,
                                const dlb_signature *deriv, int kind,
                                dlb_signature_binding *out, dlb_error *err);

@@ -4,18 +4,27 @@
  * allowed between any two tokens):
  *
  *     signature := NAME '(' [param {',' param} [',']] ')' ['->' results]
- *     param     := NAME ':' ['mut'] type
- *     results   := type | '(' [type {',' type} [',']] ')'
+ *     param     := NAME ':' ['mut' | 'nodiff'] type
+ *     results   := result | '(' [result {',' result} [',']] ')'
+ *     result    := [NAME ':'] ['nodiff'] type
  *     type      := DTYPE ['[' [dim {',' dim}] ']']     no brackets, or
  *                                                       "[]": 0-d
  *     dim       := NAME | INTEGER
  *
  * NAME is [A-Za-z_][A-Za-z0-9_]*; DTYPE any name dlb_dtype_from_name knows.
- * A dimension NAME binds the first time it appears, reading parameters left
- * to right, and must be equal everywhere after; output dimensions must be
- * literals or names some input binds.  The text is untrusted (fuzzed:
- * tests/fuzz/fuzz_signature.c): every read is bounded by its length, no
- * NUL is needed, and every count is bounded by the record arrays.
+ * 'mut' and 'nodiff' are keywords only where a dtype follows them, so a
+ * parameter may still be called mut (or nodiff), and "x: mut" reads mut as
+ * a dtype.  A mut parameter is never differentiable, so 'nodiff' with 'mut'
+ * is an error rather than a redundancy: it would suggest the other order
+ * means something.  A result's name is the one a derivative signature binds
+ * it by (signature_grad.c); names of parameters and results are one
+ * namespace, and a name may not be the label ("out<k>") of an unnamed
+ * result.  A dimension NAME binds the first time it appears, reading
+ * parameters left to right, and must be equal everywhere after; output
+ * dimensions must be literals or names some input binds.  The text is
+ * untrusted (fuzzed: tests/fuzz/fuzz_signature.c): every read is bounded by
+ * its length, no NUL is needed, and every count is bounded by the record
+ * arrays.
  */
 #include <stdio.h>
 #include <string.h>
@@ -77,6 +86,37 @@ static int find_sym(const dlb_signature *p, const char *w, size_t n) {
   return -1;
 }
 
+/* The keywords before a type: 'mut' (parameters) and 'nodiff', each a
+ * keyword only when another word follows it (the dtype), so "mut: float32"
+ * names a parameter mut.  Sets *mut / *nodiff; the cursor ends before the
+ * dtype.  The errors point at the offending keyword. */
+static int parse_marks(dlb_signature *p, int is_output, int *mut,
+                       int *nodiff) {
+  for (;;) {
+    const char *w = NULL, *w2;
+    size_t save = p->pos;
+    size_t n = ident(p, &w);
+    int is_mut = n > 0 && word_is(w, n, "mut");
+    int is_nodiff = n > 0 && word_is(w, n, "nodiff");
+    size_t after = p->pos;
+    if (!(is_mut || is_nodiff) || ident(p, &w2) == 0) {
+      p->pos = save;
+      return 0;
+    }
+    size_t at = (size_t)(w - p->text);
+    if (is_mut && is_output)
+      return perr(p, at, "results cannot be 'mut': they are always written");
+    if ((is_mut && *mut) || (is_nodiff && *nodiff))
+      return perr(p, at, is_mut ? "'mut' given twice" : "'nodiff' given twice");
+    if (*mut || *nodiff)
+      return perr(p, at,
+                  "'mut' with 'nodiff': a 'mut' parameter is never "
+                  "differentiable anyway (drop 'nodiff')");
+    *(is_mut ? mut : nodiff) = 1;
+    p->pos = after;
+  }
+}
+
 /* type := DTYPE ['[' dims ']'], filling params[p->nparams]. */
 static int parse_type(dlb_signature *p, int is_output) {
   dlb_signature_param *prm = &p->params[p->nparams];
@@ -85,15 +125,6 @@ static int parse_type(dlb_signature *p, int is_output) {
   size_t at = p->pos;
   size_t n = ident(p, &w);
   if (n == 0) return perr(p, p->pos, "expected a dtype name");
-  if (word_is(w, n, "mut")) {
-    const char *w2;
-    size_t save = p->pos;
-    if (ident(p, &w2) > 0)
-      return perr(p, at, is_output ? "results cannot be 'mut': they are "
-                                     "always written"
-                                   : "'mut' given twice");
-    p->pos = save;
-  }
   char name[64];
   if ((size_t)n >= sizeof name) return perr(p, at, "unknown dtype");
   memcpy(name, w, (size_t)n);
@@ -106,6 +137,7 @@ static int parse_type(dlb_signature *p, int is_output) {
   prm->ndim = 0;
   prm->dim0 = p->ndims;
   prm->mut = 0;
+  prm->nodiff = 0;
   if (!accept(p, '[')) return 0;
   if (accept(p, ']')) return 0; /* "float32[]": 0-d */
   for (;;) {
@@ -174,6 +206,14 @@ static int parse_type(dlb_signature *p, int is_output) {
   }
 }
 
+/* The parameter or result named w (n bytes) so far, or -1. */
+static int find_name(const dlb_signature *p, const char *w, size_t n) {
+  for (int i = 0; i < p->nparams; i++)
+    if (p->param_name_len[i] == n && memcmp(p->param_name[i], w, n) == 0)
+      return i;
+  return -1;
+}
+
 static int parse_param(dlb_signature *p) {
   const char *w;
   skip_ws(p);
@@ -182,44 +222,83 @@ static int parse_param(dlb_signature *p) {
     return perr(p, at, "too many parameters (at most 64 with the results)");
   size_t n = ident(p, &w);
   if (n == 0) return perr(p, p->pos, "expected a parameter name");
-  for (int i = 0; i < p->nparams; i++)
-    if (p->param_name_len[i] == n && memcmp(p->param_name[i], w, (size_t)n) == 0)
-    {
-      snprintf(p->message_buf, sizeof p->message_buf, "duplicate parameter name '%.*s'",
-               (int)(n < 64 ? n : 64), w);
-      return perr(p, at, p->message_buf);
-    }
+  if (find_name(p, w, n) >= 0) {
+    snprintf(p->message_buf, sizeof p->message_buf,
+             "duplicate parameter name '%.*s'", (int)(n < 64 ? n : 64), w);
+    return perr(p, at, p->message_buf);
+  }
   p->param_name[p->nparams] = w;
   p->param_name_len[p->nparams] = n;
   if (!accept(p, ':')) {
     skip_ws(p);
     return perr(p, p->pos, "expected ':' after parameter name");
   }
-  int mut = 0;
-  size_t save = p->pos;
-  n = ident(p, &w);
-  if (n > 0 && word_is(w, n, "mut")) {
-    /* "mut" is the keyword only when a dtype follows it */
-    const char *w2;
-    size_t after = p->pos;
-    if (ident(p, &w2) > 0) mut = 1;
-    p->pos = mut ? after : save;
-  } else {
-    p->pos = save;
-  }
+  int mut = 0, nodiff = 0;
+  if (parse_marks(p, 0, &mut, &nodiff) < 0) return -1;
   if (parse_type(p, 0) < 0) return -1;
   p->params[p->nparams].mut = (uint8_t)mut;
+  p->params[p->nparams].nodiff = (uint8_t)nodiff;
   p->nparams++;
   return 0;
 }
 
+/* result := [NAME ':'] ['nodiff'] type.  A word followed by ':' is the
+ * name; any other is the dtype (so "-> float32" reads as before). */
 static int parse_result(dlb_signature *p) {
   skip_ws(p);
   if (p->nparams >= DLB_SIGNATURE_MAX_PARAMS)
     return perr(p, p->pos,
                 "too many parameters (at most 64 with the results)");
+  const char *w;
+  size_t save = p->pos;
+  size_t n = ident(p, &w);
+  if (n > 0 && accept(p, ':')) {
+    int i = find_name(p, w, n);
+    if (i >= 0) {
+      snprintf(p->message_buf, sizeof p->message_buf,
+               i < p->nin ? "result name '%.*s' is also a parameter's"
+                          : "duplicate result name '%.*s'",
+               (int)(n < 64 ? n : 64), w);
+      return perr(p, save, p->message_buf);
+    }
+    p->param_name[p->nparams] = w;
+    p->param_name_len[p->nparams] = n;
+  } else {
+    p->pos = save;
+    p->param_name[p->nparams] = NULL;
+    p->param_name_len[p->nparams] = 0;
+  }
+  int mut = 0, nodiff = 0;
+  if (parse_marks(p, 1, &mut, &nodiff) < 0) return -1;
   if (parse_type(p, 1) < 0) return -1;
+  p->params[p->nparams].nodiff = (uint8_t)nodiff;
   p->nparams++;
+  return 0;
+}
+
+/* After the results: no result's name may be the label of an unnamed one
+ * ("out<k>", dlb_signature_param_label), or two results would answer to
+ * one name when a derivative binds them.  (A parameter with such a name is
+ * legal: it matters only to a derivative, whose derivation and binding
+ * refuse the ambiguity.) */
+static int check_labels(dlb_signature *p) {
+  int nres = p->nparams - p->nin;
+  if (nres < 2) return 0; /* a lone unnamed result is "out": nothing else */
+  for (int r = 0; r < nres; r++) {
+    if (p->param_name_len[p->nin + r] > 0) continue;
+    char label[16];
+    int len = snprintf(label, sizeof label, "out%d", r);
+    for (int i = p->nin; i < p->nparams; i++) {
+      if (p->param_name_len[i] != (size_t)len ||
+          memcmp(p->param_name[i], label, (size_t)len) != 0)
+        continue;
+      snprintf(p->message_buf, sizeof p->message_buf,
+               "result name '%s' is the label of the unnamed result %d (name "
+               "that result too, or rename this one)",
+               label, r);
+      return perr(p, (size_t)(p->param_name[i] - p->text), p->message_buf);
+    }
+  }
   return 0;
 }
 
@@ -266,6 +345,7 @@ static int parse_signature(dlb_signature *p) {
     } else if (parse_result(p) < 0) {
       return -1;
     }
+    if (check_labels(p) < 0) return -1;
     skip_ws(p);
     if (p->pos < p->length)
       return perr(p, p->pos, "unexpected text after the signature");
