@@ -31,7 +31,7 @@
  *   import.c   from_dlpack's policy: which reader, device= and copy=
  *   convert.c  dlbridge.convert: targets bound from the registry, what
  *              each can hold, copy= and device=, the hand-over
- *   function_sig.c  (Function, five files sharing src/python/function.h)
+ *   function_sig.c  (Function, six files sharing src/python/function.h)
  *              the signature: parse, mismatch messages, one spelling,
  *              identity
  *   function_mut.c  what a call's reading marked: grad refusal, the
@@ -39,6 +39,7 @@
  *              the hand-back of results
  *   function_call.c the eager call: reading, checks, the kernel
  *   function_ops.c  what graph compilers ask of a Function
+ *   function_grad.c its derivatives: vjp/jvp Functions bound by name
  *   function.c the Function type and load()
  *   ops/registry.c  (src/ops: a Function as a graph compiler's op) the
  *              Functions compiled graphs name, by identity

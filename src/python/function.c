@@ -9,7 +9,12 @@
  *  - a kernel is an int address or a PyCapsule named "dlb_kernel", which
  *    the Function holds;
  *  - load() never calls dlclose while a Function made from the library
- *    lives: the handle is owned by a capsule the Function holds.
+ *    lives: the handle is owned by a capsule the Function holds;
+ *  - a derivative (vjp=, jvp=) is made here from what the caller gave --
+ *    a Function, a (kernel, signature) pair, with load() also a symbol of
+ *    the same library (its signature derived) or a (symbol, signature)
+ *    pair -- and bound by function_grad.c; the derivative Function holds
+ *    the library too.
  */
 #include "dlbridge_py.h"
 #include "function.h"
@@ -71,9 +76,6 @@ static int kernel_from_object(PyObject *obj, dlb_kernel *out,
 }
 
 static fn_object *function_create(PyTypeObject *type, dlb_kernel kernel,
-                                  PyObject *owner, PyObject *sig);
-
-static fn_object *function_create(PyTypeObject *type, dlb_kernel kernel,
                                   PyObject *owner, PyObject *sig) {
   fn_object *fn = (fn_object *)type->tp_alloc(type, 0);
   if (fn == NULL) return NULL;
@@ -93,17 +95,119 @@ static fn_object *function_create(PyTypeObject *type, dlb_kernel kernel,
   return fn;
 }
 
+/* The kernel of symbol (a str) in the library handle (path: for the
+ * message), into *out.  0, or -1 with TypeError/ValueError. */
+static int kernel_from_symbol(void *handle, PyObject *symbol, PyObject *path,
+                              dlb_kernel *out) {
+  if (!PyUnicode_Check(symbol)) {
+    PyErr_Format(PyExc_TypeError, "symbol must be a str, not %.100s",
+                 Py_TYPE(symbol)->tp_name);
+    return -1;
+  }
+  const char *sym = PyUnicode_AsUTF8(symbol);
+  if (sym == NULL) return -1;
+  dlerror();
+  void *ptr = dlsym(handle, sym);
+  const char *e = dlerror();
+  if (ptr == NULL) {
+    PyErr_Format(PyExc_ValueError, "symbol %R not found in %R: %s", symbol,
+                 path, e ? e : "the symbol is NULL");
+    return -1;
+  }
+  memcpy(out, &ptr, sizeof *out);
+  return 0;
+}
+
+/* Where a derivative's kernel comes from: load()'s library (handle, held
+ * by lib; path for messages), or nothing for Function(). */
+typedef struct {
+  void *handle;
+  PyObject *lib, *path;
+} kernel_source;
+
+/* The derivative of kind fn's caller declared as spec, made a Function
+ * (new reference): spec is a Function (returned as is), a (kernel,
+ * signature) pair -- with a library, (symbol, signature) -- or, with a
+ * library, a symbol whose signature is derived from fn's.  NULL with
+ * TypeError/ValueError/OSError. */
+static PyObject *derivative_from_spec(fn_object *fn, int kind, PyObject *spec,
+                                      const kernel_source *src) {
+  const char *what = kind == DLB_DERIVATIVE_VJP ? "vjp" : "jvp";
+  PyObject *result = NULL, *owner = NULL, *sig = NULL;
+  PyObject *kobj = NULL;
+  dlb_kernel kernel;
+  if (dlb__function_check(spec)) return Py_NewRef(spec);
+  if (PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == 2) {
+    kobj = PyTuple_GET_ITEM(spec, 0);
+    sig = Py_NewRef(PyTuple_GET_ITEM(spec, 1));
+    if (!PyUnicode_Check(sig)) {
+      PyErr_Format(PyExc_TypeError,
+                   "%U: %s=(%s, signature): the signature must be a str, not "
+                   "%.100s",
+                   fn->name, what, src->handle ? "symbol" : "kernel",
+                   Py_TYPE(sig)->tp_name);
+      goto cleanup;
+    }
+  } else if (src->handle != NULL && PyUnicode_Check(spec)) {
+    kobj = spec;
+    sig = dlb__fn_derived_signature(fn, kind);
+    if (sig == NULL) goto cleanup;
+  } else {
+    PyErr_Format(PyExc_TypeError,
+                 src->handle != NULL
+                     ? "%U: %s= must be a Function, a symbol of the same "
+                       "library or a (symbol, signature) pair, not %.100s"
+                     : "%U: %s= must be a Function or a (kernel, signature) "
+                       "pair, not %.100s (a symbol name needs "
+                       "dlbridge.load(path, symbol, signature, vjp=...))",
+                 fn->name, what, Py_TYPE(spec)->tp_name);
+    goto cleanup;
+  }
+  if (src->handle != NULL) {
+    if (kernel_from_symbol(src->handle, kobj, src->path, &kernel) < 0)
+      goto cleanup;
+    owner = Py_NewRef(src->lib);
+  } else if (kernel_from_object(kobj, &kernel, &owner) < 0) {
+    goto cleanup;
+  }
+  result = (PyObject *)function_create(Py_TYPE(fn), kernel, owner, sig);
+cleanup:
+  Py_XDECREF(owner);
+  Py_XDECREF(sig);
+  return result;
+}
+
+/* Make and bind fn's derivatives from the caller's vjp= and jvp= (each
+ * NULL or None when not given).  0, or -1 with an exception. */
+static int attach_derivatives(fn_object *fn, PyObject *vjp, PyObject *jvp,
+                              const kernel_source *src) {
+  PyObject *spec[2] = {vjp, jvp};
+  const int kind[2] = {DLB_DERIVATIVE_VJP, DLB_DERIVATIVE_JVP};
+  for (int k = 0; k < 2; k++) {
+    if (spec[k] == NULL || spec[k] == Py_None) continue;
+    PyObject *deriv = derivative_from_spec(fn, kind[k], spec[k], src);
+    if (deriv == NULL) return -1;
+    int rc = dlb__fn_bind_derivative(fn, kind[k], deriv);
+    Py_DECREF(deriv);
+    if (rc < 0) return -1;
+  }
+  return 0;
+}
+
 static PyObject *function_new(PyTypeObject *type, PyObject *args,
                               PyObject *kwargs) {
-  static char *kwlist[] = {"kernel", "signature", NULL};
-  PyObject *kobj, *sig, *owner = NULL;
+  static char *kwlist[] = {"kernel", "signature", "vjp", "jvp", NULL};
+  PyObject *kobj, *sig, *owner = NULL, *vjp = NULL, *jvp = NULL;
   dlb_kernel kernel;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OU:Function", kwlist, &kobj,
-                                   &sig))
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OU|$OO:Function", kwlist,
+                                   &kobj, &sig, &vjp, &jvp))
     return NULL;
   if (kernel_from_object(kobj, &kernel, &owner) < 0) return NULL;
   fn_object *fn = function_create(type, kernel, owner, sig);
   Py_XDECREF(owner);
+  const kernel_source none = {NULL, NULL, NULL};
+  if (fn != NULL && attach_derivatives(fn, vjp, jvp, &none) < 0)
+    Py_CLEAR(fn);
   return (PyObject *)fn;
 }
 
@@ -119,6 +223,15 @@ static void function_dealloc(PyObject *self) {
   Py_CLEAR(fn->signature);
   Py_CLEAR(fn->param_names);
   Py_CLEAR(fn->sym_names);
+  Py_CLEAR(fn->result_names);
+  Py_CLEAR(fn->diff_inputs);
+  Py_CLEAR(fn->diff_results);
+  Py_CLEAR(fn->vjp_args);
+  Py_CLEAR(fn->vjp_results);
+  Py_CLEAR(fn->jvp_args);
+  Py_CLEAR(fn->jvp_results);
+  Py_CLEAR(fn->vjp);
+  Py_CLEAR(fn->jvp);
   Py_CLEAR(fn->owner); /* last: may dlclose the kernel's library */
   tp->tp_free(self);
   Py_DECREF(tp);
@@ -137,18 +250,31 @@ static void library_capsule_destructor(PyObject *cap) {
 static PyObject *py_load(PyObject *module, PyObject *const *args,
                          Py_ssize_t nargs, PyObject *kwnames) {
   PyObject *result = NULL, *path_bytes = NULL, *lib = NULL;
+  PyObject *vjp = NULL, *jvp = NULL;
   void *handle = NULL;
   dlb_module_state *st = (dlb_module_state *)PyModule_GetState(module);
   PyObject *path, *symbol, *sig;
-  if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
-    PyErr_SetString(PyExc_TypeError,
-                    "load() takes positional arguments only: "
-                    "load(path, symbol, signature)");
-    goto cleanup;
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; k++) {
+    PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+    PyObject **slot = PyUnicode_CompareWithASCIIString(key, "vjp") == 0
+                          ? &vjp
+                      : PyUnicode_CompareWithASCIIString(key, "jvp") == 0
+                          ? &jvp
+                          : NULL;
+    if (slot == NULL) {
+      PyErr_Format(PyExc_TypeError,
+                   "load() got an unexpected keyword argument %R: "
+                   "load(path, symbol, signature, *, vjp=None, jvp=None)",
+                   key);
+      goto cleanup;
+    }
+    *slot = args[nargs + k];
   }
   if (nargs != 3) {
     PyErr_Format(PyExc_TypeError,
-                 "load(path, symbol, signature) takes 3 arguments (%zd given)",
+                 "load(path, symbol, signature) takes 3 positional arguments "
+                 "(%zd given)",
                  nargs);
     goto cleanup;
   }
@@ -160,8 +286,6 @@ static PyObject *py_load(PyObject *module, PyObject *const *args,
                  Py_TYPE(symbol)->tp_name);
     goto cleanup;
   }
-  const char *sym = PyUnicode_AsUTF8(symbol);
-  if (sym == NULL) goto cleanup;
   if (!PyUnicode_FSConverter(path, &path_bytes)) goto cleanup;
   /* Parse first: a bad signature should not load code. */
   fn_object *fn = function_create(st->FunctionType, NULL, NULL, sig);
@@ -181,17 +305,10 @@ static PyObject *py_load(PyObject *module, PyObject *const *args,
     dlclose(handle);
     goto fail;
   }
-  dlerror();
-  void *ptr = dlsym(handle, sym);
-  const char *e = dlerror();
-  if (ptr == NULL) {
-    PyErr_Format(PyExc_ValueError, "symbol %R not found in %R: %s", symbol,
-                 path, e ? e : "the symbol is NULL");
-    goto fail;
-  }
-  memcpy(&fn->kernel, &ptr, sizeof fn->kernel);
-  fn->owner = lib;
-  lib = NULL;
+  if (kernel_from_symbol(handle, symbol, path, &fn->kernel) < 0) goto fail;
+  fn->owner = Py_NewRef(lib);
+  const kernel_source src = {handle, lib, path};
+  if (attach_derivatives(fn, vjp, jvp, &src) < 0) goto fail;
   goto cleanup;
 fail:
   Py_CLEAR(result);
@@ -362,6 +479,15 @@ cleanup:
   return result;
 }
 
+/* A derivative attribute (closure: its offset in fn_object): None when
+ * not declared. */
+static PyObject *get_or_none(PyObject *self, void *offset) {
+  PyObject *v = *(PyObject **)((char *)self + (uintptr_t)offset);
+  return Py_NewRef(v != NULL ? v : Py_None);
+}
+
+#define FN_FIELD(name) ((void *)(uintptr_t)offsetof(fn_object, name))
+
 static PyGetSetDef function_getset[] = {
     {"__signature__", get_signature, NULL,
      "inspect.Signature of the call: the inputs by name.", NULL},
@@ -370,13 +496,40 @@ static PyGetSetDef function_getset[] = {
     {"address", get_address, NULL, "Address of the kernel (int).", NULL},
     {"_identity", get_identity, NULL,
      "The Function's name in compiled graphs: '<name>_<hash of the "
-     "normalized signature>', the same in every process.", NULL},
+     "normalized signature and derivatives'>', the same in every "
+     "process.", NULL},
     {"_normalized_signature", get_normalized, NULL,
-     "The signature in one spelling (what _identity hashes).", NULL},
+     "The signature in one spelling (what _identity hashes, with the "
+     "derivatives' when declared).", NULL},
     {"_inputs", get_inputs, NULL,
      "(name, DType, ndim, mut) for each input.", NULL},
     {"_results", get_results, NULL,
      "(DType, ndim) for each declared result.", NULL},
+    {"_result_names", get_or_none, NULL,
+     "Each result's label: its name, or out / out<k>.",
+     FN_FIELD(result_names)},
+    {"_diff_inputs", get_or_none, NULL,
+     "The indices of the differentiable inputs (floating or complex, not "
+     "mut, not nodiff).",
+     FN_FIELD(diff_inputs)},
+    {"_diff_results", get_or_none, NULL,
+     "The indices of the differentiable results.", FN_FIELD(diff_results)},
+    {"_vjp", get_or_none, NULL, "The vjp Function, or None.", FN_FIELD(vjp)},
+    {"_jvp", get_or_none, NULL, "The jvp Function, or None.", FN_FIELD(jvp)},
+    {"_vjp_args", get_or_none, NULL,
+     "Per vjp parameter, what it receives: ('input', i), ('result', o) or "
+     "('cotangent', o); None without a vjp.",
+     FN_FIELD(vjp_args)},
+    {"_vjp_results", get_or_none, NULL,
+     "Per vjp result, the input it is the cotangent of; None without a vjp.",
+     FN_FIELD(vjp_results)},
+    {"_jvp_args", get_or_none, NULL,
+     "Per jvp parameter: ('input', i) or ('tangent', i); None without a "
+     "jvp.",
+     FN_FIELD(jvp_args)},
+    {"_jvp_results", get_or_none, NULL,
+     "Per jvp result, the result it is the tangent of; None without a jvp.",
+     FN_FIELD(jvp_results)},
     {"_dims", get_dims, NULL,
      "Each parameter's, then each result's extents as the signature writes "
      "them: an int for a literal, a str for a name.", NULL},
@@ -407,11 +560,13 @@ static PyType_Slot function_slots[] = {
     {Py_tp_getset, function_getset},
     {Py_tp_methods, function_methods},
     {Py_tp_doc,
-     "Function(kernel, signature)\n--\n\n"
+     "Function(kernel, signature, *, vjp=None, jvp=None)\n--\n\n"
      "A C kernel (dlb_kernel ABI) callable with any framework's tensors.  "
      "kernel is an int address or a PyCapsule named 'dlb_kernel'; signature "
      "is e.g. 'saxpy(a: float32, x: float32[n], y: mut float32[n])' or "
-     "'matmul(a: float32[m, k], b: float32[k, n]) -> float32[m, n]'."},
+     "'matmul(a: float32[m, k], b: float32[k, n]) -> float32[m, n]'.  vjp= "
+     "and jvp=: its derivatives, a Function or a (kernel, signature) pair "
+     "(docs/function.md, Gradients)."},
     {0, NULL},
 };
 
@@ -427,9 +582,11 @@ static PyType_Spec function_spec = {
 static PyMethodDef function_module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))py_load,
      METH_FASTCALL | METH_KEYWORDS,
-     "load(path, symbol, signature) -> Function\n\nLoad a kernel from a "
-     "shared library (dlopen with RTLD_NOW | RTLD_LOCAL).  The library stays "
-     "loaded while the Function lives."},
+     "load(path, symbol, signature, *, vjp=None, jvp=None) -> Function\n\n"
+     "Load a kernel from a shared library (dlopen with RTLD_NOW | "
+     "RTLD_LOCAL).  The library stays loaded while the Function lives.  "
+     "vjp= and jvp=: a Function, a symbol of the same library (its "
+     "signature derived) or a (symbol, signature) pair."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,7 +3,7 @@
  * not part of dlbridge_py.h's layering: a private header of the five
  * function_*.c / function.c files, included after dlbridge_py.h).
  *
- * A Function is five concerns, lowest first in the file map:
+ * A Function is six concerns, lowest first in the file map:
  *   function_sig.c   the signature: its parse into the records below, the
  *                    messages of a mismatch with it, its one spelling and
  *                    the identity compiled graphs name it by
@@ -16,6 +16,9 @@
  *   function_ops.c   what graph compilers ask of a Function (src/ops,
  *                    python/dlbridge/_ops_*.py): its records, the kernel
  *                    run without the GIL, the shape function
+ *   function_grad.c  its derivatives: the vjp/jvp Functions bound to it by
+ *                    name (the core's dlb_signature_bind), what each of
+ *                    their parameters receives
  *   function.c       the Python type: construction, load(), attributes
  * This header holds the object, the per-call frame, and the checks against
  * the signature that every caller makes inline.
@@ -61,6 +64,17 @@ typedef struct {
   PyObject *param_names; /* tuple of str, the inputs */
   PyObject *sym_names;   /* tuple of str */
   PyObject *owner;       /* keeps the kernel's code alive, or NULL */
+  PyObject *result_names; /* tuple of str: each result's label */
+  uint64_t named_results; /* bit o: result o was named in the signature */
+  PyObject *diff_inputs;  /* tuple of int: the differentiable inputs */
+  PyObject *diff_results; /* tuple of int: the differentiable results */
+  /* The derivatives (function_grad.c), NULL when not declared: the vjp and
+   * jvp Functions, and per derivative parameter what it receives -- a
+   * tuple of (kind, index), kind "input", "result", "cotangent" or
+   * "tangent" -- and per derivative result the primal input (vjp) or
+   * result (jvp) it is the derivative of. */
+  PyObject *vjp, *vjp_args, *vjp_results;
+  PyObject *jvp, *jvp_args, *jvp_results;
   PyObject *weakreflist;
 } fn_object;
 
@@ -198,8 +212,16 @@ typedef struct {
  * name/cname/param_names/sym_names/signature): 0, or -1 with ValueError/
  * TypeError/MemoryError. */
 int dlb__fn_compile_signature(fn_object *fn, PyObject *sig);
-/* The signature in one spelling (new reference), what the identity hashes. */
+/* The parse of signature text sig (a str) by the core, on the heap
+ * (PyMem_Free it); its names point into sig's UTF-8, valid while sig
+ * lives.  NULL with ValueError (a caret under the bad byte), TypeError or
+ * MemoryError. */
+dlb_signature *dlb__fn_parse(PyObject *sig);
+/* The signature in one spelling (new reference). */
 PyObject *dlb__fn_normalized_signature(const fn_object *fn);
+/* What the identity hashes and the registry compares: the normalised
+ * signature, then the vjp's and the jvp's when declared (new reference). */
+PyObject *dlb__fn_identity_text(const fn_object *fn);
 /* The messages of a mismatch with the signature, named as the eager call
  * names them; each returns -1 (NULL) with the exception set. */
 void dlb__fn_prefix_error(const fn_object *fn, int i);
@@ -230,6 +252,14 @@ int dlb__fn_refuse_overlap(const fn_object *fn, DLTensor *const *argv,
 /* function_call.c: the type's vectorcall. */
 PyObject *dlb__fn_vectorcall(PyObject *self, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames);
+
+/* function_grad.c.  The signature of kind (DLB_DERIVATIVE_VJP/JVP) derived
+ * from fn's (new reference), or NULL with ValueError. */
+PyObject *dlb__fn_derived_signature(const fn_object *fn, int kind);
+/* Bind deriv (a Function) as fn's derivative of kind: checked by name
+ * against fn's signature; 0, or -1 with ValueError naming the parameter
+ * (TypeError when deriv is not a Function). */
+int dlb__fn_bind_derivative(fn_object *fn, int kind, PyObject *deriv);
 
 /* function_ops.c: Function._result_specs and Function._refuse_overlap
  * (METH_O methods). */

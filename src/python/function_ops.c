@@ -29,8 +29,17 @@ const char *dlb__function_name(PyObject *self) {
   return ((const fn_object *)self)->cname;
 }
 
+/* The kernels, and the derivatives' (an identity covers the derivatives'
+ * signatures, not their kernels: addresses differ between processes). */
 int dlb__function_same_kernel(PyObject *a, PyObject *b) {
-  return ((const fn_object *)a)->kernel == ((const fn_object *)b)->kernel;
+  const fn_object *x = (const fn_object *)a, *y = (const fn_object *)b;
+  if (x->kernel != y->kernel) return 0;
+  PyObject *dx[2] = {x->vjp, x->jvp}, *dy[2] = {y->vjp, y->jvp};
+  for (int k = 0; k < 2; k++) {
+    if ((dx[k] == NULL) != (dy[k] == NULL)) return 0;
+    if (dx[k] != NULL && !dlb__function_same_kernel(dx[k], dy[k])) return 0;
+  }
+  return 1;
 }
 
 int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,

@@ -67,30 +67,81 @@ static PyObject *names_tuple(const char *const *w, const size_t *len,
   return t;
 }
 
-/* Parse sig into fn (fields params/dims/nin/nout/name/param_names/
- * sym_names).  0, or -1 with ValueError/TypeError/MemoryError. */
-int dlb__fn_compile_signature(fn_object *fn, PyObject *sig) {
-  int rc = -1;
-  dlb_signature *p = NULL;
+dlb_signature *dlb__fn_parse(PyObject *sig) {
   dlb_error err;
   if (!PyUnicode_Check(sig)) {
     PyErr_Format(PyExc_TypeError, "signature must be a str, not %.100s",
                  Py_TYPE(sig)->tp_name);
-    goto cleanup;
+    return NULL;
   }
   Py_ssize_t len;
   const char *s = PyUnicode_AsUTF8AndSize(sig, &len);
-  if (s == NULL) goto cleanup;
-  /* The parse is large (every possible dim); it lives only here. */
-  p = (dlb_signature *)PyMem_Calloc(1, sizeof *p);
+  if (s == NULL) return NULL;
+  /* The parse is large (every possible dim); it lives only as long as its
+   * caller needs it. */
+  dlb_signature *p = (dlb_signature *)PyMem_Calloc(1, sizeof *p);
   if (p == NULL) {
     PyErr_NoMemory();
-    goto cleanup;
+    return NULL;
   }
   if (dlb_signature_parse(s, (size_t)len, p, &err) != DLB_OK) {
     raise_parse_error(sig, p);
-    goto cleanup;
+    PyMem_Free(p);
+    return NULL;
   }
+  return p;
+}
+
+/* The labels of p's results (tuple of str). */
+static PyObject *result_labels(const dlb_signature *p) {
+  PyObject *t = PyTuple_New(p->nparams - p->nin);
+  for (int i = p->nin; t != NULL && i < p->nparams; i++) {
+    /* a name as written (of any length); out / out<k> otherwise */
+    char label[32];
+    PyObject *s =
+        p->param_name_len[i] > 0
+            ? PyUnicode_FromStringAndSize(p->param_name[i],
+                                          (Py_ssize_t)p->param_name_len[i])
+            : PyUnicode_FromStringAndSize(
+                  label, (Py_ssize_t)dlb_signature_param_label(
+                             p, i, label, sizeof label));
+    if (s == NULL) {
+      Py_CLEAR(t);
+      break;
+    }
+    PyUnicode_InternInPlace(&s);
+    PyTuple_SET_ITEM(t, i - p->nin, s);
+  }
+  return t;
+}
+
+/* The indices (counted from first) of p's differentiable parameters or
+ * results in [first, end), as a tuple of int. */
+static PyObject *differentiable(const dlb_signature *p, int first, int end) {
+  PyObject *list = PyList_New(0), *t = NULL;
+  if (list == NULL) return NULL;
+  for (int i = first; i < end; i++) {
+    if (!dlb_signature_differentiable(p, i)) continue;
+    PyObject *k = PyLong_FromLong(i - first);
+    if (k == NULL || PyList_Append(list, k) < 0) {
+      Py_XDECREF(k);
+      goto cleanup;
+    }
+    Py_DECREF(k);
+  }
+  t = PyList_AsTuple(list);
+cleanup:
+  Py_DECREF(list);
+  return t;
+}
+
+/* Parse sig into fn (fields params/dims/memos/nin/nout/name/cname/
+ * param_names/sym_names/result_names/diff_inputs/diff_results/signature).
+ * 0, or -1 with ValueError/TypeError/MemoryError. */
+int dlb__fn_compile_signature(fn_object *fn, PyObject *sig) {
+  int rc = -1;
+  dlb_signature *p = dlb__fn_parse(sig);
+  if (p == NULL) goto cleanup;
   size_t bytes = (size_t)p->nparams * sizeof(fn_param) +
                  (size_t)p->ndims * sizeof(fn_dim);
   fn->params = (fn_param *)PyMem_Malloc(bytes ? bytes : 1);
@@ -125,6 +176,16 @@ int dlb__fn_compile_signature(fn_object *fn, PyObject *sig) {
   if (fn->param_names == NULL) goto cleanup;
   fn->sym_names = names_tuple(p->sym, p->sym_len, p->nsyms);
   if (fn->sym_names == NULL) goto cleanup;
+  fn->result_names = result_labels(p);
+  if (fn->result_names == NULL) goto cleanup;
+  fn->named_results = 0;
+  for (int i = p->nin; i < p->nparams; i++)
+    if (p->param_name_len[i] > 0)
+      fn->named_results |= UINT64_C(1) << (i - p->nin);
+  fn->diff_inputs = differentiable(p, 0, p->nin);
+  if (fn->diff_inputs == NULL) goto cleanup;
+  fn->diff_results = differentiable(p, p->nin, p->nparams);
+  if (fn->diff_results == NULL) goto cleanup;
   fn->signature = Py_NewRef(sig);
   rc = 0;
 cleanup:
@@ -205,9 +266,9 @@ static PyObject *param_text(const fn_object *fn, const fn_param *p,
                             PyObject *name) {
   char dtype[DLB_DESCRIBE_MAX];
   dlb__dtype_str(p->dtype, dtype, sizeof dtype);
-  PyObject *text = name ? PyUnicode_FromFormat("%U: %s%s", name,
-                                               p->mut ? "mut " : "", dtype)
-                        : PyUnicode_FromString(dtype);
+  const char *mark = p->mut ? "mut " : p->nodiff ? "nodiff " : "";
+  PyObject *text = name ? PyUnicode_FromFormat("%U: %s%s", name, mark, dtype)
+                        : PyUnicode_FromFormat("%s%s", mark, dtype);
   if (text == NULL || p->ndim == 0) return text;
   const fn_dim *d = &fn->dims[p->dim0];
   for (int a = 0; a < p->ndim && text != NULL; a++, d++) {
@@ -231,7 +292,9 @@ static PyObject *param_text(const fn_object *fn, const fn_param *p,
 }
 
 /* The signature in one spelling, whatever spacing it was written with:
- * "name(x: float32[n], y: mut float32[n]) -> (float32[n])". */
+ * "name(x: float32[n], y: mut float32[n]) -> (float32[n])"; a named
+ * result keeps its name ("-> (y: float32[n])"): a derivative binds by
+ * it. */
 PyObject *dlb__fn_normalized_signature(const fn_object *fn) {
   PyObject *result = NULL, *ins = NULL, *outs = NULL, *sep = NULL;
   ins = PyList_New(0);
@@ -240,7 +303,13 @@ PyObject *dlb__fn_normalized_signature(const fn_object *fn) {
   if (ins == NULL || outs == NULL || sep == NULL) goto cleanup;
   for (int i = 0; i < fn->nin + fn->nout; i++) {
     PyObject *text = param_text(fn, &fn->params[i],
-                                i < fn->nin ? pname(fn, i) : NULL);
+                                i < fn->nin ? pname(fn, i)
+                                            : (fn->named_results >>
+                                               (i - fn->nin)) & 1
+                                                  ? PyTuple_GET_ITEM(
+                                                        fn->result_names,
+                                                        i - fn->nin)
+                                                  : NULL);
     if (text == NULL ||
         PyList_Append(i < fn->nin ? ins : outs, text) < 0) {
       Py_XDECREF(text);
@@ -260,8 +329,27 @@ cleanup:
   return result;
 }
 
+/* "<forward>; vjp <vjp's>; jvp <jvp's>", each part only when declared:
+ * two Functions with one forward and other derivatives are two
+ * identities. */
+PyObject *dlb__fn_identity_text(const fn_object *fn) {
+  PyObject *text = dlb__fn_normalized_signature(fn);
+  const char *label[2] = {"vjp", "jvp"};
+  PyObject *deriv[2] = {fn->vjp, fn->jvp};
+  for (int k = 0; k < 2 && text != NULL; k++) {
+    if (deriv[k] == NULL) continue;
+    PyObject *part =
+        dlb__fn_normalized_signature((const fn_object *)deriv[k]);
+    PyObject *joined =
+        part ? PyUnicode_FromFormat("%U; %s %U", text, label[k], part) : NULL;
+    Py_XDECREF(part);
+    Py_SETREF(text, joined);
+  }
+  return text;
+}
+
 PyObject *dlb__function_normalized(PyObject *self) {
-  return dlb__fn_normalized_signature((const fn_object *)self);
+  return dlb__fn_identity_text((const fn_object *)self);
 }
 
 /* The identity's hash: FNV-1a over the normalised signature's UTF-8, all
@@ -285,7 +373,7 @@ PyObject *dlb__function_identity(PyObject *self) {
   fn_object *fn = (fn_object *)self;
   PyObject *made = DLB_FT_LOAD_PTR(&fn->identity);
   if (made != NULL) return Py_NewRef(made);
-  PyObject *text = dlb__fn_normalized_signature(fn);
+  PyObject *text = dlb__fn_identity_text(fn);
   if (text == NULL) return NULL;
   Py_ssize_t len;
   const char *utf8 = PyUnicode_AsUTF8AndSize(text, &len);

@@ -76,6 +76,7 @@ def lib(tmp_path_factory):
     srcs = sorted(str(p) for p in (ROOT / "examples" / "kernels").glob("*.c"))
     srcs += sorted(str(p) for p in (ROOT / "src" / "core").glob("*.c"))
     subprocess.run([cc, "-shared", "-fPIC", "-std=c11", "-O1",
-                    "-I" + str(ROOT / "include"), *srcs, "-o", str(out)],
+                    "-I" + str(ROOT / "include"), *srcs, "-o", str(out),
+                    "-lm"],
                    check=True)
     return str(out)
