@@ -424,6 +424,22 @@ int dlb_signature_derive(const dlb_signature *primal, int kind, char *buf,
   build(t, primal, kind);
   rc = check_clashes(primal, t, kind, err);
   if (rc != DLB_OK) goto cleanup;
+  /* The derived signature is a signature: at most 64 parameters and
+   * results, which every input plus the derivatives may exceed. */
+  int count = primal->nin;
+  for (int k = 0; k < t->n; k++)
+    count += t->e[k].live && t->e[k].kind == DLB_BIND_DERIVATIVE;
+  if (count > DLB_SIGNATURE_MAX_PARAMS) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "%.*s: its derived %s would have %d parameters and "
+                       "results, more than %d (spell one that takes fewer "
+                       "inputs)",
+                       (int)(primal->name_len < 64 ? primal->name_len : 64),
+                       primal->name,
+                       kind == DLB_DERIVATIVE_VJP ? "vjp" : "jvp", count,
+                       DLB_SIGNATURE_MAX_PARAMS);
+    goto cleanup;
+  }
   text_out o = {buf, cap, 0};
   put(&o, primal->name, primal->name_len);
   put_str(&o, kind == DLB_DERIVATIVE_VJP ? "_vjp(" : "_jvp(");

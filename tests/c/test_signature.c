@@ -461,8 +461,24 @@ static void test_derive_refusals(void) {
   check_derive_refused("f(x: float32, out1: float32) -> (float32, float32)", J,
                        "f: the jvp cannot bind 'out1' by name: it is both input "
                        "'out1' and result 'out1' (rename one)");
-  /* the same clash is fine for the kind it does not concern */
+  /* the derived signature must itself fit: 32 inputs, 1 result -> 65 */
+  static char wide[2048];
+  size_t n = (size_t)snprintf(wide, sizeof wide, "w(");
+  for (int i = 0; i < 32; i++)
+    n += (size_t)snprintf(wide + n, sizeof wide - n, "x%d: float32, ", i);
+  snprintf(wide + n, sizeof wide - n, ") -> float32");
+  check_derive_refused(wide, V,
+                       "w: its derived vjp would have 65 parameters and results, "
+                       "more than 64 (spell one that takes fewer inputs)");
+  check_derive_refused(wide, J,
+                       "w: its derived jvp would have 65 parameters and results, "
+                       "more than 64 (spell one that takes fewer inputs)");
+  memcpy(strstr(wide, "x31: float32"), "x31: int64  ", 12); /* 32 + 1 + 31 */
   dlb_error err;
+  CHECK(derive(wide, V, &err) != NULL);
+  CHECK_EQ(dlb_signature_parse(dtext, strlen(dtext), &der, &err), DLB_OK);
+  CHECK_EQ(der.nparams, 64);
+  /* the same clash is fine for the kind it does not concern */
   CHECK(derive("f(x: float32, dx: float32) -> float32", J, &err) != NULL);
   CHECK(derive("f(x: float32, tx: float32) -> float32", V, &err) != NULL);
 }
