@@ -355,6 +355,12 @@ static void test_derive(void) {
                "tw: bfloat16, tq: float16[7, n]) -> (tout0: float32[n], "
                "ts: float64[3, n])",
                "I0 I1 I2 D1 D2 -> 0 3");
+  /* a result named like a derived result is looked up apart from it */
+  check_derive("f(x: float32) -> (dx: float32)", V,
+               "f_vjp(x: float32, ddx: float32) -> (dx: float32)", "I0 D0 -> 0");
+  check_derive("f(x: float32) -> (y: float32, ty: float32)", J,
+               "f_jvp(x: float32, tx: float32) -> (ty: float32, tty: float32)",
+               "I0 D0 -> 0 1");
   /* a vector dtype spells as dlb_dtype_name writes it */
   check_derive("v(x: float32x4[n]) -> float32x4[n]", V,
                "v_vjp(x: float32x4[n], dout: float32x4[n]) -> (dx: float32x4[n])",
@@ -448,9 +454,10 @@ static void test_derive_refusals(void) {
   check_derive_refused("f(x: float32, tx: float32) -> float32", J,
                        "f: the jvp cannot bind 'tx' by name: it is both input "
                        "'tx' and the tangent of input 'x' (rename one)");
-  check_derive_refused("f(x: float32) -> (y: float32, ty: float32)", J,
-                       "f: the jvp cannot bind 'ty' by name: it is both the "
-                       "tangent of result 'y' and result 'ty' (rename one)");
+  /* a jvp may take results: t<input> must not name one */
+  check_derive_refused("f(x: float32) -> (tx: float32)", J,
+                       "f: the jvp cannot bind 'tx' by name: it is both the "
+                       "tangent of input 'x' and result 'tx' (rename one)");
   check_derive_refused("f(x: float32) -> (y: float32, dy: float32)", V,
                        "f: the vjp cannot bind 'dy' by name: it is both the "
                        "cotangent of result 'y' and result 'dy' (rename one)");
