@@ -158,6 +158,8 @@ static void test_grammar_grad_errors(void) {
       {"f(x: float32) -> (y float32)", "unknown dtype 'y'", 18},
       {"f(x: float32) -> (float32 y)", "expected ',' or ')' after a result type", 26},
       {"f(x: float32) -> (y: nope)", "unknown dtype 'nope'", 21},
+      {"f(x: float32) -> y: float32 z", "unexpected text after the signature", 28},
+      {"f(x: float32[n, ]) -> float32", "expected a dimension (a name or an integer)", 16},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     dlb_error err;
@@ -170,6 +172,16 @@ static void test_grammar_grad_errors(void) {
         sig.error_pos != bad[i].at)
       fprintf(stderr, "  in: %s (at %zu)\n", bad[i].text, sig.error_pos);
   }
+  /* 64 parameters and results at most, named results counted */
+  static char many[2048];
+  size_t n = (size_t)snprintf(many, sizeof many, "f(x: float32) -> (");
+  for (int i = 0; i < 64; i++)
+    n += (size_t)snprintf(many + n, sizeof many - n, "r%d: float32, ", i);
+  snprintf(many + n, sizeof many - n, ")");
+  dlb_error err;
+  CHECK_EQ(dlb_signature_parse(many, strlen(many), &sig, &err), DLB_EINVAL);
+  CHECK_STREQ(sig.message, "too many parameters (at most 64 with the results)");
+  CHECK_EQ(sig.error_pos, strstr(many, "r63:") - many);
 }
 
 /* ---- differentiable, labels ------------------------------------------------- */
@@ -405,6 +417,35 @@ static void test_derive_overflow(void) {
            DLB_EINVAL);
   CHECK_EQ(dlb_signature_derive(&sig, 7, small, 16, &len, &err), DLB_EINVAL);
   CHECK_MSG(err, "DLB_DERIVATIVE_");
+}
+
+/* Each of derive and bind allocates one scratch block: its failure is
+ * DLB_ENOMEM, and nothing leaks either way. */
+static void test_grad_allocation(void) {
+  dlb_error err;
+  char buf[256];
+  size_t len;
+  dlb_signature_binding b;
+  const char *ps = "s(a: float64) -> (y: float64)";
+  const char *ds = "v(a: float64, dy: float64) -> (da: float64)";
+  CHECK_EQ(dlb_signature_parse(ps, strlen(ps), &prim, &err), DLB_OK);
+  CHECK_EQ(dlb_signature_parse(ds, strlen(ds), &der, &err), DLB_OK);
+  failing_allocator_install(0);
+  CHECK_EQ(dlb_signature_derive(&prim, DLB_DERIVATIVE_VJP, buf, sizeof buf, &len,
+                                &err),
+           DLB_ENOMEM);
+  CHECK_MSG(err, "out of memory");
+  CHECK_EQ(dlb_signature_bind(&prim, &der, DLB_DERIVATIVE_VJP, &b, &err), DLB_ENOMEM);
+  CHECK_MSG(err, "out of memory");
+  CHECK_EQ(failing_allocator_live(), 0);
+  failing_allocator_install(-1);
+  CHECK_EQ(dlb_signature_derive(&prim, DLB_DERIVATIVE_VJP, buf, sizeof buf, &len,
+                                &err),
+           DLB_OK);
+  CHECK_EQ(dlb_signature_bind(&prim, &der, DLB_DERIVATIVE_VJP, &b, &err), DLB_OK);
+  CHECK_EQ(failing_allocator_total(), 2);
+  CHECK_EQ(failing_allocator_live(), 0);
+  failing_allocator_remove();
 }
 
 static void check_derive_refused(const char *primal, int kind, const char *want) {
@@ -715,6 +756,7 @@ int main(void) {
   test_labels();
   test_derive();
   test_derive_overflow();
+  test_grad_allocation();
   test_derive_refusals();
   test_bind_spelled();
   test_bind_refusals();
