@@ -424,7 +424,7 @@ int dlb_signature_derive(const dlb_signature *primal, int kind, char *buf,
   }
   rc = check_primal(primal, kind, err);
   if (rc != DLB_OK) goto cleanup;
-  /* ~9 KB: off the stack of whatever thread derives */
+  /* ~6 KB: off the stack of whatever thread derives */
   t = (name_table *)dlb__alloc(sizeof *t);
   if (t == NULL) {
     rc = dlb_error_set(err, DLB_ENOMEM,
