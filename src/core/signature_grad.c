@@ -371,18 +371,28 @@ static int check_primal(const dlb_signature *s, int kind, dlb_error *err) {
 
 /* ---- derive ---------------------------------------------------------------- */
 
-/* The names the derived signature writes (every input, the live
- * derivatives) must each mean one thing, or its binding would be
- * ambiguous, or its text would not even parse (a result named like a
- * parameter). */
+/* Whether the derived signature writes e: every input, every live
+ * derivative (the primal's results are not passed). */
+static int written(const name_entry *e) {
+  return e->live && e->kind != DLB_BIND_RESULT;
+}
+
+/* The names the derived signature writes must each mean one thing on
+ * their side (a parameter named like a result of the primal would bind
+ * ambiguously), and no parameter of it may be named like one of its
+ * results (the text would not parse).  A result of the primal named like
+ * a derived result is harmless: parameters and results are looked up
+ * apart. */
 static int check_clashes(const dlb_signature *s, const name_table *t,
                          int kind, dlb_error *err) {
   for (int a = 0; a < t->n; a++) {
     const name_entry *e = &t->e[a];
-    if (!e->live || e->kind == DLB_BIND_RESULT) continue; /* not written */
+    if (!written(e)) continue;
     for (int b = 0; b < t->n; b++) {
       const name_entry *f = &t->e[b];
-      if (b == a || !f->live || !same_name(e, f)) continue;
+      if (b == a || !f->live || (f->side != e->side && !written(f)) ||
+          !same_name(e, f))
+        continue;
       message m;
       text_out *mo = begin(&m, s);
       put_str(mo, "the ");
@@ -414,7 +424,7 @@ int dlb_signature_derive(const dlb_signature *primal, int kind, char *buf,
   }
   rc = check_primal(primal, kind, err);
   if (rc != DLB_OK) goto cleanup;
-  /* ~9 KB: off the stack of whatever thread derives */
+  /* ~6 KB: off the stack of whatever thread derives */
   t = (name_table *)dlb__alloc(sizeof *t);
   if (t == NULL) {
     rc = dlb_error_set(err, DLB_ENOMEM,
@@ -424,6 +434,22 @@ int dlb_signature_derive(const dlb_signature *primal, int kind, char *buf,
   build(t, primal, kind);
   rc = check_clashes(primal, t, kind, err);
   if (rc != DLB_OK) goto cleanup;
+  /* The derived signature is a signature: at most 64 parameters and
+   * results, which every input plus the derivatives may exceed. */
+  int count = primal->nin;
+  for (int k = 0; k < t->n; k++)
+    count += t->e[k].live && t->e[k].kind == DLB_BIND_DERIVATIVE;
+  if (count > DLB_SIGNATURE_MAX_PARAMS) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "%.*s: its derived %s would have %d parameters and "
+                       "results, more than %d (spell one that takes fewer "
+                       "inputs)",
+                       (int)(primal->name_len < 64 ? primal->name_len : 64),
+                       primal->name,
+                       kind == DLB_DERIVATIVE_VJP ? "vjp" : "jvp", count,
+                       DLB_SIGNATURE_MAX_PARAMS);
+    goto cleanup;
+  }
   text_out o = {buf, cap, 0};
   put(&o, primal->name, primal->name_len);
   put_str(&o, kind == DLB_DERIVATIVE_VJP ? "_vjp(" : "_jvp(");
@@ -431,8 +457,7 @@ int dlb_signature_derive(const dlb_signature *primal, int kind, char *buf,
   for (int side = SIDE_PARAM; side <= SIDE_RESULT; side++) {
     for (int k = 0; k < t->n; k++) {
       const name_entry *e = &t->e[k];
-      if (e->side != side || e->kind == DLB_BIND_RESULT || !e->live)
-        continue;
+      if (e->side != side || !written(e)) continue;
       if (nput++ > 0) put_str(&o, ", ");
       put_entry_name(&o, e);
       put_str(&o, ": ");

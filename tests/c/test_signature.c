@@ -158,6 +158,8 @@ static void test_grammar_grad_errors(void) {
       {"f(x: float32) -> (y float32)", "unknown dtype 'y'", 18},
       {"f(x: float32) -> (float32 y)", "expected ',' or ')' after a result type", 26},
       {"f(x: float32) -> (y: nope)", "unknown dtype 'nope'", 21},
+      {"f(x: float32) -> y: float32 z", "unexpected text after the signature", 28},
+      {"f(x: float32[n, ]) -> float32", "expected a dimension (a name or an integer)", 16},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     dlb_error err;
@@ -170,6 +172,16 @@ static void test_grammar_grad_errors(void) {
         sig.error_pos != bad[i].at)
       fprintf(stderr, "  in: %s (at %zu)\n", bad[i].text, sig.error_pos);
   }
+  /* 64 parameters and results at most, named results counted */
+  static char many[2048];
+  size_t n = (size_t)snprintf(many, sizeof many, "f(x: float32) -> (");
+  for (int i = 0; i < 64; i++)
+    n += (size_t)snprintf(many + n, sizeof many - n, "r%d: float32, ", i);
+  snprintf(many + n, sizeof many - n, ")");
+  dlb_error err;
+  CHECK_EQ(dlb_signature_parse(many, strlen(many), &sig, &err), DLB_EINVAL);
+  CHECK_STREQ(sig.message, "too many parameters (at most 64 with the results)");
+  CHECK_EQ(sig.error_pos, strstr(many, "r63:") - many);
 }
 
 /* ---- differentiable, labels ------------------------------------------------- */
@@ -355,6 +367,12 @@ static void test_derive(void) {
                "tw: bfloat16, tq: float16[7, n]) -> (tout0: float32[n], "
                "ts: float64[3, n])",
                "I0 I1 I2 D1 D2 -> 0 3");
+  /* a result named like a derived result is looked up apart from it */
+  check_derive("f(x: float32) -> (dx: float32)", V,
+               "f_vjp(x: float32, ddx: float32) -> (dx: float32)", "I0 D0 -> 0");
+  check_derive("f(x: float32) -> (y: float32, ty: float32)", J,
+               "f_jvp(x: float32, tx: float32) -> (ty: float32, tty: float32)",
+               "I0 D0 -> 0 1");
   /* a vector dtype spells as dlb_dtype_name writes it */
   check_derive("v(x: float32x4[n]) -> float32x4[n]", V,
                "v_vjp(x: float32x4[n], dout: float32x4[n]) -> (dx: float32x4[n])",
@@ -399,6 +417,35 @@ static void test_derive_overflow(void) {
            DLB_EINVAL);
   CHECK_EQ(dlb_signature_derive(&sig, 7, small, 16, &len, &err), DLB_EINVAL);
   CHECK_MSG(err, "DLB_DERIVATIVE_");
+}
+
+/* Each of derive and bind allocates one scratch block: its failure is
+ * DLB_ENOMEM, and nothing leaks either way. */
+static void test_grad_allocation(void) {
+  dlb_error err;
+  char buf[256];
+  size_t len;
+  dlb_signature_binding b;
+  const char *ps = "s(a: float64) -> (y: float64)";
+  const char *ds = "v(a: float64, dy: float64) -> (da: float64)";
+  CHECK_EQ(dlb_signature_parse(ps, strlen(ps), &prim, &err), DLB_OK);
+  CHECK_EQ(dlb_signature_parse(ds, strlen(ds), &der, &err), DLB_OK);
+  failing_allocator_install(0);
+  CHECK_EQ(dlb_signature_derive(&prim, DLB_DERIVATIVE_VJP, buf, sizeof buf, &len,
+                                &err),
+           DLB_ENOMEM);
+  CHECK_MSG(err, "out of memory");
+  CHECK_EQ(dlb_signature_bind(&prim, &der, DLB_DERIVATIVE_VJP, &b, &err), DLB_ENOMEM);
+  CHECK_MSG(err, "out of memory");
+  CHECK_EQ(failing_allocator_live(), 0);
+  failing_allocator_install(-1);
+  CHECK_EQ(dlb_signature_derive(&prim, DLB_DERIVATIVE_VJP, buf, sizeof buf, &len,
+                                &err),
+           DLB_OK);
+  CHECK_EQ(dlb_signature_bind(&prim, &der, DLB_DERIVATIVE_VJP, &b, &err), DLB_OK);
+  CHECK_EQ(failing_allocator_total(), 2);
+  CHECK_EQ(failing_allocator_live(), 0);
+  failing_allocator_remove();
 }
 
 static void check_derive_refused(const char *primal, int kind, const char *want) {
@@ -448,9 +495,10 @@ static void test_derive_refusals(void) {
   check_derive_refused("f(x: float32, tx: float32) -> float32", J,
                        "f: the jvp cannot bind 'tx' by name: it is both input "
                        "'tx' and the tangent of input 'x' (rename one)");
-  check_derive_refused("f(x: float32) -> (y: float32, ty: float32)", J,
-                       "f: the jvp cannot bind 'ty' by name: it is both the "
-                       "tangent of result 'y' and result 'ty' (rename one)");
+  /* a jvp may take results: t<input> must not name one */
+  check_derive_refused("f(x: float32) -> (tx: float32)", J,
+                       "f: the jvp cannot bind 'tx' by name: it is both the "
+                       "tangent of input 'x' and result 'tx' (rename one)");
   check_derive_refused("f(x: float32) -> (y: float32, dy: float32)", V,
                        "f: the vjp cannot bind 'dy' by name: it is both the "
                        "cotangent of result 'y' and result 'dy' (rename one)");
@@ -461,8 +509,24 @@ static void test_derive_refusals(void) {
   check_derive_refused("f(x: float32, out1: float32) -> (float32, float32)", J,
                        "f: the jvp cannot bind 'out1' by name: it is both input "
                        "'out1' and result 'out1' (rename one)");
-  /* the same clash is fine for the kind it does not concern */
+  /* the derived signature must itself fit: 32 inputs, 1 result -> 65 */
+  static char wide[2048];
+  size_t n = (size_t)snprintf(wide, sizeof wide, "w(");
+  for (int i = 0; i < 32; i++)
+    n += (size_t)snprintf(wide + n, sizeof wide - n, "x%d: float32, ", i);
+  snprintf(wide + n, sizeof wide - n, ") -> float32");
+  check_derive_refused(wide, V,
+                       "w: its derived vjp would have 65 parameters and results, "
+                       "more than 64 (spell one that takes fewer inputs)");
+  check_derive_refused(wide, J,
+                       "w: its derived jvp would have 65 parameters and results, "
+                       "more than 64 (spell one that takes fewer inputs)");
+  memcpy(strstr(wide, "x31: float32"), "x31: int64  ", 12); /* 32 + 1 + 31 */
   dlb_error err;
+  CHECK(derive(wide, V, &err) != NULL);
+  CHECK_EQ(dlb_signature_parse(dtext, strlen(dtext), &der, &err), DLB_OK);
+  CHECK_EQ(der.nparams, 64);
+  /* the same clash is fine for the kind it does not concern */
   CHECK(derive("f(x: float32, dx: float32) -> float32", J, &err) != NULL);
   CHECK(derive("f(x: float32, tx: float32) -> float32", V, &err) != NULL);
 }
@@ -692,6 +756,7 @@ int main(void) {
   test_labels();
   test_derive();
   test_derive_overflow();
+  test_grad_allocation();
   test_derive_refusals();
   test_bind_spelled();
   test_bind_refusals();

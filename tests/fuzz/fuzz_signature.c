@@ -1,14 +1,25 @@
 /*
  * fuzz_signature.c -- libFuzzer target for dlb_signature_parse, the
- * signature language of dlb_kernel functions (dlbridge.Function).
+ * signature language of dlb_kernel functions (dlbridge.Function), and for
+ * the derivatives of a signature (dlb_signature_derive, _bind, _label).
  *
- * The input is the signature text itself, copied into an exactly sized
- * heap block with no NUL after it (the parser takes a length), so
+ * The input is "PRIMAL" or "PRIMAL;DERIV": each copied into an exactly
+ * sized heap block with no NUL after it (the parser takes a length), so
  * AddressSanitizer catches any read past its end.  Whatever parses must be
  * self-consistent: counts within the record arrays, every parameter's dim
  * records inside dims[], every dim that checks a name pointing at an
  * earlier (parameter, axis) that exists, every name inside the text.  A
  * failure must carry a message and an error offset within the text.
+ *
+ * Then, for the vjp and the jvp of every primal that parses: its derived
+ * signature is either refused (EINVAL with a message) or text of exactly
+ * the length it reports (asked for with no buffer first, then written
+ * into a block of exactly that size) that parses and binds back to the
+ * primal with exactly the derived records (every input, then one
+ * derivative per differentiable result or input, in order).  DERIV, and
+ * the primal itself, are bound too: refused with a message, or records
+ * whose every index is in range and names something differentiable where
+ * it must, with every differentiable derivative taken and returned once.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -21,51 +32,189 @@ static void check_name(const dlb_signature *s, const char *p, size_t n) {
   if (p < s->text || n > s->length || p + n > s->text + s->length) abort();
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static dlb_signature sig; /* ~130 KB: not on the stack */
-  char *text = malloc(size ? size : 1);
-  if (text == NULL) return 0;
-  memcpy(text, data, size);
-  dlb_error err;
-  int rc = dlb_signature_parse(text, size, &sig, &err);
-  if (rc != DLB_OK) {
-    if (rc != DLB_EINVAL || sig.message == NULL || sig.error_pos > size ||
-        memchr(err.message, '\0', sizeof err.message) == NULL)
+static void check_message(const dlb_error *err) {
+  if (memchr(err->message, '\0', sizeof err->message) == NULL ||
+      err->message[0] == '\0')
+    abort();
+}
+
+/* Parse and check one signature's records; 1 when it parsed. */
+static int parse_checked(const char *text, size_t size, dlb_signature *s);
+
+/* A binding's records against primal p and derivative d of kind. */
+static void check_binding(const dlb_signature *p, const dlb_signature *d,
+                          int kind, const dlb_signature_binding *b) {
+  const int vjp = kind == DLB_DERIVATIVE_VJP, nres = p->nparams - p->nin;
+  uint8_t taken[DLB_SIGNATURE_MAX_PARAMS] = {0}, given[DLB_SIGNATURE_MAX_PARAMS] = {0};
+  if (b->nargs != d->nin || b->nresults != d->nparams - d->nin) abort();
+  for (int k = 0; k < b->nargs; k++) {
+    int i = b->arg[k].index;
+    switch (b->arg[k].kind) {
+      case DLB_BIND_INPUT:
+        if (i < 0 || i >= p->nin) abort();
+        break;
+      case DLB_BIND_RESULT:
+        if (i < 0 || i >= nres) abort();
+        break;
+      case DLB_BIND_DERIVATIVE: {
+        int prim = vjp ? p->nin + i : i;
+        if (i < 0 || i >= (vjp ? nres : p->nin) ||
+            !dlb_signature_differentiable(p, prim) || taken[prim]++)
+          abort();
+        break;
+      }
+      default:
+        abort();
+    }
+  }
+  for (int k = 0; k < b->nresults; k++) {
+    int i = b->result[k], prim = vjp ? i : p->nin + i;
+    if (i < 0 || i >= (vjp ? p->nin : nres) ||
+        !dlb_signature_differentiable(p, prim) || given[prim]++)
       abort();
+  }
+  for (int i = 0; i < p->nparams; i++)
+    if (dlb_signature_differentiable(p, i) &&
+        ((i < p->nin) == vjp ? !given[i] : !taken[i]))
+      abort(); /* a differentiable derivative missing */
+}
+
+/* The derived signature of kind: refused, or text that parses and binds
+ * back with the derived records. */
+static void check_derived(const dlb_signature *p, int kind) {
+  static dlb_signature d;
+  dlb_error err;
+  size_t need = 0, len = 0;
+  int rc = dlb_signature_derive(p, kind, NULL, 0, &need, &err);
+  if (rc == DLB_EINVAL) {
+    check_message(&err);
+    return;
+  }
+  if (rc != DLB_EOVERFLOW) abort();
+  char *text = malloc(need + 1);
+  if (text == NULL) return;
+  if (dlb_signature_derive(p, kind, text, need + 1, &len, &err) != DLB_OK ||
+      len != need || strlen(text) != need)
+    abort();
+  /* exactly sized, no NUL, as the fuzzed text */
+  char *exact = malloc(need ? need : 1);
+  if (exact == NULL) {
     free(text);
+    return;
+  }
+  memcpy(exact, text, need);
+  free(text);
+  dlb_signature_binding b;
+  if (!parse_checked(exact, need, &d) ||
+      dlb_signature_bind(p, &d, kind, &b, &err) != DLB_OK)
+    abort();
+  check_binding(p, &d, kind, &b);
+  /* the derived records: every input in order, then the derivatives */
+  const int vjp = kind == DLB_DERIVATIVE_VJP;
+  int k = 0;
+  for (int i = 0; i < p->nin; i++, k++)
+    if (b.arg[k].kind != DLB_BIND_INPUT || b.arg[k].index != i) abort();
+  for (int i = vjp ? p->nin : 0; i < (vjp ? p->nparams : p->nin); i++)
+    if (dlb_signature_differentiable(p, i)) {
+      if (b.arg[k].kind != DLB_BIND_DERIVATIVE ||
+          b.arg[k].index != (vjp ? i - p->nin : i))
+        abort();
+      k++;
+    }
+  if (k != b.nargs) abort();
+  free(exact);
+}
+
+static void check_bound(const dlb_signature *p, const dlb_signature *d) {
+  for (int kind = DLB_DERIVATIVE_VJP; kind <= DLB_DERIVATIVE_JVP; kind++) {
+    dlb_signature_binding b;
+    dlb_error err;
+    int rc = dlb_signature_bind(p, d, kind, &b, &err);
+    if (rc == DLB_OK)
+      check_binding(p, d, kind, &b);
+    else if (rc == DLB_EINVAL)
+      check_message(&err);
+    else
+      abort();
+  }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  static dlb_signature sig, deriv; /* ~130 KB each: not on the stack */
+  const uint8_t *semi = memchr(data, ';', size);
+  size_t n1 = semi ? (size_t)(semi - data) : size;
+  char *text = malloc(n1 ? n1 : 1);
+  if (text == NULL) return 0;
+  memcpy(text, data, n1);
+  if (parse_checked(text, n1, &sig)) {
+    char label[8];
+    for (int i = 0; i < sig.nparams; i++) {
+      size_t n = dlb_signature_param_label(&sig, i, label, sizeof label);
+      if (n == 0 || strlen(label) != (n < sizeof label ? n : sizeof label - 1))
+        abort();
+    }
+    check_derived(&sig, DLB_DERIVATIVE_VJP);
+    check_derived(&sig, DLB_DERIVATIVE_JVP);
+    check_bound(&sig, &sig);
+    if (semi != NULL) {
+      size_t n2 = size - n1 - 1;
+      char *text2 = malloc(n2 ? n2 : 1);
+      if (text2 != NULL) {
+        memcpy(text2, semi + 1, n2);
+        if (parse_checked(text2, n2, &deriv)) check_bound(&sig, &deriv);
+        free(text2);
+      }
+    }
+  }
+  free(text);
+  return 0;
+}
+
+static int parse_checked(const char *text, size_t size, dlb_signature *s) {
+  dlb_error err;
+  int rc = dlb_signature_parse(text, size, s, &err);
+  if (rc != DLB_OK) {
+    if (rc != DLB_EINVAL || s->message == NULL || s->error_pos > size)
+      abort();
+    check_message(&err);
     return 0;
   }
-  if (sig.nin < 0 || sig.nin > sig.nparams ||
-      sig.nparams > DLB_SIGNATURE_MAX_PARAMS || sig.ndims < 0 ||
-      sig.ndims > DLB_SIGNATURE_MAX_PARAMS * DLB_MAX_NDIM)
+  if (s->nin < 0 || s->nin > s->nparams ||
+      s->nparams > DLB_SIGNATURE_MAX_PARAMS || s->ndims < 0 ||
+      s->ndims > DLB_SIGNATURE_MAX_PARAMS * DLB_MAX_NDIM)
     abort();
-  check_name(&sig, sig.name, sig.name_len);
+  check_name(s, s->name, s->name_len);
   int32_t next = 0;
-  for (int i = 0; i < sig.nparams; i++) {
-    const dlb_signature_param *p = &sig.params[i];
+  for (int i = 0; i < s->nparams; i++) {
+    const dlb_signature_param *p = &s->params[i];
     if (p->ndim < 0 || p->ndim > DLB_MAX_NDIM || p->dim0 != next) abort();
     if (dlb_dtype_check(p->dtype, NULL) != DLB_OK) abort();
-    if (i >= sig.nin && p->mut) abort(); /* results are never 'mut' */
-    if (i < sig.nin) check_name(&sig, sig.param_name[i], sig.param_name_len[i]);
+    if (i >= s->nin && p->mut) abort(); /* results are never 'mut' */
+    /* every input is named; a result is named or has no name at all */
+    if (i < s->nin || s->param_name[i] != NULL)
+      check_name(s, s->param_name[i], s->param_name_len[i]);
+    if (i < s->nin ? s->param_name_len[i] == 0
+                   : (s->param_name[i] == NULL) != (s->param_name_len[i] == 0))
+      abort();
+    if (p->mut && p->nodiff) abort();
     for (int a = 0; a < p->ndim; a++) {
-      const dlb_signature_dim *d = &sig.dims[p->dim0 + a];
+      const dlb_signature_dim *d = &s->dims[p->dim0 + a];
       if (d->kind == DLB_SIGNATURE_DIM_LITERAL) {
         if (d->value < 0 || d->sym != -1) abort();
       } else {
-        if (d->sym < 0 || d->sym >= sig.nsyms) abort();
-        check_name(&sig, sig.sym[d->sym], sig.sym_len[d->sym]);
+        if (d->sym < 0 || d->sym >= s->nsyms) abort();
+        check_name(s, s->sym[d->sym], s->sym_len[d->sym]);
         if (d->from_param < 0 || d->from_param > i ||
-            d->from_param >= sig.nin ||
-            d->from_axis < 0 || d->from_axis >= sig.params[d->from_param].ndim)
+            d->from_param >= s->nin ||
+            d->from_axis < 0 || d->from_axis >= s->params[d->from_param].ndim)
           abort();
         if (d->kind == DLB_SIGNATURE_DIM_BIND &&
-            (d->from_param != i || d->from_axis != a || i >= sig.nin))
+            (d->from_param != i || d->from_axis != a || i >= s->nin))
           abort();
       }
     }
     next += p->ndim;
   }
-  if (next != sig.ndims) abort();
-  free(text);
-  return 0;
+  if (next != s->ndims) abort();
+  return 1;
 }
