@@ -82,9 +82,9 @@ def _arg_name(name, i):
     return f"arg{i}"
 
 
-def _schema(fn, mask, overload, generic_names=False, name=None):
-    """``<name>[.<overload>](...) -> ...`` for the inputs of ``fn``, bit i
-    of ``mask`` set when input i is a Python number; ``name`` is fn's
+def _schema(fn, mask, overload, generic_names=False, opname=None):
+    """``<opname>[.<overload>](...) -> ...`` for the inputs of ``fn``, bit
+    i of ``mask`` set when input i is a Python number; ``opname`` is fn's
     identity unless given."""
     parts = []
     nmut = 0
@@ -100,10 +100,10 @@ def _schema(fn, mask, overload, generic_names=False, name=None):
     nout = fn.nout
     returns = ("()" if nout == 0 else "Tensor" if nout == 1
                else "(" + ", ".join(["Tensor"] * nout) + ")")
-    name = name or fn._identity
+    opname = opname or fn._identity
     if overload != "default":
-        name = f"{name}.{overload}"
-    return f"{name}({', '.join(parts)}) -> {returns}"
+        opname = f"{opname}.{overload}"
+    return f"{opname}({', '.join(parts)}) -> {returns}"
 
 
 def _overload_name(mask):
@@ -446,9 +446,11 @@ class _Plan:
 
     def __init__(self, fn):
         ins, outs = _autodiff.saved(fn)
-        jins = {i for kind, i in (fn._jvp_args or ()) if kind == "input"}
+        jvp_args = fn._jvp_args or ()
+        jins = {i for kind, i in jvp_args if kind == "input"}
+        jouts = {o for kind, o in jvp_args if kind == "result"}
         self.saved_inputs = tuple(sorted(set(ins) | jins))
-        self.saved_results = outs
+        self.saved_results = tuple(sorted(set(outs) | jouts))
         diff = set(fn._diff_results or ())
         self.nondiff_results = tuple(o for o in range(fn.nout)
                                      if o not in diff)
@@ -552,7 +554,8 @@ def _backward(ctx, grads, needs):
 def _jvp(ctx, tangents):
     """The tangents of a Function's results from its inputs' (one per
     input, None for a number or an input without one): its jvp Function
-    called on what _save kept; the refusal without a jvp.  Forward mode is
+    called on what _save kept (inputs, and results a spelled jvp names);
+    the refusal without a jvp.  Forward mode is
     the same linear map in torch's and JAX's conventions (no conjugate)."""
     fn = ctx.dlb_fn
     if fn._jvp is None:
@@ -561,8 +564,8 @@ def _jvp(ctx, tangents):
     saved = ctx.saved_tensors
     args = []
     for kind, i in fn._jvp_args:
-        if kind == "input":
-            args.append(_saved_value(ctx, saved, ("input", i)))
+        if kind != "tangent":   # an input, or a result saved from the forward
+            args.append(_saved_value(ctx, saved, (kind, i)))
             continue
         t = tangents[i]
         if t is None:
@@ -748,10 +751,10 @@ def _define_derivative(fn, kind, mask):
         _library = torch.library.Library(NAMESPACE, "FRAGMENT")
     overload = kind if mask == 0 else f"{kind}_n{mask}"
     try:
-        _library.define(_schema(d, mask, overload, name=fn._identity))
+        _library.define(_schema(d, mask, overload, opname=fn._identity))
     except RuntimeError:
         _library.define(_schema(d, mask, overload, generic_names=True,
-                                name=fn._identity))
+                                opname=fn._identity))
     qualname = f"{fn._identity}.{overload}"
     for key in ("CPU", "CUDA"):
         _library.impl(qualname, d, key)
