@@ -67,9 +67,17 @@ _dynamo_taught = False
 _PLACEHOLDER_BASE = 1 << 62
 
 
+_torch_module = None
+
+
 def _torch():
     # Only called once torch is in use: one of its tensors got us here.
-    return importlib.import_module("torch")
+    # Kept: importlib.import_module costs ~2 us a call, and the autograd
+    # route asks several times a training step.
+    global _torch_module
+    if _torch_module is None:
+        _torch_module = importlib.import_module("torch")
+    return _torch_module
 
 
 # ---- the operator of a Function ------------------------------------------------
@@ -604,6 +612,13 @@ def _derivative(fn, kind, args):
     return _derivative_fn(fn, kind)(*args)
 
 
+def _no_second_order(fn, kind):
+    if kind == "vjp":
+        return _autodiff.no_second_order(fn)
+    return RuntimeError(f"{fn.name}: its jvp has no derivative (no "
+                        f"second-order jvp declared)")
+
+
 def _derivative_fn(fn, kind):
     return fn._vjp if kind == "vjp" else fn._jvp
 
@@ -623,7 +638,7 @@ def _run(fn, args, kind=None):
     return (fn if kind is None else _derivative_fn(fn, kind))(*args)
 
 
-_classes = None      # (_Fn, _DerivFn), made on first use (torch imported)
+_classes = None      # (_Fn, _DerivFn, _EagerFn), made on first use
 
 
 def _classes_of(torch):
@@ -657,6 +672,25 @@ def _make_classes(torch):
         def jvp(ctx, *tangents):
             return _jvp(ctx, tangents[1:])
 
+    class _EagerFn(torch.autograd.Function):
+        """_Fn for plain eager autograd (no functorch transform, no
+        forward-AD level): the same backward, with the saving done in
+        forward.  torch binds the arguments of an autograd.Function with a
+        setup_context through inspect.signature on every apply (~10 us
+        measured here, most of a training step's dlbridge share), which
+        this older form skips; torch.func needs setup_context, so it gets
+        _Fn."""
+
+        @staticmethod
+        def forward(ctx, fn, *args):
+            output = fn(*args)
+            _save(ctx, fn, args, output)
+            return output
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return (None, *_backward(ctx, grads, ctx.needs_input_grad[1:]))
+
     class _DerivFn(torch.autograd.Function):
         """A vjp or jvp Function's call where torch may record it: its own
         derivative is refused -- double backward, forward over reverse --
@@ -669,17 +703,17 @@ def _make_classes(torch):
 
         @staticmethod
         def setup_context(ctx, inputs, output):
-            ctx.dlb_fn = inputs[0]
+            ctx.dlb_fn, ctx.dlb_kind = inputs[0], inputs[1]
 
         @staticmethod
         def backward(ctx, *grads):
-            raise _autodiff.no_second_order(ctx.dlb_fn)
+            raise _no_second_order(ctx.dlb_fn, ctx.dlb_kind)
 
         @staticmethod
         def jvp(ctx, *tangents):
-            raise _autodiff.no_second_order(ctx.dlb_fn)
+            raise _no_second_order(ctx.dlb_fn, ctx.dlb_kind)
 
-    return _Fn, _DerivFn
+    return _Fn, _DerivFn, _EagerFn
 
 
 def autograd_call(fn, args):
@@ -692,10 +726,14 @@ def autograd_call(fn, args):
     anything else runs the kernel with forward grad off (which stops the
     C path from handing it over again)."""
     torch = _torch()
-    if fn._vjp is not None or fn._jvp is not None:
-        return _classes_of(torch)[0].apply(fn, *args)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
     fwad = torch.autograd.forward_ad
+    if fn._vjp is not None or fn._jvp is not None:
+        classes = _classes_of(torch)
+        if fwad._current_level < 0 and \
+                not torch._C._are_functorch_transforms_active():
+            return classes[2].apply(fn, *args)
+        return classes[0].apply(fn, *args)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if fwad._current_level >= 0 and any(
             fwad.unpack_dual(t).tangent is not None for t in tensors):
         raise _autodiff.no_forward_ad(fn)
@@ -763,7 +801,7 @@ def _define_derivative(fn, kind, mask):
         pass
 
     def backward(ctx, *grads):
-        raise _autodiff.no_second_order(fn)
+        raise _no_second_order(fn, kind)
 
     torch.library.register_autograd(f"{NAMESPACE}::{qualname}", backward,
                                     setup_context=setup_context, lib=_library)
