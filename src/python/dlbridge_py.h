@@ -162,8 +162,9 @@ typedef struct {
    * torch.autograd.forward_ad (its _current_level), torch._C.
    * _is_fwd_grad_enabled and torch._C._functorch.
    * is_functorch_wrapped_tensor; strong, set with torch_base, each NULL
-   * when this torch has none. */
-  PyObject *torch_fwad, *torch_fw_enabled, *torch_wrapped;
+   * when this torch has none; torch_fw_level: "_current_level", interned
+   * (a lookup by C string would make the str on every call). */
+  PyObject *torch_fwad, *torch_fw_enabled, *torch_wrapped, *torch_fw_level;
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;

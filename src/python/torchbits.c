@@ -309,6 +309,9 @@ static void torch_keep_calls(dlb_module_state *st, PyTypeObject *base) {
   /* Forward AD and functorch, for a Function's routing to autograd
    * (function_mut.c): torch.autograd is imported with torch. */
   st->torch_fwad = PyImport_ImportModule("torch.autograd.forward_ad");
+  st->torch_fw_level =
+      st->torch_fwad ? PyUnicode_InternFromString("_current_level") : NULL;
+  if (st->torch_fw_level == NULL) Py_CLEAR(st->torch_fwad);
   PyErr_Clear();
   st->torch_fw_enabled =
       c ? PyObject_GetAttrString(c, "_is_fwd_grad_enabled") : NULL;
@@ -497,7 +500,7 @@ int dlb__torch_forward_ad_on(dlb_module_state *st) {
   if (st->torch_fwad == NULL) return 0; /* a torch without forward AD */
   /* forward_ad keeps the level it entered in a module global (-1: none);
    * torch.func.jvp enters one too. */
-  PyObject *level = PyObject_GetAttrString(st->torch_fwad, "_current_level");
+  PyObject *level = PyObject_GetAttr(st->torch_fwad, st->torch_fw_level);
   if (level == NULL) {
     PyErr_Clear();
     return 0;
@@ -567,6 +570,7 @@ int dlb__torch_traverse(dlb_module_state *st, visitproc visit, void *arg) {
   Py_VISIT(st->torch_fwad);
   Py_VISIT(st->torch_fw_enabled);
   Py_VISIT(st->torch_wrapped);
+  Py_VISIT(st->torch_fw_level);
   return 0;
 }
 
@@ -581,6 +585,7 @@ void dlb__torch_clear(dlb_module_state *st) {
   Py_CLEAR(st->torch_fwad);
   Py_CLEAR(st->torch_fw_enabled);
   Py_CLEAR(st->torch_wrapped);
+  Py_CLEAR(st->torch_fw_level);
   DLB_FT_STORE_INT(&st->torch_bits, DLB_TORCH_BITS_UNTRIED);
   st->torch_found = 0;
 }
