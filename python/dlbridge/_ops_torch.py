@@ -118,50 +118,64 @@ def _overload_name(mask):
     return "default" if mask == 0 else f"n{mask}"
 
 
-def op(fn, mask=0):
+def op(fn, mask=0, grad=True):
     """The OpOverload of Function ``fn`` for calls where the 0-d inputs in
     ``mask`` (bit i: input i) are Python numbers, defined on first use.
     The Function is registered under its identity first (src/ops/
     registry.c): another kernel under a registered identity is a
     ValueError, and the Function registered first serves every equal
-    one."""
+    one.  ``grad`` False: for a call site where nothing needs a gradient
+    -- a Function with a vjp then gets its ``nograd`` overload, whose
+    Autograd key falls through (``register_autograd``'s Python kernel
+    costs ~4-5 us a call even under no_grad, measured in inductor
+    graphs)."""
     # Asked of every Function object (cheap, lock-free when registered):
     # another kernel under the identity is refused at its first use too.
     fn = _core._ops_register(fn)
-    key = (fn._identity, mask)
+    nograd = not grad and fn._vjp is not None
+    key = (fn._identity, mask, "nograd") if nograd else (fn._identity, mask)
     found = _overloads.get(key)
     if found is not None:
         return found
     with _lock:
         found = _overloads.get(key)
         if found is None:
-            found = _overloads[key] = _define(fn, mask)
+            found = _overloads[key] = _define(fn, mask, nograd)
         return found
 
 
-def _define(fn, mask):
+def _overload_of(fn, mask, nograd):
+    if not nograd:
+        return _overload_name(mask)
+    return "nograd" if mask == 0 else f"n{mask}_nograd"
+
+
+def _define(fn, mask, nograd=False):
     global _library
     torch = _torch()
     if _library is None:
         # Kept for the life of the process: a compiled graph may call any
         # of its operators at any time (docs/compiled.md, lifetime).
         _library = torch.library.Library(NAMESPACE, "FRAGMENT")
-    overload = _overload_name(mask)
+    overload = _overload_of(fn, mask, nograd)
     try:
         _library.define(_schema(fn, mask, overload))
     except RuntimeError:
         # A parameter name the schema parser refuses: positional names.
         _library.define(_schema(fn, mask, overload, generic_names=True))
-    qualname = fn._identity if mask == 0 else f"{fn._identity}.{overload}"
+    qualname = fn._identity if overload == "default" \
+        else f"{fn._identity}.{overload}"
     for key in ("CPU", "CUDA"):
         _library.impl(qualname, fn, key)
-    if fn._vjp is None:
+    if fn._vjp is None or nograd:
         # No backward: nothing to record, and a Python Autograd kernel
         # would cost every call (docs/compiled.md, Cost).
         _library.impl(qualname, torch.library.fallthrough_kernel, "Autograd")
     else:
         _register_autograd(torch, fn, qualname)
-    torch.library.register_fake(f"{NAMESPACE}::{qualname}", _fake_kernel(fn),
+    torch.library.register_fake(f"{NAMESPACE}::{qualname}",
+                                _fake_kernel(fn, refuse_grad=fn._vjp is None
+                                             or nograd),
                                 lib=_library)
     found = getattr(getattr(getattr(torch.ops, NAMESPACE), fn._identity),
                     overload)
@@ -820,7 +834,7 @@ _tm = None             # the torch module
 _NUMBERS = ()          # what a 0-d input takes for a number, Sym* included
 
 
-def _plan(fn, npositional, keywords, types):
+def _plan(fn, npositional, keywords, types, grad=True):
     """How to call ``fn``'s operator, decided on the real Function while
     Dynamo traces a call (the result is a constant of the graph): the
     arguments, positional then keyword (``keywords`` their names), are of
@@ -851,8 +865,9 @@ def _plan(fn, npositional, keywords, types):
             return _NOT_A_TORCH_TENSOR
     if tensors == 0:
         return _NO_TORCH_TENSOR
-    op(fn, mask)
-    return fn._identity, _overload_name(mask), tuple(order)
+    nograd = not grad and fn._vjp is not None
+    op(fn, mask, grad=not nograd)
+    return fn._identity, _overload_of(fn, mask, nograd), tuple(order)
 
 
 def _function_call(self, /, *args, **kwargs):
@@ -864,7 +879,12 @@ def _function_call(self, /, *args, **kwargs):
     then decides, exactly as without compiling.  Kept to a few steps:
     Dynamo traces them at every call site."""
     values = args + tuple(kwargs.values()) if kwargs else args
-    plan = _plan(self, len(args), tuple(kwargs), tuple(map(type, values)))
+    # Whether this call site needs a gradient: constants of the trace,
+    # guarded by Dynamo (grad mode, each tensor's requires_grad).
+    grad = _tm.is_grad_enabled() and any(
+        isinstance(v, _tm.Tensor) and v.requires_grad for v in values)
+    plan = _plan(self, len(args), tuple(kwargs), tuple(map(type, values)),
+                 grad)
     if isinstance(plan, str):
         _tm._dynamo.graph_break(msg=plan)
     identity, overload, order = plan

@@ -351,3 +351,26 @@ def test_opcheck_vjp_and_jvp_operators(k):
     with pytest.raises(Exception, match="its vjp has no derivative"):
         torch.library.opcheck(samples[0][0], samples[0][1],
                               test_utils=("test_aot_dispatch_static",))
+
+
+def test_compiled_call_needing_no_gradient_skips_the_autograd_kernel(k):
+    """Where nothing at a call site needs a gradient (no_grad, or no tensor
+    requiring grad) the graph holds the `nograd` overload, whose Autograd
+    key falls through: a declared vjp costs the inference graph nothing."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+    f = lambda a, x: k.scale(a, x)  # noqa: E731
+    targets = {}
+    for grad in (False, True):
+        backend = EagerAndRecordGraphs()
+        g = torch.compile(f, backend=backend, fullgraph=True)
+        out = g(t(2.0, grad), t(X))
+        assert out.requires_grad is grad
+        targets[grad] = {n.target for gm in backend.graphs
+                         for n in gm.graph.nodes}
+    with torch.no_grad():
+        backend = EagerAndRecordGraphs()
+        torch.compile(f, backend=backend, fullgraph=True)(t(2.0, True), t(X))
+    nograd = _ops_torch.op(k.scale, grad=False)
+    assert nograd in targets[False] and _ops_torch.op(k.scale) in targets[True]
+    assert nograd in {n.target for n in backend.graphs[0].graph.nodes}
+    assert nograd._overloadname == "nograd"
