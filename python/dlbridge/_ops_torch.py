@@ -14,9 +14,18 @@ chosen by measurement: bench/bench_torch_ops.py):
   and passes torch's current stream;
 * the fake kernel asks the Function what the call produces
   (``Function._result_specs``, the eager checks and messages);
-* the Autograd key falls through: a Function has no backward, and the
-  kernels refuse a call with grad mode on and an argument that requires
-  grad (the fake kernel here, the eager C path for real tensors).
+* autograd: a Function without a vjp has none -- the Autograd key falls
+  through and the kernels refuse a call with grad mode on and an argument
+  that requires grad (the fake kernel here, the eager C path for real
+  tensors).  A Function with a vjp gets ``register_autograd``, whose
+  backward runs the vjp Function's operator (``<identity>.vjp``) through
+  ``_DerivFn``, an ``autograd.Function`` whose own backward refuses a
+  second derivative.  Eagerly (real tensors that require grad, a dual
+  tensor, a functorch transform's tensor: the eager C path hands the call
+  here, function_mut.c) the Function applies ``_Fn``, an
+  ``autograd.Function`` with ``setup_context``, ``backward`` and ``jvp``,
+  which ``torch.func`` and forward AD need and the dispatcher route would
+  not give (docs/compiled.md, "Gradients").
 
 Dynamo learns every Function at once: ``Function.__call__`` (the type's
 slot, one object for all Functions) gets a polyfill through
@@ -33,13 +42,15 @@ import _thread
 import importlib
 import keyword
 import sys
+import weakref
 
-from . import _core
+from . import _autodiff, _core, _frameworks
 
 # Kept across importlib.reload of this module (see the end of the file).
 _kept = {name: globals()[name] for name in (
     "_lock", "_library", "_overloads", "_dynamo_taught", "_tm", "_NUMBERS",
-    "_plan", "_function_call", "_DynamoWatcher") if name in globals()}
+    "_plan", "_function_call", "_DynamoWatcher", "_classes")
+    if name in globals()}
 
 __all__ = ["call", "op", "watch_dynamo"]
 
@@ -56,9 +67,17 @@ _dynamo_taught = False
 _PLACEHOLDER_BASE = 1 << 62
 
 
+_torch_module = None
+
+
 def _torch():
     # Only called once torch is in use: one of its tensors got us here.
-    return importlib.import_module("torch")
+    # Kept: importlib.import_module costs ~2 us a call, and the autograd
+    # route asks several times a training step.
+    global _torch_module
+    if _torch_module is None:
+        _torch_module = importlib.import_module("torch")
+    return _torch_module
 
 
 # ---- the operator of a Function ------------------------------------------------
@@ -71,9 +90,10 @@ def _arg_name(name, i):
     return f"arg{i}"
 
 
-def _schema(fn, mask, overload, generic_names=False):
-    """``<identity>[.<overload>](...) -> ...`` for the inputs of ``fn``,
-    bit i of ``mask`` set when input i is a Python number."""
+def _schema(fn, mask, overload, generic_names=False, opname=None):
+    """``<opname>[.<overload>](...) -> ...`` for the inputs of ``fn``, bit
+    i of ``mask`` set when input i is a Python number; ``opname`` is fn's
+    identity unless given."""
     parts = []
     nmut = 0
     for i, (name, _dtype, _ndim, mut) in enumerate(fn._inputs):
@@ -88,54 +108,74 @@ def _schema(fn, mask, overload, generic_names=False):
     nout = fn.nout
     returns = ("()" if nout == 0 else "Tensor" if nout == 1
                else "(" + ", ".join(["Tensor"] * nout) + ")")
-    name = fn._identity if overload == "default" \
-        else f"{fn._identity}.{overload}"
-    return f"{name}({', '.join(parts)}) -> {returns}"
+    opname = opname or fn._identity
+    if overload != "default":
+        opname = f"{opname}.{overload}"
+    return f"{opname}({', '.join(parts)}) -> {returns}"
 
 
 def _overload_name(mask):
     return "default" if mask == 0 else f"n{mask}"
 
 
-def op(fn, mask=0):
+def op(fn, mask=0, grad=True):
     """The OpOverload of Function ``fn`` for calls where the 0-d inputs in
     ``mask`` (bit i: input i) are Python numbers, defined on first use.
     The Function is registered under its identity first (src/ops/
     registry.c): another kernel under a registered identity is a
     ValueError, and the Function registered first serves every equal
-    one."""
+    one.  ``grad`` False: for a call site where nothing needs a gradient
+    -- a Function with a vjp then gets its ``nograd`` overload, whose
+    Autograd key falls through (``register_autograd``'s Python kernel
+    costs ~4-5 us a call even under no_grad, measured in inductor
+    graphs)."""
     # Asked of every Function object (cheap, lock-free when registered):
     # another kernel under the identity is refused at its first use too.
     fn = _core._ops_register(fn)
-    key = (fn._identity, mask)
+    nograd = not grad and fn._vjp is not None
+    key = (fn._identity, mask, "nograd") if nograd else (fn._identity, mask)
     found = _overloads.get(key)
     if found is not None:
         return found
     with _lock:
         found = _overloads.get(key)
         if found is None:
-            found = _overloads[key] = _define(fn, mask)
+            found = _overloads[key] = _define(fn, mask, nograd)
         return found
 
 
-def _define(fn, mask):
+def _overload_of(fn, mask, nograd):
+    if not nograd:
+        return _overload_name(mask)
+    return "nograd" if mask == 0 else f"n{mask}_nograd"
+
+
+def _define(fn, mask, nograd=False):
     global _library
     torch = _torch()
     if _library is None:
         # Kept for the life of the process: a compiled graph may call any
         # of its operators at any time (docs/compiled.md, lifetime).
         _library = torch.library.Library(NAMESPACE, "FRAGMENT")
-    overload = _overload_name(mask)
+    overload = _overload_of(fn, mask, nograd)
     try:
         _library.define(_schema(fn, mask, overload))
     except RuntimeError:
         # A parameter name the schema parser refuses: positional names.
         _library.define(_schema(fn, mask, overload, generic_names=True))
-    qualname = fn._identity if mask == 0 else f"{fn._identity}.{overload}"
+    qualname = fn._identity if overload == "default" \
+        else f"{fn._identity}.{overload}"
     for key in ("CPU", "CUDA"):
         _library.impl(qualname, fn, key)
-    _library.impl(qualname, torch.library.fallthrough_kernel, "Autograd")
-    torch.library.register_fake(f"{NAMESPACE}::{qualname}", _fake_kernel(fn),
+    if fn._vjp is None or nograd:
+        # No backward: nothing to record, and a Python Autograd kernel
+        # would cost every call (docs/compiled.md, Cost).
+        _library.impl(qualname, torch.library.fallthrough_kernel, "Autograd")
+    else:
+        _register_autograd(torch, fn, qualname)
+    torch.library.register_fake(f"{NAMESPACE}::{qualname}",
+                                _fake_kernel(fn, refuse_grad=fn._vjp is None
+                                             or nograd),
                                 lib=_library)
     found = getattr(getattr(getattr(torch.ops, NAMESPACE), fn._identity),
                     overload)
@@ -155,17 +195,16 @@ def _dtype_name(dtype):
     return str(dtype).rpartition(".")[2]
 
 
-def _no_backward(fn):
-    return RuntimeError(f"{fn.name}: dlbridge Function has no backward")
-
-
-def _fake_kernel(fn):
+def _fake_kernel(fn, refuse_grad=None):
     """The fake kernel of ``fn``'s operator: the eager call's checks (dtype
     and extents by the Function itself, numbers by the eager rule, one
-    device, no grad), then empty results of the signature's shapes on the
-    first tensor argument's device (compact, as the eager call allocates
-    them)."""
+    device, no grad unless ``fn`` has a vjp), then empty results of the
+    signature's shapes on the first tensor argument's device (compact, as
+    the eager call allocates them).  ``refuse_grad`` False: a derivative's
+    operator, whose Autograd kernel refuses a second derivative itself."""
     names = [item[0] for item in fn._inputs]
+    if refuse_grad is None:
+        refuse_grad = fn._vjp is None
     mut = [i for i, item in enumerate(fn._inputs) if item[3]]
 
     def fake(*args):
@@ -192,9 +231,9 @@ def _fake_kernel(fn):
                     f"{fn.name}() argument '{names[i]}' is on "
                     f"{args[i].device} but argument '{names[first]}' is on "
                     f"{device}")
-        if torch.is_grad_enabled() and any(args[i].requires_grad
-                                           for i in tensors):
-            raise _no_backward(fn)
+        if refuse_grad and torch.is_grad_enabled() and \
+                any(args[i].requires_grad for i in tensors):
+            raise _autodiff.no_backward(fn)
         if mut:
             _refuse_overlap(fn, torch, args, tensors, mut)
         outs = tuple(torch.empty(shape, dtype=_torch_dtype(torch, dtype),
@@ -375,7 +414,12 @@ def _number_mask(fn, args, number_types):
 def call(fn, args):
     """Call Function ``fn`` on ``args`` (parameter order) where some are
     torch placeholders (fake or functional tensors): the call of its
-    operator, which the tracer records.  Called by dlbridge._compiled."""
+    operator, which the tracer records.  Called by dlbridge._compiled --
+    also for an eager call with real tensors that torch's autograd must
+    see (function_mut.c: one requires grad, may carry a tangent, or is a
+    functorch transform's), which goes to autograd_call."""
+    if not any(map(_placeholder_type, map(type, args))):
+        return autograd_call(fn, args)
     torch = _torch()
     numbers = (bool, int, float, complex, torch.SymInt, torch.SymFloat,
                torch.SymBool)
@@ -397,6 +441,391 @@ def call(fn, args):
     return op(fn, mask)(*args)
 
 
+# ---- autograd: the eager route and the derivatives' operators ------------------
+
+_placeholders = {}    # type -> whether it is a compiler's placeholder
+
+
+def _placeholder_type(tp):
+    found = _placeholders.get(tp)
+    if found is None:
+        found = _placeholders[tp] = _frameworks._is_traced(tp)
+    return found
+
+
+def _numbers(torch):
+    return (bool, int, float, complex, torch.SymInt, torch.SymFloat,
+            torch.SymBool)
+
+
+class _Plan:
+    """What a Function's autograd route reads of its declaration, once per
+    Function: which inputs and results are saved (what the vjp and jvp
+    bindings name, nothing else), which results are not differentiable."""
+
+    __slots__ = ("saved_inputs", "saved_results", "nondiff_results",
+                 "diff_inputs", "nin")
+
+    def __init__(self, fn):
+        ins, outs = _autodiff.saved(fn)
+        jvp_args = fn._jvp_args or ()
+        jins = {i for kind, i in jvp_args if kind == "input"}
+        jouts = {o for kind, o in jvp_args if kind == "result"}
+        self.saved_inputs = tuple(sorted(set(ins) | jins))
+        self.saved_results = tuple(sorted(set(outs) | jouts))
+        diff = set(fn._diff_results or ())
+        self.nondiff_results = tuple(o for o in range(fn.nout)
+                                     if o not in diff)
+        self.diff_inputs = tuple(fn._diff_inputs or ())
+        self.nin = len(fn._inputs)
+
+
+_plans = weakref.WeakKeyDictionary()
+
+
+def _plan_of(fn):
+    plan = _plans.get(fn)
+    if plan is None:
+        plan = _plans[fn] = _Plan(fn)
+    return plan
+
+
+def _save(ctx, fn, inputs, output):
+    """setup_context of a Function's autograd: the inputs and results its
+    vjp/jvp bindings name -- tensors through save_for_backward (and
+    save_for_forward with a jvp), a Python number for a 0-d input on ctx --
+    and its non-differentiable results marked so."""
+    torch = _torch()
+    plan = _plan_of(fn)
+    outs = output if isinstance(output, tuple) else (output,)
+    ctx.dlb_fn = fn
+    tensors = []
+    where = {}   # ("input", i) / ("result", o) -> index in tensors, or a number
+    for i in plan.saved_inputs:
+        a = inputs[i]
+        if isinstance(a, torch.Tensor):
+            where["input", i] = len(tensors)
+            tensors.append(a)
+        else:
+            where["input", i] = (a,)
+    for o in plan.saved_results:
+        where["result", o] = len(tensors)
+        tensors.append(outs[o])
+    ctx.dlb_where = where
+    ctx.save_for_backward(*tensors)
+    if fn._jvp is not None:
+        ctx.save_for_forward(*tensors)
+    if plan.nondiff_results:
+        ctx.mark_non_differentiable(*(outs[o] for o in plan.nondiff_results
+                                      if isinstance(outs[o], torch.Tensor)))
+
+
+def _saved_value(ctx, saved, key):
+    at = ctx.dlb_where[key]
+    return at[0] if isinstance(at, tuple) else saved[at]
+
+
+def _conj(torch, t):
+    # A lazy conj() would be refused by the kernel's reading (its bit):
+    # a physical one.
+    return torch.conj_physical(t) if t.is_complex() else t
+
+
+def _backward(ctx, grads, needs):
+    """The cotangents of a Function's inputs from its results' (``grads``,
+    one per result, zeros for a result the loss did not use): its vjp
+    Function called on what _save kept.  ``needs``: needs_input_grad over
+    the inputs.  Complex tensors: the vjp kernel computes JAX's ct.J;
+    torch's gradient is its conjugate, so the cotangents go in conjugated
+    and come out conjugated (docs/decisions.md section 25)."""
+    fn = ctx.dlb_fn
+    plan = _plan_of(fn)
+    out = [None] * plan.nin
+    if not any(needs[i] for i in plan.diff_inputs):
+        return out
+    if fn._vjp is None:
+        raise _autodiff.no_backward(fn)
+    torch = _torch()
+    saved = ctx.saved_tensors
+    args = []
+    for kind, i in fn._vjp_args:
+        if kind == "cotangent":
+            g = grads[i]
+            if g is None:
+                # torch materialises unused results' gradients as zeros;
+                # a None here would be a hole the kernel cannot read.
+                ref = _saved_value(ctx, saved, ("result", i)) \
+                    if ("result", i) in ctx.dlb_where else None
+                if ref is None:
+                    raise RuntimeError(
+                        f"{fn.name}: torch gave no gradient for result "
+                        f"{fn._result_names[i]!r}")
+                g = torch.zeros_like(ref)
+            args.append(_conj(torch, g))
+        else:
+            args.append(_saved_value(ctx, saved, (kind, i)))
+    res = _derivative(fn, "vjp", args)
+    if not isinstance(res, tuple):
+        res = (res,)
+    for k, i in enumerate(fn._vjp_results):
+        if needs[i]:
+            out[i] = _conj(torch, res[k])
+    return out
+
+
+def _jvp(ctx, tangents):
+    """The tangents of a Function's results from its inputs' (one per
+    input, None for a number or an input without one): its jvp Function
+    called on what _save kept (inputs, and results a spelled jvp names);
+    the refusal without a jvp.  Forward mode is
+    the same linear map in torch's and JAX's conventions (no conjugate)."""
+    fn = ctx.dlb_fn
+    if fn._jvp is None:
+        raise _autodiff.no_forward_ad(fn)
+    torch = _torch()
+    saved = ctx.saved_tensors
+    args = []
+    for kind, i in fn._jvp_args:
+        if kind != "tangent":   # an input, or a result saved from the forward
+            args.append(_saved_value(ctx, saved, (kind, i)))
+            continue
+        t = tangents[i]
+        if t is None:
+            primal = _saved_value(ctx, saved, ("input", i)) \
+                if ("input", i) in ctx.dlb_where else None
+            if isinstance(primal, torch.Tensor):
+                t = torch.zeros_like(primal)
+            elif primal is not None:
+                t = type(primal)(0)
+            else:
+                raise RuntimeError(f"{fn.name}: torch gave no tangent for "
+                                   f"input {fn._inputs[i][0]!r}")
+        args.append(t)
+    res = _derivative(fn, "jvp", args)
+    if not isinstance(res, tuple):
+        res = (res,)
+    out = [None] * fn.nout
+    for k, o in enumerate(fn._jvp_results):
+        out[o] = res[k]
+    return out[0] if fn.nout == 1 else tuple(out)
+
+
+def _derivative(fn, kind, args):
+    """fn's vjp or jvp (``kind``) Function called on ``args``: its
+    operator when tracing (placeholders: the graph records
+    ``<identity>.<kind>``), through _DerivFn when torch may record it
+    (grad mode on: create_graph, a functorch transform) so that a second
+    derivative raises, else the Function itself (the eager C path)."""
+    torch = _torch()
+    if any(map(_placeholder_type, map(type, args))):
+        return derivative_op(fn, kind, _number_mask(
+            _derivative_fn(fn, kind), args, _numbers(torch)))(*args)
+    if torch.is_grad_enabled() or \
+            torch._C._are_functorch_transforms_active():
+        return _classes_of(torch)[1].apply(fn, kind, *args)
+    return _derivative_fn(fn, kind)(*args)
+
+
+def _no_second_order(fn, kind):
+    if kind == "vjp":
+        return _autodiff.no_second_order(fn)
+    return RuntimeError(f"{fn.name}: its jvp has no derivative (no "
+                        f"second-order jvp declared)")
+
+
+def _derivative_fn(fn, kind):
+    return fn._vjp if kind == "vjp" else fn._jvp
+
+
+def _run(fn, args, kind=None):
+    """Inside an autograd.Function's forward: fn itself (its eager C path,
+    grad and forward grad off here), or its operator while a functorch
+    transform is active -- vmap's BatchedTensors have no memory to read,
+    and the operator is what torch's batching rule (today: its loop)
+    applies to."""
+    torch = _torch()
+    if torch._C._are_functorch_transforms_active():
+        target = fn if kind is None else _derivative_fn(fn, kind)
+        mask = _number_mask(target, args, _numbers(torch))
+        found = op(fn, mask) if kind is None else derivative_op(fn, kind, mask)
+        return found(*args)
+    return (fn if kind is None else _derivative_fn(fn, kind))(*args)
+
+
+_classes = None      # (_Fn, _DerivFn, _EagerFn), made on first use
+
+
+def _classes_of(torch):
+    global _classes
+    if _classes is None:
+        _classes = _make_classes(torch)
+    return _classes
+
+
+def _make_classes(torch):
+    class _Fn(torch.autograd.Function):
+        """A Function's autograd where torch.func and forward AD see it:
+        applied from Python (never inside a dispatcher kernel, where
+        functorch cannot handle it), with setup_context and jvp.  Dynamo
+        never sees it: compiled code calls the operator."""
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(fn, *args):
+            return _run(fn, args)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            _save(ctx, inputs[0], inputs[1:], output)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return (None, *_backward(ctx, grads, ctx.needs_input_grad[1:]))
+
+        @staticmethod
+        def jvp(ctx, *tangents):
+            return _jvp(ctx, tangents[1:])
+
+    class _EagerFn(torch.autograd.Function):
+        """_Fn for plain eager autograd (no functorch transform, no
+        forward-AD level): the same backward, with the saving done in
+        forward.  torch binds the arguments of an autograd.Function with a
+        setup_context through inspect.signature on every apply (~10 us
+        measured here, most of a training step's dlbridge share), which
+        this older form skips; torch.func needs setup_context, so it gets
+        _Fn."""
+
+        @staticmethod
+        def forward(ctx, fn, *args):
+            output = fn(*args)
+            _save(ctx, fn, args, output)
+            return output
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return (None, *_backward(ctx, grads, ctx.needs_input_grad[1:]))
+
+    class _DerivFn(torch.autograd.Function):
+        """A vjp or jvp Function's call where torch may record it: its own
+        derivative is refused -- double backward, forward over reverse --
+        never a silently constant vjp (its operator alone would be)."""
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(fn, kind, *args):
+            return _run(fn, args, kind)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.dlb_fn, ctx.dlb_kind = inputs[0], inputs[1]
+
+        @staticmethod
+        def backward(ctx, *grads):
+            raise _no_second_order(ctx.dlb_fn, ctx.dlb_kind)
+
+        @staticmethod
+        def jvp(ctx, *tangents):
+            raise _no_second_order(ctx.dlb_fn, ctx.dlb_kind)
+
+    return _Fn, _DerivFn, _EagerFn
+
+
+def autograd_call(fn, args):
+    """An eager call of ``fn`` with real torch tensors that autograd must
+    see (function_mut.c handed it over: a tensor requires grad under grad
+    mode, a forward-AD level is entered, or a functorch transform wrapped
+    a tensor).  A Function with a derivative applies _Fn.  One without:
+    a tangent or a tensor that requires grad is refused (never a silent
+    zero), a transform's tensors go to its operator (vmap loops it), and
+    anything else runs the kernel with forward grad off (which stops the
+    C path from handing it over again)."""
+    torch = _torch()
+    fwad = torch.autograd.forward_ad
+    if fn._vjp is not None or fn._jvp is not None:
+        classes = _classes_of(torch)
+        if fwad._current_level < 0 and \
+                not torch._C._are_functorch_transforms_active():
+            return classes[2].apply(fn, *args)
+        return classes[0].apply(fn, *args)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if fwad._current_level >= 0 and any(
+            fwad.unpack_dual(t).tangent is not None for t in tensors):
+        raise _autodiff.no_forward_ad(fn)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise _autodiff.no_backward(fn)
+    if torch._C._are_functorch_transforms_active():
+        return op(fn, _number_mask(fn, args, _numbers(torch)))(*args)
+    with fwad._set_fwd_grad_enabled(False):
+        return fn(*args)
+
+
+def _register_autograd(torch, fn, qualname):
+    """register_autograd on the operator of ``fn`` (which has a vjp): what
+    AOTAutograd differentiates under torch.compile, export and opcheck;
+    the backward graph holds the vjp's operator."""
+    def setup_context(ctx, inputs, output):
+        _save(ctx, fn, inputs, output)
+
+    def backward(ctx, *grads):
+        out = _backward(ctx, grads, ctx.needs_input_grad)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    torch.library.register_autograd(f"{NAMESPACE}::{qualname}", backward,
+                                    setup_context=setup_context, lib=_library)
+
+
+def derivative_op(fn, kind, mask=0):
+    """The OpOverload ``torch.ops.dlbridge.<fn identity>.<kind>`` (kind
+    "vjp" or "jvp"; ``_n<mask>`` appended when inputs of the derivative
+    are Python numbers): the derivative Function as an operator, named by
+    the forward's identity (which covers the derivative's signature; the
+    registry compares its kernel).  Its Autograd kernel refuses a second
+    derivative."""
+    fn = _core._ops_register(fn)
+    key = (fn._identity, mask, kind)
+    found = _overloads.get(key)
+    if found is not None:
+        return found
+    with _lock:
+        found = _overloads.get(key)
+        if found is None:
+            found = _overloads[key] = _define_derivative(fn, kind, mask)
+        return found
+
+
+def _define_derivative(fn, kind, mask):
+    global _library
+    torch = _torch()
+    d = _derivative_fn(fn, kind)
+    if d is None:
+        raise ValueError(f"{fn.name}: no {kind}= declared")
+    if _library is None:
+        _library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    overload = kind if mask == 0 else f"{kind}_n{mask}"
+    try:
+        _library.define(_schema(d, mask, overload, opname=fn._identity))
+    except RuntimeError:
+        _library.define(_schema(d, mask, overload, generic_names=True,
+                                opname=fn._identity))
+    qualname = f"{fn._identity}.{overload}"
+    for key in ("CPU", "CUDA"):
+        _library.impl(qualname, d, key)
+
+    def setup_context(ctx, inputs, output):
+        pass
+
+    def backward(ctx, *grads):
+        raise _no_second_order(fn, kind)
+
+    torch.library.register_autograd(f"{NAMESPACE}::{qualname}", backward,
+                                    setup_context=setup_context, lib=_library)
+    torch.library.register_fake(f"{NAMESPACE}::{qualname}",
+                                _fake_kernel(d, refuse_grad=False),
+                                lib=_library)
+    return getattr(getattr(getattr(torch.ops, NAMESPACE), fn._identity),
+                   overload)
+
+
 # ---- Dynamo: Function.__call__ inlined as the operator ----------------------------
 
 # What the polyfill reads, as module globals (Dynamo guards globals by their
@@ -405,7 +834,7 @@ _tm = None             # the torch module
 _NUMBERS = ()          # what a 0-d input takes for a number, Sym* included
 
 
-def _plan(fn, npositional, keywords, types):
+def _plan(fn, npositional, keywords, types, grad=True):
     """How to call ``fn``'s operator, decided on the real Function while
     Dynamo traces a call (the result is a constant of the graph): the
     arguments, positional then keyword (``keywords`` their names), are of
@@ -436,8 +865,9 @@ def _plan(fn, npositional, keywords, types):
             return _NOT_A_TORCH_TENSOR
     if tensors == 0:
         return _NO_TORCH_TENSOR
-    op(fn, mask)
-    return fn._identity, _overload_name(mask), tuple(order)
+    nograd = not grad and fn._vjp is not None
+    op(fn, mask, grad=not nograd)
+    return fn._identity, _overload_of(fn, mask, nograd), tuple(order)
 
 
 def _function_call(self, /, *args, **kwargs):
@@ -449,7 +879,12 @@ def _function_call(self, /, *args, **kwargs):
     then decides, exactly as without compiling.  Kept to a few steps:
     Dynamo traces them at every call site."""
     values = args + tuple(kwargs.values()) if kwargs else args
-    plan = _plan(self, len(args), tuple(kwargs), tuple(map(type, values)))
+    # Whether this call site needs a gradient: constants of the trace,
+    # guarded by Dynamo (grad mode, each tensor's requires_grad).
+    grad = _tm.is_grad_enabled() and any(
+        isinstance(v, _tm.Tensor) and v.requires_grad for v in values)
+    plan = _plan(self, len(args), tuple(kwargs), tuple(map(type, values)),
+                 grad)
     if isinstance(plan, str):
         _tm._dynamo.graph_break(msg=plan)
     identity, overload, order = plan

@@ -157,6 +157,15 @@ typedef struct {
    * torch.autograd.graph.increment_version); strong, set with torch_base. */
   PyObject *torch_grad_enabled;
   PyObject *torch_bump;
+  /* torchbits.c: what tells a Function call that forward-mode AD or a
+   * functorch transform may want it (the call then goes to torch's
+   * autograd, python/dlbridge/_ops_torch.py): the module
+   * torch.autograd.forward_ad (its _current_level), torch._C.
+   * _is_fwd_grad_enabled and torch._C._functorch.
+   * is_functorch_wrapped_tensor; strong, set with torch_base, each NULL
+   * when this torch has none; torch_fw_level: "_current_level", interned
+   * (a lookup by C string would make the str on every call). */
+  PyObject *torch_fwad, *torch_fw_enabled, *torch_wrapped, *torch_fw_level;
   /* handlers.c: the per-type handler cache (owned, freed by
    * dlb__handlers_clear). */
   struct dlb_handler_cache *handlers;
@@ -1003,6 +1012,18 @@ int dlb__refuse_grad_write(PyObject *obj);
  * torch.no_grad() and in inference mode): 1, 0, or -1 with an exception.
  * Only once a torch tensor was seen (dlb__check_bits); runs no Python. */
 int dlb__torch_grad_enabled(dlb_module_state *st);
+/* Whether a forward-mode AD level is entered and forward grad is on (a
+ * dual tensor may carry a tangent; off inside an autograd.Function's
+ * forward, which is what lets dlbridge's own run the kernel): 1, 0, or -1
+ * with an exception.  Runs no Python code (one module attribute read,
+ * one C function). */
+int dlb__torch_forward_ad_on(dlb_module_state *st);
+/* After reading obj failed with an exception: whether obj is a tensor a
+ * functorch transform wrapped (a BatchedTensor, a GradTrackingTensor: no
+ * memory of its own to read) -- 1 with the exception cleared (the call is
+ * torch's, _ops_torch), else 0 with the exception kept.  Error path only:
+ * runs torch's C function. */
+int dlb__torch_functorch_wrapped(dlb_module_state *st, PyObject *obj);
 /* Tell autograd that the torch tensors among objs[0..n) were written in
  * place: their version counters move (views share their base's), so a
  * backward that saved one raises as after torch's own in-place ops;

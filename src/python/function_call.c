@@ -263,7 +263,13 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
-      if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) return -1;
+      if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) {
+        /* A functorch transform's tensor has no memory to read: the call
+         * is torch's (_ops_torch, by the hand-over), as a placeholder's. */
+        if (!dlb__torch_functorch_wrapped(st, obj)) return -1;
+        f->views[i].handler = h;
+        return 1;
+      }
       if (dlb__bits_maybe_set(st, obj)) {
         /* Whether it requires grad is not asked here: only when it matters
          * -- grad mode on, or a write -- in step 3 (refuse_grad). */
@@ -504,8 +510,11 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   /* 3.  From here to the kernel no Python code runs. */
   const uint8_t marked = f->marked; /* read once: the fast path has none */
   if ((marked & (MARK_AUTOGRAD | MARK_COPY)) &&
-      dlb__fn_marked(fn, f, args) < 0)
+      (r = dlb__fn_marked(fn, f, args)) != 0) {
+    /* 1: torch's autograd takes the call (_ops_torch, by the hand-over) */
+    if (r > 0) traced = Py_NewRef(st->str_torch);
     goto cleanup;
+  }
   for (int i = 0; i < nin; i++) {
     const fn_param *p = &fn->params[i];
     DLTensor *t = &views[i].t;

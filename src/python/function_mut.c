@@ -1,7 +1,8 @@
 /*
  * function_mut.c -- what the reading of a call's arguments marked
  * (fn_frame.marks, function.h), acted on around the kernel: an argument
- * autograd may have touched (refused when it requires grad), a `mut`
+ * autograd may have touched (when it requires grad or may carry a
+ * tangent: the call goes to torch's autograd, or is refused), a `mut`
  * argument of a framework whose arrays are immutable (the kernel writes a
  * copy, returned after the results), a `mut` torch tensor (its version
  * counter moves after the kernel); and the hand-back of the results and
@@ -27,20 +28,31 @@ int dlb__fn_tell_written(const fn_object *fn, const fn_frame *f,
 
 
 /* The arguments autograd may have touched (MARK_AUTOGRAD): one that
- * requires grad, with grad mode on, would give a result with no grad_fn and
- * a loss using it a silently wrong gradient -- the call is refused (the
- * compiled routes raise the same); with it off (no_grad, inference mode)
- * reading is fine, writing is not.  Each question only when its answer
- * matters: grad mode once, before the first read-only argument is asked
- * whether it requires grad (a view of a tensor autograd never touched has
- * autograd metadata, so reads under no_grad ask nothing else).  No Python
- * code runs.  0, or -1 with an exception. */
+ * requires grad, with grad mode on, needs a backward -- the call goes to
+ * torch's autograd (1: python/dlbridge/_ops_torch.py applies the
+ * Function's autograd.Function, whose backward runs the vjp) when the
+ * Function has a vjp, and is refused otherwise (a result with no grad_fn
+ * would give a loss using it a silently wrong gradient; the compiled
+ * routes raise the same).  With grad mode off (no_grad, inference mode)
+ * reading is fine, writing is not.  Forward-mode AD reads these tensors
+ * too: while a dual level is entered (torch.autograd.forward_ad,
+ * torch.func.jvp) any of them may carry a tangent, which the kernel would
+ * drop -- a silently zero tangent -- so the call goes to autograd as well
+ * (its jvp, or the refusal of a Function without one).  Each question only
+ * when its answer matters: grad mode and the forward-AD level once, before
+ * the first read-only argument is asked whether it requires grad (a view
+ * of a tensor autograd never touched has autograd metadata, so reads under
+ * no_grad ask nothing else).  No Python code runs.  0, 1 (route the call
+ * to autograd), or -1 with an exception. */
 static int refuse_grad(const fn_object *fn, const fn_frame *f,
                        PyObject *const *args) {
   dlb_module_state *st = fn->st;
   int on = -1; /* grad mode, once asked */
+  int fw = -1; /* a forward-AD level, once asked */
   for (int i = 0; i < fn->nin; i++) {
     if (!(f->marks[i] & MARK_AUTOGRAD)) continue;
+    if (fw < 0 && (fw = dlb__torch_forward_ad_on(st)) < 0) return -1;
+    if (fw) return 1;
     int written = fn->params[i].mut && !(f->marks[i] & MARK_COPY);
     if (!written) {
       if (on < 0 && (on = dlb__torch_grad_enabled(st)) < 0) return -1;
@@ -51,7 +63,11 @@ static int refuse_grad(const fn_object *fn, const fn_frame *f,
     if (!grad) continue;
     if (on < 0 && (on = dlb__torch_grad_enabled(st)) < 0) return -1;
     if (on) {
-      PyErr_Format(PyExc_RuntimeError, "%U: dlbridge Function has no backward",
+      /* A `mut` Function never has a vjp (refused when it is made). */
+      if (fn->vjp != NULL) return 1;
+      PyErr_Format(PyExc_RuntimeError,
+                   "%U: dlbridge Function has no backward (declare vjp= to "
+                   "differentiate through it)",
                    fn->name);
       return -1;
     }
@@ -63,12 +79,16 @@ static int refuse_grad(const fn_object *fn, const fn_frame *f,
 }
 
 /* What the marks ask for, before the signature's checks: the refusal of
- * an argument that requires grad (refuse_grad); the copies of the
- * MARK_COPY arguments counted (f->ncopy) and their handlers held
- * (f->pins) for the copies' allocation and hand-over.  0, or -1 with an
- * exception. */
+ * an argument that requires grad, or the hand-over of the call to torch's
+ * autograd (refuse_grad); the copies of the MARK_COPY arguments counted
+ * (f->ncopy) and their handlers held (f->pins) for the copies'
+ * allocation and hand-over.  0, 1 (the call is autograd's: nothing was
+ * held), or -1 with an exception. */
 int dlb__fn_marked(const fn_object *fn, fn_frame *f, PyObject *const *args) {
-  if ((f->marked & MARK_AUTOGRAD) && refuse_grad(fn, f, args) < 0) return -1;
+  if (f->marked & MARK_AUTOGRAD) {
+    int r = refuse_grad(fn, f, args);
+    if (r != 0) return r;
+  }
   for (int i = 0; i < fn->nin; i++)
     if (f->marks[i] & MARK_COPY) {
       f->ncopy++;

@@ -306,6 +306,23 @@ static void torch_keep_calls(dlb_module_state *st, PyTypeObject *base) {
         graph ? PyObject_GetAttrString(graph, "increment_version") : NULL;
     Py_XDECREF(graph);
   }
+  /* Forward AD and functorch, for a Function's routing to autograd
+   * (function_mut.c): torch.autograd is imported with torch. */
+  st->torch_fwad = PyImport_ImportModule("torch.autograd.forward_ad");
+  st->torch_fw_level =
+      st->torch_fwad ? PyUnicode_InternFromString("_current_level") : NULL;
+  if (st->torch_fw_level == NULL) Py_CLEAR(st->torch_fwad);
+  PyErr_Clear();
+  st->torch_fw_enabled =
+      c ? PyObject_GetAttrString(c, "_is_fwd_grad_enabled") : NULL;
+  PyErr_Clear();
+  PyObject *functorch = c ? PyObject_GetAttrString(c, "_functorch") : NULL;
+  PyErr_Clear();
+  st->torch_wrapped =
+      functorch ? PyObject_GetAttrString(functorch,
+                                         "is_functorch_wrapped_tensor")
+                : NULL;
+  Py_XDECREF(functorch);
   Py_XDECREF(torch);
   Py_XDECREF(c);
   PyErr_Clear(); /* whatever is missing is asked the ordinary way */
@@ -477,6 +494,48 @@ int dlb__torch_grad_enabled(dlb_module_state *st) {
   return on;
 }
 
+/* ---- forward AD and functorch ------------------------------------------------- */
+
+int dlb__torch_forward_ad_on(dlb_module_state *st) {
+  if (st->torch_fwad == NULL) return 0; /* a torch without forward AD */
+  /* forward_ad keeps the level it entered in a module global (-1: none);
+   * torch.func.jvp enters one too. */
+  PyObject *level = PyObject_GetAttr(st->torch_fwad, st->torch_fw_level);
+  if (level == NULL) {
+    PyErr_Clear();
+    return 0;
+  }
+  long lv = PyLong_Check(level) ? PyLong_AsLong(level) : -1;
+  Py_DECREF(level);
+  if (lv == -1 && PyErr_Occurred()) return -1;
+  if (lv < 0) return 0;
+  if (st->torch_fw_enabled == NULL) return 1;
+  PyObject *r = PyObject_CallNoArgs(st->torch_fw_enabled);
+  if (r == NULL) return -1;
+  int on = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return on;
+}
+
+int dlb__torch_functorch_wrapped(dlb_module_state *st, PyObject *obj) {
+  PyTypeObject *base = DLB_FT_LOAD_PTR(&st->torch_base);
+  if (st->torch_wrapped == NULL || base == NULL ||
+      !PyObject_TypeCheck(obj, base))
+    return 0;
+  dlb__saved_error e;
+  dlb__error_save(&e);
+  PyObject *r = PyObject_CallOneArg(st->torch_wrapped, obj);
+  int wrapped = r != NULL && PyObject_IsTrue(r) == 1;
+  Py_XDECREF(r);
+  PyErr_Clear();
+  if (wrapped) {
+    dlb__error_discard(&e); /* not an error: the call is functorch's */
+    return 1;
+  }
+  dlb__error_restore(&e);
+  return 0;
+}
+
 int dlb__torch_bump_versions(dlb_module_state *st, PyObject *const *objs,
                              int n) {
   int ntorch = 0, unused = 0;
@@ -508,6 +567,10 @@ int dlb__torch_traverse(dlb_module_state *st, visitproc visit, void *arg) {
   }
   Py_VISIT(st->torch_grad_enabled);
   Py_VISIT(st->torch_bump);
+  Py_VISIT(st->torch_fwad);
+  Py_VISIT(st->torch_fw_enabled);
+  Py_VISIT(st->torch_wrapped);
+  Py_VISIT(st->torch_fw_level);
   return 0;
 }
 
@@ -519,6 +582,10 @@ void dlb__torch_clear(dlb_module_state *st) {
   }
   Py_CLEAR(st->torch_grad_enabled);
   Py_CLEAR(st->torch_bump);
+  Py_CLEAR(st->torch_fwad);
+  Py_CLEAR(st->torch_fw_enabled);
+  Py_CLEAR(st->torch_wrapped);
+  Py_CLEAR(st->torch_fw_level);
   DLB_FT_STORE_INT(&st->torch_bits, DLB_TORCH_BITS_UNTRIED);
   st->torch_found = 0;
 }

@@ -328,7 +328,8 @@ def test_no_backward_compiled(k):
         return k.matmul(a, b)
     a = torch.ones(3, 4, requires_grad=True)
     b = torch.ones(4, 5)
-    message = "matmul: dlbridge Function has no backward"
+    message = ("matmul: dlbridge Function has no backward (declare vjp= to "
+               "differentiate through it)")
     for backend in ("aot_eager", "inductor"):
         exc = _raised(lambda: torch.compile(f, backend=backend,
                                             fullgraph=True)(a, b))
