@@ -527,9 +527,18 @@ class _Batched:
         return _Batched(self, size, dims)
 
 
-@functools.lru_cache(maxsize=256)
-def _rules(jax, fn, key, statics_items):
-    return _Rules(jax, fn, dict(statics_items))
+_rules_cache = {}
+
+
+def _rules(jax, fn, key, statics):
+    """The rules of (fn, its constants): one object per call site kind, so
+    its custom_vjp is traced once (bounded: cleared when full)."""
+    rules = _rules_cache.get((fn, key))
+    if rules is None:
+        if len(_rules_cache) >= 256:
+            _rules_cache.clear()
+        rules = _rules_cache[fn, key] = _Rules(jax, fn, statics)
+    return rules
 
 
 @functools.lru_cache(maxsize=256)
@@ -570,8 +579,7 @@ def _differentiable_call(jax, fn, args):
         else:
             _refuse(fn, name, arg)
     key = tuple((i, _static_key(v)) for i, v in sorted(statics.items()))
-    rules = _rules(jax, fn, key, tuple(sorted(statics.items(),
-                                              key=lambda kv: kv[0])))
+    rules = _rules(jax, fn, key, statics)
     if fn._jvp is None:
         try:
             out = _custom_vjp(rules)(*operands)
