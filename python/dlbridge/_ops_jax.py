@@ -91,6 +91,11 @@ def register(*functions):
     jax = _jax()
     for fn in functions:
         _core._ops_register(fn)
+        # a graph exported with its vjp (serialize(vjp_order=1)) names the
+        # derivative kernels' Functions too
+        for d in (getattr(fn, "_vjp", None), getattr(fn, "_jvp", None)):
+            if d is not None:
+                register(d)
     _register_targets(jax)
 
 
@@ -151,12 +156,21 @@ def _refuse(fn, name, arg):
 def _no_derivative(fn):
     raise TypeError(f"{fn.name}: a dlbridge Function has no derivative, so "
                     f"jax.grad, jax.vjp and jax.jvp cannot differentiate "
-                    f"through it; give the call a rule with jax.custom_vjp, "
-                    f"or apply jax.lax.stop_gradient to its arguments")
+                    f"through it; declare its vjp= (and jvp=) kernels, or "
+                    f"apply jax.lax.stop_gradient to its arguments")
+
+
+def _no_second_order(primal):
+    """The refusal of a derivative of ``primal``'s vjp or jvp Function,
+    which declares none of its own (JAX's TypeError, the text every
+    framework gives)."""
+    from . import _autodiff
+    raise TypeError(f"{_autodiff.no_second_order(primal)}: jax.hessian, "
+                    f"jacfwd(jacrev) and grad of grad cannot go through it")
 
 
 @functools.lru_cache(maxsize=256)
-def _op(jax, fn, out_specs, nout, aliases, scalars=()):
+def _op(jax, fn, out_specs, nout, aliases, scalars=(), second_order_of=None):
     """The traced op for a call of fn producing out_specs ((shape, dtype)
     per result, the `mut` values last; aliases: the `mut` inputs; scalars:
     (input, dtype str, value bytes) of each 0-d input given as a scalar
@@ -179,7 +193,10 @@ def _op(jax, fn, out_specs, nout, aliases, scalars=()):
     def op(*xs):
         return custom_call(*xs, **attrs)
 
-    op.defjvp(lambda primals, tangents: _no_derivative(fn))
+    if second_order_of is None:
+        op.defjvp(lambda primals, tangents: _no_derivative(fn))
+    else:
+        op.defjvp(lambda primals, tangents: _no_second_order(second_order_of))
     return op
 
 
@@ -267,10 +284,21 @@ def _result_shape(fn, o, shape, shapes):
     return tuple(out)
 
 
-def call(fn, args):
+def call(fn, args, second_order_of=None):
     """Call Function ``fn`` on ``args`` (a tuple, in parameter order) while
-    JAX traces: one XLA custom call, its results as JAX arrays."""
+    JAX traces: one XLA custom call, its results as JAX arrays; under the
+    derivative rules of its vjp/jvp kernels when it declares them.
+    ``second_order_of``: the Function whose derivative ``fn`` is (its
+    refusal to be differentiated then says so)."""
     jax = _jax()
+    if (getattr(fn, "_vjp", None) is not None
+            or getattr(fn, "_jvp", None) is not None):
+        return _differentiable_call(jax, fn, args)
+    return _plain_call(jax, fn, args, second_order_of)
+
+
+def _plain_call(jax, fn, args, second_order_of=None):
+    """Today's call: one custom call under a JVP rule that refuses."""
     operands = []
     specs = []
     shapes = []      # each tensor argument's shape, symbolic dimensions kept
@@ -309,13 +337,275 @@ def call(fn, args):
         skip = set(as_attrs)
         operands = [a for i, a in enumerate(operands) if i not in skip]
     try:
-        op = _op(jax, fn, out_specs, len(results), aliases, scalars)
+        op = _op(jax, fn, out_specs, len(results), aliases, scalars,
+                 second_order_of)
     except TypeError:                # a symbolic extent that cannot be hashed
         op = _op.__wrapped__(jax, fn, out_specs, len(results), aliases,
-                             scalars)
+                             scalars, second_order_of)
     outs = op(*operands)
     if not out_specs:
         return None
     if len(out_specs) == 1:
         return outs[0]
     return tuple(outs)
+
+
+# ---- derivatives: the vjp and jvp kernels (docs/compiled.md, "JAX") ---------
+#
+# A Function with a vjp and no jvp: jax.custom_vjp around the custom call
+# (the stable API; forward mode is JAX's own refusal).  With a jvp as well:
+# the HiJAX primitive of _hijax.py, the one route that carries both.  Either
+# way the derivative kernels are Functions called through this module's
+# call() (so each is its own custom call, and differentiating one again is
+# its refusal, naming the primal), and the rules are the same:
+#   * the forward saves exactly the inputs/results its vjp names;
+#   * a cotangent JAX gives as a symbolic zero (a result the loss did not
+#     use) reaches the kernel as zeros; a non-differentiable input gets None;
+#   * vjp kernels compute JAX's ct . J (complex: no conjugation), so their
+#     results are the cotangents as they are.
+# Python numbers (and 0-d constants kept out of the operands, _x64_plan) are
+# not arguments of the differentiable op: they are constants, closed over
+# by the call site's rules and handed to the derivative kernels as they are.
+
+_STATIC = object()
+
+
+def _static_key(v):
+    """A hashable key of a constant argument that tells apart what == does
+    not (0.0 and -0.0, 1 and 1.0 and True)."""
+    if isinstance(v, _NUMBERS):
+        return (type(v).__name__, repr(v))
+    v = np.asarray(v)
+    return (v.dtype.str, v.shape, v.tobytes())
+
+
+class _Rules:
+    """How one call site's forward, vjp and jvp Functions are called, on
+    the operands of the differentiable op (the arguments less the constants
+    in ``statics``: input index -> value)."""
+
+    def __init__(self, jax, fn, statics):
+        self.jax, self.fn, self.name = jax, fn, fn.name
+        self.statics = statics
+        self.operand_of = {}               # input index -> operand position
+        for i in range(fn.nin):
+            if i not in statics:
+                self.operand_of[i] = len(self.operand_of)
+        diff = fn._diff_inputs or ()
+        self._diff = frozenset(self.operand_of[i] for i in diff
+                               if i in self.operand_of)
+        self.nout = fn.nout
+        self._diff_results = frozenset(fn._diff_results or ())
+
+    def __repr__(self):
+        return self.name
+
+    def inputs(self, xs):
+        """Every input of the primal, the constants put back."""
+        return [self.statics[i] if i in self.statics
+                else xs[self.operand_of[i]] for i in range(self.fn.nin)]
+
+    def diff_operands(self):
+        return self._diff
+
+    def out_nzs(self):
+        return tuple(o in self._diff_results for o in range(self.nout))
+
+    def check_reverse(self):
+        if self.fn._vjp is None:
+            _no_derivative(self.fn)
+
+    def primal(self, *xs):
+        outs = _plain_call(self.jax, self.fn, self.inputs(xs))
+        return outs if self.nout != 1 else (outs,)
+
+    def save(self, xs, outs):
+        """(saved inputs by index, saved results by index): what the vjp
+        names, nothing else."""
+        ins = sorted({i for kind, i in self.fn._vjp_args
+                      if kind == "input" and i in self.operand_of})
+        res = sorted({o for kind, o in self.fn._vjp_args if kind == "result"})
+        return (tuple(xs[self.operand_of[i]] for i in ins),
+                tuple(outs[o] for o in res))
+
+    def vjp(self, res, cts):
+        """The cotangent of each operand (None: not differentiable) from
+        the saved values and the result cotangents (zeros where unused)."""
+        fn = self.fn
+        ins = sorted({i for kind, i in fn._vjp_args
+                      if kind == "input" and i in self.operand_of})
+        outs = sorted({o for kind, o in fn._vjp_args if kind == "result"})
+        inputs = dict(zip(ins, res[0]))
+        inputs.update(self.statics)
+        results = dict(zip(outs, res[1]))
+        args = []
+        for kind, i in fn._vjp_args:
+            args.append(inputs[i] if kind == "input" else
+                        results[i] if kind == "result" else cts[i])
+        got = call(fn._vjp, tuple(args), second_order_of=fn)
+        got = got if isinstance(got, tuple) else (got,)
+        out = [None] * len(self.operand_of)
+        for k, i in enumerate(fn._vjp_results):
+            if i in self.operand_of:
+                out[self.operand_of[i]] = got[k]
+        return tuple(out)
+
+    def jvp(self, xs, outs, ts):
+        """The tangent of each result (None: not differentiable) from the
+        operands, the results and the operands' tangents (None where the
+        operand has none)."""
+        fn = self.fn
+        inputs = self.inputs(xs)
+        args = []
+        for kind, i in fn._jvp_args:
+            if kind == "input":
+                args.append(inputs[i])
+            elif kind == "result":
+                args.append(outs[i])
+            elif i in self.operand_of:
+                args.append(ts[self.operand_of[i]])
+            else:                        # a constant: its tangent is zero
+                args.append(np.zeros((), _np_dtype(fn, fn._inputs[i][1])))
+        got = call(fn._jvp, tuple(args), second_order_of=fn)
+        got = got if isinstance(got, tuple) else (got,)
+        out = [None] * self.nout
+        for k, o in enumerate(fn._jvp_results):
+            out[o] = got[k]
+        return tuple(out)
+
+    def batched(self, size, dims):
+        return _Batched(self, size, dims)
+
+
+class _Batched:
+    """The rules of a call site under jax.vmap: the same calls, vmapped
+    (each Function call batches as it does today), on operands batched
+    along ``dims`` (None: unbatched); every result is batched at 0."""
+
+    def __init__(self, inner, size, dims):
+        self.inner, self.size, self.dims = inner, size, dims
+        self.jax, self.name, self.nout = inner.jax, inner.name, inner.nout
+
+    def __repr__(self):
+        return f"vmap({self.inner!r})"
+
+    def diff_operands(self):
+        return self.inner.diff_operands()
+
+    def out_nzs(self):
+        return self.inner.out_nzs()
+
+    def check_reverse(self):
+        self.inner.check_reverse()
+
+    def _vmap(self, f, in_axes, out_axes=0):
+        return self.jax.vmap(f, in_axes=in_axes, out_axes=out_axes,
+                             axis_size=self.size)
+
+    def primal(self, *xs):
+        return tuple(self._vmap(lambda *xs: tuple(self.inner.primal(*xs)),
+                                self.dims)(*xs))
+
+    def save(self, xs, outs):
+        return self.inner.save(xs, outs)
+
+    def vjp(self, res, cts):
+        res_dims = self.inner.save(self.dims, (0,) * self.nout)
+        out_axes = tuple(0 if d is None else d for d in self.dims)
+        got = self._vmap(self.inner.vjp, (res_dims, 0), out_axes)(res, cts)
+        # an unbatched operand's cotangent: the sum over the batch
+        return tuple(g.sum(axis=0) if g is not None and d is None else g
+                     for g, d in zip(got, self.dims))
+
+    def jvp(self, xs, outs, ts):
+        ts_dims = tuple(None if t is None else d
+                        for t, d in zip(ts, self.dims))
+        return tuple(self._vmap(self.inner.jvp,
+                                (self.dims, 0, ts_dims))(xs, outs, ts))
+
+    def batched(self, size, dims):
+        return _Batched(self, size, dims)
+
+
+_rules_cache = {}
+
+
+def _rules(jax, fn, key, statics):
+    """The rules of (fn, its constants): one object per call site kind, so
+    its custom_vjp is traced once (bounded: cleared when full)."""
+    rules = _rules_cache.get((fn, key))
+    if rules is None:
+        if len(_rules_cache) >= 256:
+            _rules_cache.clear()
+        rules = _rules_cache[fn, key] = _Rules(jax, fn, statics)
+    return rules
+
+
+@functools.lru_cache(maxsize=256)
+def _custom_vjp(rules):
+    """jax.custom_vjp of one call site's rules (cached: a fresh one costs
+    more to trace)."""
+    jax = rules.jax
+    nout = rules.nout
+
+    @jax.custom_vjp
+    def op(*xs):
+        outs = rules.primal(*xs)
+        return outs[0] if nout == 1 else tuple(outs)
+
+    def fwd(*xs):
+        out = op(*xs)            # op again: an outer grad differentiates it
+        outs = (out,) if nout == 1 else out
+        return out, rules.save(xs, outs)
+
+    def bwd(res, cts):
+        return rules.vjp(res, (cts,) if nout == 1 else tuple(cts))
+
+    op.defvjp(fwd, bwd)
+    return op
+
+
+def _differentiable_call(jax, fn, args):
+    """A call of a Function with derivative kernels: its custom call under
+    custom_vjp (a vjp only) or inside the HiJAX primitive (a jvp too)."""
+    args = tuple(args)
+    scalars = set(_x64_plan(jax, fn, args))
+    statics, operands = {}, []
+    for i, ((name, _, _, _), arg) in enumerate(zip(fn._inputs, args)):
+        if isinstance(arg, _NUMBERS) or i in scalars:
+            statics[i] = arg
+        elif isinstance(arg, (jax.Array, np.ndarray, np.generic)):
+            operands.append(arg)
+        else:
+            _refuse(fn, name, arg)
+    key = tuple((i, _static_key(v)) for i, v in sorted(statics.items()))
+    rules = _rules(jax, fn, key, statics)
+    if fn._jvp is None:
+        try:
+            out = _custom_vjp(rules)(*operands)
+        except TypeError as e:
+            if "forward-mode autodiff" not in str(e):
+                raise
+            raise TypeError(f"{fn.name}: a dlbridge Function has no "
+                            f"derivative for forward mode (jax.jvp, jacfwd, "
+                            f"linearize): {_forward_hint(fn)}") from e
+        return out
+    from . import _hijax
+    if not _hijax.available():
+        raise TypeError(f"{fn.name}(): a Function with a jvp= kernel needs "
+                        f"JAX's HiJAX primitives (jax.experimental.hijax), "
+                        f"which JAX {jax.__version__} lacks")
+    import jax.numpy as jnp
+    operands = [jnp.asarray(x) if isinstance(x, (np.ndarray, np.generic))
+                else x for x in operands]
+    out_avals = jax.eval_shape(rules.primal, *operands)
+    in_avals = [_hijax.ShapedArray(tuple(x.shape), x.dtype) for x in operands]
+    out_avals = [_hijax.ShapedArray(tuple(a.shape), a.dtype)
+                 for a in out_avals]
+    outs = _hijax.primitive(rules, in_avals, out_avals)(*operands)
+    return outs[0] if fn.nout == 1 else tuple(outs)
+
+
+def _forward_hint(fn):
+    from . import _autodiff
+    return str(_autodiff.no_forward_ad(fn))
