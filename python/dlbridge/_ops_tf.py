@@ -99,16 +99,59 @@ def _constant(tf, fn, name, dtype, value):
     return tf.constant(element, dtype=tf_dtype)
 
 
+def _no_backward_error(fn):
+    return RuntimeError(f"{fn.name}: dlbridge Function has no backward")
+
+
+def _no_forward_ad(fn):
+    return RuntimeError(f"{fn.name}: forward-mode AD needs a jvp= kernel")
+
+
+def _eager(tf, fn, args):
+    """The eager call of ``fn`` on ``args`` when the C call handed it here:
+    a tf.Variable is among them, or a GradientTape or ForwardAccumulator is
+    recording on this thread (function_call.c asks TF's own
+    TFE_Py_TapeSetIsEmpty before it reads a TF tensor: a kernel run
+    directly is nothing a tape can see, and tape.gradient would be None).
+    A Variable is read with v.value(): a ReadVariableOp, which a recording
+    tape sees and which makes it watch a trainable variable.  Then, when a
+    tape watches a tensor argument, the call is recorded with the
+    Function's vjp, or refused (RuntimeError) when it has none; when
+    nothing watches one, the kernel runs directly with recording stopped
+    (which the C call's check sees: no second trip here)."""
+    from tensorflow.python.eager import record
+
+    args = tuple(a.value() if isinstance(a, tf.Variable) else a
+                 for a in args)
+    if not record.could_possibly_record():
+        return fn(*args)
+    from tensorflow.python import pywrap_tfe
+
+    inputs = [a for a in args if isinstance(a, tf.Tensor)]
+    backward = record.should_record_backprop(inputs)
+    # ForwardAccumulators: the tangents they carry for these tensors
+    forward = bool(pywrap_tfe.TFE_Py_PackJVPs(inputs)[1])
+    if backward and getattr(fn, "_vjp", None) is None:
+        raise _no_backward_error(fn)
+    if forward and getattr(fn, "_jvp", None) is None:
+        raise _no_forward_ad(fn)
+    with record.stop_recording():
+        return fn(*args)
+
+
 def call(fn, args):
     """Call Function ``fn`` on ``args`` (parameter order) while tf.function
     traces: add a DlbridgeCall node to the graph and return its outputs --
     the declared results, then the updated value of each ``mut`` input;
-    None when there are none, the tensor itself when there is one."""
+    None when there are none, the tensor itself when there is one.
+    Eagerly (a tf.Variable argument, a tape recording): ``_eager``."""
     import tensorflow as tf
     from tensorflow.python.eager import execute
     from tensorflow.python.framework import op_def_library, ops
     from tensorflow.python.ops import control_flow_util
 
+    if tf.executing_eagerly():
+        return _eager(tf, fn, args)
     if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
         raise TypeError(
             f"{fn.name}(): a dlbridge Function cannot be compiled by XLA "
