@@ -277,16 +277,25 @@ _TRACED_BASES = frozenset({
     ("tensorflow.python.framework.ops", "SymbolicTensor"),
 })
 
+# Types whose value a Function call reads through its framework's route as
+# well (dlbridge._compiled), never in C: a tf.Variable is read with
+# v.value() -- eagerly a ReadVariableOp, which every recording tape sees,
+# inside tf.function a graph tensor -- by dlbridge._ops_tf.
+_ROUTED_BASES = frozenset({
+    ("tensorflow.python.ops.variables", "Variable"),
+})
+
 
 def _is_traced(tp):
-    """Whether ``tp`` is a graph compiler's placeholder for a tensor.  Asked
-    by the C handler cache once per type of the jax, torch and tensorflow
-    frameworks; a Function called with one hands the call to the compiler
+    """Whether ``tp`` is a graph compiler's placeholder for a tensor, or a
+    type read through the compiler's route (a tf.Variable).  Asked by the C
+    handler cache once per type of the jax, torch and tensorflow frameworks;
+    a Function called with one hands the call to the compiler's route
     (dlbridge._compiled)."""
     for base in getattr(tp, "__mro__", ()):
         key = (getattr(base, "__module__", None),
                getattr(base, "__qualname__", None))
-        if key in _TRACED_BASES:
+        if key in _TRACED_BASES or key in _ROUTED_BASES:
             return True
     return False
 

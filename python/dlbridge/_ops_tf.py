@@ -25,19 +25,85 @@ _lock = threading.Lock()
 _ready = False
 
 
-def _no_backward(op, *grads):
-    """The gradient of DlbridgeCall: there is none."""
+# identity of a vjp Function -> the Function whose vjp it is: the gradient
+# of a vjp node names the second order that is missing, not the vjp.
+_VJP_OWNER = {}
+
+
+def _autodiff():
+    from . import _autodiff
+    return _autodiff
+
+
+def _no_derivative(fn):
+    """The RuntimeError for a backward through ``fn`` that has no vjp."""
+    owner = _VJP_OWNER.get(fn._identity)
+    if owner is not None:
+        return _autodiff().no_second_order(owner)
+    return _autodiff().no_backward(fn)
+
+
+def _conj(tf, t):
+    return tf.math.conj(t) if t is not None and t.dtype.is_complex else t
+
+
+def _backward(tf, fn, inputs, results, grads):
+    """The cotangents of ``fn``'s inputs (one per parameter, None where an
+    input is not differentiable), running its vjp Function on ``inputs``
+    (per parameter), ``results`` (the declared results) and ``grads`` (one
+    per result, None where TensorFlow has none): eagerly a kernel call,
+    inside tf.function another DlbridgeCall node.  A differentiable
+    result's missing cotangent is zeros (the kernel always gets a buffer).
+    Complex: the kernels compute JAX's ct.J; TensorFlow's gradients are
+    its conjugate (as torch's), so the cotangents go in conjugated and come
+    out conjugated.  Shapes: the vjp's signature binds every cotangent's
+    extents to its primal's (checked when the Function was made), and the
+    vjp call checks its inputs against it, so a result is its input's
+    shape -- TensorFlow would accept any."""
+    diff = set(fn._diff_results)
+    cts = []
+    for r, (res, g) in enumerate(zip(results, grads)):
+        if r not in diff:
+            cts.append(None)
+        elif g is None:
+            cts.append(tf.zeros_like(res))
+        else:
+            cts.append(_conj(tf, tf.convert_to_tensor(g, dtype=res.dtype)))
+    args = _autodiff().vjp_arguments(fn, list(inputs), list(results), cts)
+    outs = fn._vjp(*args)
+    if not isinstance(outs, (tuple, list)):
+        outs = (outs,)
+    out = [None] * len(fn._inputs)
+    for k, i in enumerate(fn._vjp_results):
+        out[i] = _conj(tf, outs[k])
+    return out
+
+
+def _gradient(op, *grads):
+    """The gradient of DlbridgeCall, for every Function: the node's
+    ``function`` attribute names it; its vjp Function runs (another
+    DlbridgeCall node inside tf.function), or, without one, the
+    RuntimeError says so."""
+    import tensorflow as tf
+
     identity = op.get_attr("function")
     if isinstance(identity, bytes):
         identity = identity.decode("utf-8", "replace")
     fn = _core._ops_find(identity)
-    name = fn.name if fn is not None else identity
-    raise RuntimeError(f"{name}: dlbridge Function has no backward")
+    if fn is None:
+        raise RuntimeError(f"{identity}: dlbridge Function has no backward "
+                           f"(no Function with this identity is registered)")
+    if getattr(fn, "_vjp", None) is None:
+        raise _no_derivative(fn)
+    nres = len(fn._result_names)
+    outputs = list(op.outputs)
+    return _backward(tf, fn, list(op.inputs), outputs[:nres],
+                     list(grads[:nres]))
 
 
 def _ensure_op(tf):
-    """Register DlbridgeCall with TensorFlow once per process (and its
-    gradient, which raises)."""
+    """Register DlbridgeCall with TensorFlow once per process, and its
+    one gradient (_gradient)."""
     global _ready
     if _ready:
         return
@@ -49,7 +115,7 @@ def _ensure_op(tf):
         # the extension registers only when TF does not know it yet.
         _core._tf_register(op_def_registry.get(_core._TF_OP) is not None)
         try:
-            tf.RegisterGradient(_core._TF_OP)(_no_backward)
+            tf.RegisterGradient(_core._TF_OP)(_gradient)
         except KeyError:  # this module was imported again
             pass
         _ready = True
@@ -99,16 +165,89 @@ def _constant(tf, fn, name, dtype, value):
     return tf.constant(element, dtype=tf_dtype)
 
 
+def _eager(tf, fn, args):
+    """The eager call of ``fn`` on ``args`` when the C call handed it here:
+    a tf.Variable is among them, or a GradientTape or ForwardAccumulator is
+    recording on this thread (function_call.c asks TF's own
+    TFE_Py_TapeSetIsEmpty before it reads a TF tensor: a kernel run
+    directly is nothing a tape can see, and tape.gradient would be None).
+    A Variable is read with v.value(): a ReadVariableOp, which a recording
+    tape sees and which makes it watch a trainable variable.  Then, when a
+    tape watches a tensor argument, the call is recorded with the
+    Function's vjp, or refused (RuntimeError) when it has none; a
+    ForwardAccumulator carrying a tangent for one is refused (no forward
+    mode here).  When nothing watches one, the kernel runs directly with
+    recording stopped (which the C call's check sees: no second trip)."""
+    from tensorflow.python.eager import record
+
+    args = tuple(a.value() if isinstance(a, tf.Variable) else a
+                 for a in args)
+    if not record.could_possibly_record():
+        return fn(*args)
+    from tensorflow.python import pywrap_tfe
+
+    inputs = [a for a in args if isinstance(a, tf.Tensor)]
+    backward = record.should_record_backprop(inputs)
+    # ForwardAccumulators: the tangents they carry for these tensors
+    forward = bool(pywrap_tfe.TFE_Py_PackJVPs(inputs)[1])
+    if forward:
+        # TF would otherwise build the jvp from the backward twice over,
+        # through the vjp's vjp, which no Function has.
+        raise _autodiff().no_forward_ad(fn)
+    if backward and getattr(fn, "_vjp", None) is None:
+        raise _no_derivative(fn)
+    with record.stop_recording():
+        out = fn(*args)
+    if not backward:
+        return out
+    outs = list(out) if isinstance(out, tuple) else [out]
+    where = [i for i, a in enumerate(args) if isinstance(a, tf.Tensor)]
+
+    def backward_function(*grads):
+        cts = _backward_eager(tf, fn, args, outs, grads)
+        return [cts[i] for i in where]
+
+    record.record_operation(_core._TF_OP, outs, inputs, backward_function)
+    return out
+
+
+def _backward_eager(tf, fn, args, outs, grads):
+    """_backward run eagerly, its vjp call recorded in turn when a tape
+    still records (tape.gradient inside a persistent tape's block, nested
+    tapes) with a backward that refuses: a second derivative is asked for
+    only when that backward runs, and it is then an error, never a
+    silently missing term."""
+    from tensorflow.python.eager import record
+
+    with record.stop_recording():
+        cts = _backward(tf, fn, args, outs, list(grads))
+    if record.could_possibly_record():
+        sources = [a for a in args if isinstance(a, tf.Tensor)]
+        sources += [o for o in outs if isinstance(o, tf.Tensor)]
+        sources += [g for g in grads if isinstance(g, tf.Tensor)]
+        if record.should_record_backprop(sources):
+            results = [c for c in cts if c is not None]
+
+            def refuse(*unused):
+                raise _autodiff().no_second_order(fn)
+
+            record.record_operation(_core._TF_OP, results, sources, refuse)
+    return cts
+
+
 def call(fn, args):
     """Call Function ``fn`` on ``args`` (parameter order) while tf.function
     traces: add a DlbridgeCall node to the graph and return its outputs --
     the declared results, then the updated value of each ``mut`` input;
-    None when there are none, the tensor itself when there is one."""
+    None when there are none, the tensor itself when there is one.
+    Eagerly (a tf.Variable argument, a tape recording): ``_eager``."""
     import tensorflow as tf
     from tensorflow.python.eager import execute
     from tensorflow.python.framework import op_def_library, ops
     from tensorflow.python.ops import control_flow_util
 
+    if tf.executing_eagerly():
+        return _eager(tf, fn, args)
     if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
         raise TypeError(
             f"{fn.name}(): a dlbridge Function cannot be compiled by XLA "
@@ -139,6 +278,12 @@ def call(fn, args):
 
     _ensure_op(tf)
     _core._ops_register(fn)  # ValueError: another kernel has this identity
+    vjp = getattr(fn, "_vjp", None)
+    if vjp is not None:
+        # with the forward: the gradient of this node (_gradient) finds it,
+        # and a gradient of its node names the missing second order
+        _core._ops_register(vjp)
+        _VJP_OWNER[vjp._identity] = fn
 
     inputs = []
     for (name, dtype, ndim, mut), arg, spec in zip(params, args, specs):

@@ -713,6 +713,15 @@ typedef struct dlb_handler {
    * every other kind. */
   PyObject *to_capsule;
   PyObject *dtype_enum;
+  /* DLB_KIND_TF_EAGER: tensorflow.python.pywrap_tfe.TFE_Py_TapeSetIsEmpty
+   * (a C function, strong), which a Function call asks once before it reads
+   * a TF tensor: a GradientTape or ForwardAccumulator that is recording
+   * would see nothing of a kernel run directly (function_call.c); NULL for
+   * every other kind. */
+  PyObject *tape_empty;
+  /* The C++ function behind it, when found (handlers.c): called directly,
+   * it costs a few ns where pybind11's dispatch of tape_empty costs ~150. */
+  PyObject *(*tape_empty_c)(void);
   /* Framework name from the type's module ("numpy", "torch", "jax",
    * "tensorflow", "cupy", "dlbridge", ...): interned str, strong ref. */
   PyObject *framework;

@@ -200,6 +200,38 @@ static const dlb_handler *arg_handler(fn_object *fn, int i, PyObject *obj,
 DLB__OUT_OF_LINE(const dlb_handler *, arg_handler,
                  (fn_object *, int, PyObject *, int *, int *));
 
+/* fn_frame.marked only: a TensorFlow argument's tape check ran in this call
+ * and found nothing recording -- it is asked once per call, not per
+ * tensor. */
+#define MARK_TAPE_ASKED (1u << 7)
+_Static_assert((MARK_TAPE_ASKED & (MARK_AUTOGRAD | MARK_COPY | MARK_WRITTEN |
+                                   MARK_OWNING)) == 0,
+               "MARK_TAPE_ASKED collides with a mark of function.h");
+
+/* Whether a TensorFlow GradientTape or ForwardAccumulator records on this
+ * thread (h: a TF eager tensor's handler, whose tape_empty is TF's own
+ * TFE_Py_TapeSetIsEmpty: a C function reading thread state, no Python code;
+ * True as well inside tape.stop_recording()).  A kernel run directly is
+ * nothing a tape can see -- tape.gradient would be None, silently -- so such
+ * a call goes to python/dlbridge/_ops_tf.py, which records it with the
+ * Function's vjp or refuses it.  1, 0, or -1 with an exception. */
+static int tf_recording(const dlb_handler *h) {
+  PyObject *empty;
+  if (h->tape_empty_c != NULL) {
+    empty = h->tape_empty_c(); /* Py_True or Py_False, a new reference */
+  } else {
+    PyObject *check = Py_NewRef(h->tape_empty);
+    empty = PyObject_CallNoArgs(check);
+    Py_DECREF(check);
+  }
+  if (empty == NULL) return -1;
+  int recording = empty == Py_False;
+  Py_DECREF(empty);
+  return recording;
+}
+
+DLB__OUT_OF_LINE(int, tf_recording, (const dlb_handler *));
+
 #ifdef Py_GIL_DISABLED
 /* Hold obj's class as argument i's type for the rest of the call
  * (fn_frame.tpins), letting go of the one held before: obj's class changed
@@ -225,8 +257,9 @@ DLB__OUT_OF_LINE(void, pin_type, (fn_frame *, int, PyObject *, int *));
  * other kind is read owning (producers'
  * __dlpack__ run Python code).  *python is set when Python code may have
  * run.  0, -1 (the caller names the argument), or 1 when obj is a graph
- * compiler's placeholder (nothing read; views[i].handler is its handler):
- * the call belongs to the compiler. */
+ * compiler's placeholder, or a TF tensor while a tape records (nothing
+ * read; views[i].handler is its handler): the call belongs to the
+ * compiler's route (dlbridge._compiled). */
 static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
                                   int i, int *python) {
   dlb_module_state *st = fn->st;
@@ -307,6 +340,16 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
       return 0;
     default:
       break;
+  }
+  if (h->tape_empty != NULL && !(f->marked & MARK_TAPE_ASKED)) {
+    /* a TF eager tensor; the kinds above never are */
+    int recording = tf_recording_out_of_line(h);
+    if (recording < 0) return -1;
+    if (recording) {
+      f->views[i].handler = h; /* the call is TF's route's, as a trace's */
+      return 1;
+    }
+    f->marked |= MARK_TAPE_ASKED;
   }
   *python = 1;
   /* obj's class, held while h is used: reading runs Python code

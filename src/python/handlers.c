@@ -52,6 +52,7 @@
  */
 #include "dlbridge_py.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +86,7 @@ static void entry_free(handler_entry *e) {
     Py_CLEAR(e->h.api_owner);
     Py_CLEAR(e->h.to_capsule);
     Py_CLEAR(e->h.dtype_enum);
+    Py_CLEAR(e->h.tape_empty);
     Py_CLEAR(e->h.framework);
     PyMem_Free(e);
     e = next;
@@ -355,13 +357,35 @@ static PyObject *attr_of_loaded_module(const char *module, const char *attr) {
  * (from 1.2 us to about 0.45 us per tensor).  Checked, not assumed: the
  * TensorFlow major version is 2, the method's code names
  * TFE_ToDlpackCapsule, that name in pywrap_tfe is a C function, and the
- * type has _datatype_enum (to refuse the dtypes TF aborts on).  1 with two
- * new references, or 0 (no exception) when anything differs: the type then
- * goes through __dlpack__ like any producer. */
+ * type has _datatype_enum (to refuse the dtypes TF aborts on).  Also
+ * pywrap_tfe's TFE_Py_TapeSetIsEmpty, the tape check a Function call makes
+ * (function_call.c): a type read without it would give a tape nothing to
+ * record, so it is required too.  1 with three new references, or 0 (no
+ * exception) when anything differs: the type then goes through __dlpack__
+ * like any producer. */
+/* TFE_Py_TapeSetIsEmpty itself, the C++ function pywrap_tfe's binding
+ * calls -- `PyObject *TFE_Py_TapeSetIsEmpty()`, exported by the library
+ * TensorFlow's Python bindings share (Itanium mangling, which names no
+ * return type) -- or NULL when this TensorFlow has no such symbol there:
+ * the binding is called then.  Found in the copy `import tensorflow`
+ * loaded (RTLD_NOLOAD); the library is never unloaded while TF lives. */
+static PyObject *(*tf_tape_empty_c(void))(void) {
+  void *lib = dlopen("lib_pywrap_tensorflow_common.so",
+                     RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (lib == NULL) return NULL;
+  void *sym = dlsym(lib, "_Z21TFE_Py_TapeSetIsEmptyv");
+  PyObject *(*fn)(void) = NULL;
+  memcpy(&fn, &sym, sizeof fn); /* object to function pointer, as POSIX allows */
+  dlclose(lib); /* drops our reference only: the library stays loaded */
+  return fn;
+}
+
 static int tf_capsule_function(dlb_module_state *st, PyTypeObject *type,
-                               PyObject **out_fn, PyObject **out_dtype_enum) {
+                               PyObject **out_fn, PyObject **out_dtype_enum,
+                               PyObject **out_tape_empty) {
   PyObject *fn = NULL, *names = NULL, *version = NULL, *dtype_enum = NULL;
-  *out_fn = *out_dtype_enum = NULL;
+  PyObject *tape_empty = NULL;
+  *out_fn = *out_dtype_enum = *out_tape_empty = NULL;
   /* Held: the module lookups below may run Python code. */
   PyObject *dunder = dlb__py_type_lookup(type, st->str_dlpack);
   if (dunder == NULL || !PyFunction_Check(dunder)) goto done;
@@ -386,15 +410,21 @@ static int tf_capsule_function(dlb_module_state *st, PyTypeObject *type,
   fn = attr_of_loaded_module("tensorflow.python.pywrap_tfe",
                              "TFE_ToDlpackCapsule");
   if (fn != NULL && !PyCFunction_Check(fn)) Py_CLEAR(fn);
+  tape_empty = attr_of_loaded_module("tensorflow.python.pywrap_tfe",
+                                     "TFE_Py_TapeSetIsEmpty");
+  if (tape_empty != NULL && !PyCFunction_Check(tape_empty))
+    Py_CLEAR(tape_empty);
   dtype_enum = PyObject_GetAttrString((PyObject *)type, "_datatype_enum");
-  if (fn != NULL && dtype_enum != NULL) {
+  if (fn != NULL && dtype_enum != NULL && tape_empty != NULL) {
     *out_fn = fn;
     *out_dtype_enum = dtype_enum;
-    fn = dtype_enum = NULL;
+    *out_tape_empty = tape_empty;
+    fn = dtype_enum = tape_empty = NULL;
   }
 done:
   Py_XDECREF(fn);
   Py_XDECREF(dtype_enum);
+  Py_XDECREF(tape_empty);
   Py_XDECREF(names);
   Py_XDECREF(version);
   Py_XDECREF(dunder);
@@ -434,7 +464,9 @@ static void classify(dlb_module_state *st, struct dlb_handler_cache *c,
     return;
   }
   if (PyUnicode_CompareWithASCIIString(h->framework, "tensorflow") == 0 &&
-      tf_capsule_function(st, type, &h->to_capsule, &h->dtype_enum)) {
+      tf_capsule_function(st, type, &h->to_capsule, &h->dtype_enum,
+                          &h->tape_empty)) {
+    h->tape_empty_c = tf_tape_empty_c();
     h->kind = DLB_KIND_TF_EAGER;
     return;
   }

@@ -12,7 +12,8 @@
  *   - legacy producers: obj.toDlpack() (old CuPy), obj.to_dlpack() (cuDF),
  *     MXNet's obj.to_dlpack_for_write() / to_dlpack_for_read() (the latter
  *     imported read-only), and tensorflow.experimental.dlpack.to_dlpack(obj)
- *     for TensorFlow objects (dlb__legacy_producer_capsule gives the
+ *     for TensorFlow objects -- of v.value() for a tf.Variable
+ *     (tf_variable_value) -- (dlb__legacy_producer_capsule gives the
  *     capsule, dlb__legacy_producer_managed the tensor);
  *   - the buffer protocol (dlb__buffer_managed);
  *   - __array_interface__ (version 3) and __cuda_array_interface__
@@ -482,6 +483,44 @@ int dlb__tf_eager_managed(const dlb_handler *h, PyObject *obj,
   return rc;
 }
 
+/* A tf.Variable's current value as TensorFlow's own ops read it: v.value()
+ * -- eagerly a ReadVariableOp, which every recording tape sees (and which
+ * makes a tape watch a trainable variable), and whose tensor shares the
+ * variable's buffer (TF copies the buffer on a later assignment while it
+ * is shared) -- never through its resource handle, which no tape watches
+ * and which to_dlpack refuses.  1 with *value set (a new reference), 0
+ * when obj is no Variable (of any kind: tf.Variable is the base of the
+ * resource and distributed ones), -1 with an exception. */
+static int tf_variable_value(PyObject *obj, PyObject **value) {
+  *value = NULL;
+  PyObject *tf = PyImport_ImportModule("tensorflow");
+  if (tf == NULL) return -1;
+  PyObject *variable = PyObject_GetAttrString(tf, "Variable");
+  Py_DECREF(tf);
+  if (variable == NULL) return -1;
+  int is = PyObject_IsInstance(obj, variable);
+  Py_DECREF(variable);
+  if (is <= 0) return is;
+  *value = PyObject_CallMethod(obj, "value", NULL);
+  if (*value == NULL) return -1;
+  /* to_dlpack aborts the process on these dtypes (tf_dtype_aborts) */
+  PyObject *e = PyObject_CallMethod(*value, "_datatype_enum", NULL);
+  long dt = e != NULL ? PyLong_AsLong(e) : -1;
+  Py_XDECREF(e);
+  if (dt == -1 && PyErr_Occurred()) {
+    Py_CLEAR(*value);
+    return -1;
+  }
+  if (tf_dtype_aborts(dt)) {
+    Py_CLEAR(*value);
+    PyErr_Format(PyExc_BufferError,
+                 "from_dlpack: a tf.Variable of dtype %s has no DLPack form",
+                 dt == 7 ? "string" : dt == 20 ? "resource" : "variant");
+    return -1;
+  }
+  return 1;
+}
+
 /* ---- e. legacy producers ------------------------------------------------------ */
 
 /* The methods of legacy producers (DLB_LEGACY_METHOD_NAMES), tried in
@@ -516,10 +555,17 @@ static int legacy_capsule(dlb_module_state *st, PyObject *obj, PyObject **cap,
   PyErr_Clear(); /* a type without a str __module__ is simply not TF */
   Py_DECREF(mod);
   if (!is_tf) return 0;
+  PyObject *value = NULL;
+  if (tf_variable_value(obj, &value) < 0) return -1;
   PyObject *tfdl = PyImport_ImportModule("tensorflow.experimental.dlpack");
-  if (tfdl == NULL) return -1;
-  *cap = PyObject_CallMethod(tfdl, "to_dlpack", "O", obj);
+  if (tfdl == NULL) {
+    Py_XDECREF(value);
+    return -1;
+  }
+  *cap = PyObject_CallMethod(tfdl, "to_dlpack", "O",
+                             value != NULL ? value : obj);
   Py_DECREF(tfdl);
+  Py_XDECREF(value); /* the capsule holds the tensor's buffer */
   if (*cap == NULL && !PyErr_ExceptionMatches(PyExc_BufferError)) {
     /* Its eager tensors have __dlpack__ and never get here: what does is
      * no tensor TF exports (a TensorShape, a DType, a Dataset, a ragged
