@@ -325,7 +325,7 @@ static PyObject *get_identity(PyObject *self, void *c) {
 
 static PyObject *get_normalized(PyObject *self, void *c) {
   (void)c;
-  return dlb__fn_normalized_signature((fn_object *)self);
+  return dlb__fn_identity_text((fn_object *)self);
 }
 
 /* _dims: per parameter, then per result, a tuple of its extents as the

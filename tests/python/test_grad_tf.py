@@ -124,10 +124,6 @@ def test_variable_function_call_eager_and_traced(mul):
 
 # ---- with a vjp: gradients (issue 24) ---------------------------------------
 
-needs_vjp = pytest.mark.skipif(
-    "vjp" not in (dlb.Function.__init__.__doc__ or "") and
-    not hasattr(dlb.Function, "_vjp"), reason="Function has no vjp= yet")
-
 SOFTMAX_VJP = ("dlb_kernel_softmax_vjp",
                "softmax_vjp(y: float64[n], dy: float64[n]) -> (dx: float64[n])")
 
@@ -187,7 +183,6 @@ def _expected_scale_softmax(a, x):
     return np.dot(g, x), a * g
 
 
-@needs_vjp
 def test_eager_scale_softmax(k):
     a, x = _f64(0.7), _f64(X)
     with tf.GradientTape() as tape:
@@ -199,7 +194,6 @@ def test_eager_scale_softmax(k):
     np.testing.assert_allclose(dx.numpy(), ex, rtol=1e-12)
 
 
-@needs_vjp
 def test_eager_matches_tf_autodiff(k):
     """the same loss written in TF ops: the same gradient"""
     a, x = _f64(0.7), _f64(X)
@@ -226,7 +220,6 @@ def _expected_any_n(a, x):
     return np.dot(g, x), a * g
 
 
-@needs_vjp
 @pytest.mark.parametrize("reduce_retracing", [False, True])
 def test_tf_function_tape_outside(k, reduce_retracing):
     g = tf.function(lambda a, x: _loss_any_n(k, a, x),
@@ -242,7 +235,6 @@ def test_tf_function_tape_outside(k, reduce_retracing):
         np.testing.assert_allclose(dx.numpy(), ex, rtol=1e-12)
 
 
-@needs_vjp
 @pytest.mark.parametrize("reduce_retracing", [False, True])
 def test_tf_function_tape_inside(k, reduce_retracing):
     @tf.function(reduce_retracing=reduce_retracing)
@@ -259,7 +251,6 @@ def test_tf_function_tape_inside(k, reduce_retracing):
         np.testing.assert_allclose(dx.numpy(), ex, rtol=1e-12)
 
 
-@needs_vjp
 @pytest.mark.parametrize("compiled", [False, True])
 def test_gather_int_index_gets_none(k, compiled):
     x, idx = _f64([1.0, 2.0, 3.0, 4.0]), tf.constant([0, 3, 3], tf.int64)
@@ -281,7 +272,6 @@ def test_gather_int_index_gets_none(k, compiled):
         np.testing.assert_array_equal(dx.numpy(), [1, 0, 0, 2])
 
 
-@needs_vjp
 @pytest.mark.parametrize("compiled", [False, True])
 def test_sincos_one_result_unused(k, compiled):
     """only s is used: c's cotangent reaches the kernel as zeros"""
@@ -309,7 +299,6 @@ def test_sincos_one_result_unused(k, compiled):
                                rtol=1e-12)
 
 
-@needs_vjp
 @pytest.mark.parametrize("compiled", [False, True])
 def test_softmax_lse_nodiff_result(k, compiled):
     x = _f64(X)
@@ -325,7 +314,6 @@ def test_softmax_lse_nodiff_result(k, compiled):
     np.testing.assert_allclose(f(x).numpy(), _softmax_grad(X, W), rtol=1e-12)
 
 
-@needs_vjp
 @pytest.mark.parametrize("compiled", [False, True])
 def test_cmul_matches_tf_autodiff(k, compiled):
     """TF's complex convention (conjugated), against TF's own z * w"""
@@ -351,7 +339,6 @@ def test_cmul_matches_tf_autodiff(k, compiled):
     assert not np.allclose(ref[0].numpy(), (c * w).numpy())  # conj matters
 
 
-@needs_vjp
 def test_variable_training_loop(k):
     """Variables read by the kernels are watched; apply_gradients trains"""
     a = tf.Variable(0.5, dtype=tf.float64)
@@ -385,7 +372,6 @@ def test_variable_training_loop(k):
     assert losses[-1] < first * 0.9
 
 
-@needs_vjp
 def test_second_order_refused(k):
     x = _f64(X)
     with tf.GradientTape() as outer:
@@ -400,7 +386,6 @@ def test_second_order_refused(k):
         outer.gradient(s, x)
 
 
-@needs_vjp
 def test_second_order_refused_in_tf_function(k):
     @tf.function
     def h(x):
@@ -416,7 +401,6 @@ def test_second_order_refused_in_tf_function(k):
         h(_f64(X))
 
 
-@needs_vjp
 def test_forward_accumulator_with_vjp_no_jvp_refused(k):
     x = _f64(X)
     with tf.autodiff.ForwardAccumulator(x, _f64(np.ones(4))):
@@ -424,7 +408,6 @@ def test_forward_accumulator_with_vjp_no_jvp_refused(k):
             k.softmax(x)
 
 
-@needs_vjp
 def test_mismatched_spelled_vjp_refused_at_construction(lib):
     """a cotangent of another shape than its primal is refused when the
     Function is made (TF itself would accept a wrong-shaped gradient)"""
@@ -435,7 +418,6 @@ def test_mismatched_spelled_vjp_refused_at_construction(lib):
                       "bad(x: float64[n], dy: float64[n]) -> (dx: float64[m])"))
 
 
-@needs_vjp
 def test_vjp_no_tape_fast_path(k):
     """a Function with a vjp, called with no tape: the plain call"""
     y = k.softmax(_f64(X))
