@@ -73,7 +73,7 @@ def report(name, grads, losses):
 
 def torch_training():
     import torch
-    p = torch.tensor(TARGET)
+    p = torch.tensor(TARGET, dtype=torch.float64)
 
     def loss_of(a, x):
         return -(p * softmax(scale(a, x)).log()).sum()
@@ -82,8 +82,8 @@ def torch_training():
     # backward, both calling the kernels' operators.
     for name, fn in (("torch", loss_of),
                      ("torch.compile", torch.compile(loss_of, fullgraph=True))):
-        a = torch.tensor(A0, requires_grad=True)
-        x = torch.tensor(X0, requires_grad=True)
+        a = torch.tensor(A0, dtype=torch.float64, requires_grad=True)
+        x = torch.tensor(X0, dtype=torch.float64, requires_grad=True)
         grads = torch.autograd.grad(fn(a, x), (a, x))
         opt = torch.optim.SGD([a, x], lr=RATE)
         losses = []
