@@ -235,6 +235,8 @@ int dlb__fn_mut_number_error(const fn_object *fn, int i, PyObject *obj);
 /* function_mut.c (each off the call's fast path). */
 int dlb__fn_tell_written(const fn_object *fn, const fn_frame *f,
                          PyObject *const *args);
+/* 0; -1 with an exception; 1: the call needs torch's autograd or forward
+ * AD (a Function with derivatives), handed to the torch route. */
 int dlb__fn_marked(const fn_object *fn, fn_frame *f, PyObject *const *args);
 int dlb__fn_copy_immutable(const fn_object *fn, fn_frame *f, void *stream,
                            int *nalloc);
