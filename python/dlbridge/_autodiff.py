@@ -11,7 +11,7 @@ of a refusal are one rule, here.
 """
 
 __all__ = ["vjp_arguments", "jvp_arguments", "jvp_needs_results", "saved",
-           "no_backward",
+           "sum_down", "no_backward",
            "no_forward_ad", "no_second_order"]
 
 
@@ -56,6 +56,31 @@ def jvp_needs_results(fn):
     the forward first and hands its results over)."""
     return fn._jvp_args is not None and any(
         kind == "result" for kind, _ in fn._jvp_args)
+
+
+def sum_down(shape, full):
+    """How a cotangent of extents ``full`` (the vjp kernel writes it at the
+    call's broadcast batch shape) becomes one of the primal's ``shape``,
+    which it was broadcast from (NumPy's rules, leading dims): the axes of
+    ``full`` to sum, every leading axis ``shape`` lacks and every axis where
+    it has extent 1 against a larger one.  Reshaping the sum to ``shape``
+    is the route's.  A ``full`` that ``shape`` does not broadcast to is a
+    ValueError: a vjp kernel's result of the wrong shape is never summed
+    into a plausible one."""
+    shape, full = tuple(shape), tuple(full)
+    lead = len(full) - len(shape)
+    if lead < 0:
+        raise ValueError(f"a cotangent of shape {full} cannot belong to an "
+                         f"input of shape {shape}")
+    axes = list(range(lead))
+    for k, (n, m) in enumerate(zip(shape, full[lead:])):
+        if n == m:
+            continue
+        if n != 1:
+            raise ValueError(f"a cotangent of shape {full} cannot belong to "
+                             f"an input of shape {shape}")
+        axes.append(lead + k)
+    return tuple(axes)
 
 
 def no_backward(fn):
