@@ -638,7 +638,15 @@ DLB_API int dlb_cuda_copy(const DLTensor *dst, const DLTensor *src,
  * of its first dimension record; a dimension is a literal extent, the
  * first appearance of a name (binds it), or a later one (must equal the
  * extent at (from_param, from_axis) that bound it).  Inputs come first,
- * then results. */
+ * then results.
+ *
+ * Batch dimensions: dims beginning with `...` ("bscale(a: float64[...],
+ * x: float64[..., n]) -> (y: float64[..., n])") take any number of
+ * leading axes before their ndim core ones (the `batch` flag).  A dim
+ * record's (from_param, from_axis) counts core axes: the extent it names
+ * is axis (t->ndim - params[from_param].ndim + from_axis) of that
+ * parameter's tensor.  dlb_signature_batch_shape broadcasts the batch
+ * parts. */
 
 #define DLB_SIGNATURE_MAX_PARAMS 64
 
@@ -663,6 +671,8 @@ typedef struct dlb_signature_param {
   uint8_t mut;  /* inputs only: written by the kernel */
   uint8_t nodiff; /* declared `nodiff`: no cotangent/tangent (inputs and
                      results) */
+  uint8_t batch;  /* dims begin with `...`: any leading batch dims, then
+                     the ndim core dims (dim0.. describe the core only) */
 } dlb_signature_param;
 
 /* The parse, in one (large: ~130 KB, allocate it) struct.  Names point
@@ -694,6 +704,51 @@ typedef struct dlb_signature {
 DLB_API int dlb_signature_parse(const char *text, size_t length,
                                 dlb_signature *out, dlb_error *err);
 
+/* ---- Batch dimensions (signature_batch.c) ------------------------------------
+ *
+ * NumPy's broadcast of the batch parts of a call's `...` tensors: the
+ * batch part of tensor i (parameter params[i], p->batch set) is its
+ * leading t->ndim - p->ndim axes; the parts are right-aligned, and at each
+ * axis every extent is the broadcast one or 1.  An extent < 0 is unknown
+ * (a compiler's dynamic dimension): it matches anything, and the
+ * broadcast extent is unknown (-1) only when no tensor knows it (a known
+ * one other than 1 wins).  Parameters without `...` are not looked at. */
+
+enum {
+  DLB_BATCH_OK = 0,
+  DLB_BATCH_RANK,      /* refused has fewer dims than its core rank */
+  DLB_BATCH_TOO_MANY,  /* refused has more than DLB_MAX_NDIM batch dims */
+  DLB_BATCH_BROADCAST, /* refused and other do not broadcast */
+  DLB_BATCH_NOT_FULL   /* refused (a `mut` input or a result) is not the
+                          whole broadcast shape, which other gave at
+                          that axis */
+};
+
+typedef struct dlb_signature_batch {
+  int32_t ndim;                /* R = len(B) */
+  int64_t shape[DLB_MAX_NDIM]; /* B; -1 where unknown */
+  int32_t reason;              /* DLB_BATCH_*: why it failed */
+  int32_t refused, other;      /* the parameters (indices into params), -1
+                                  when none */
+  int32_t axis;                /* the batch axis, counted from the right
+                                  (0: the last batch axis), or -1 */
+} dlb_signature_batch;
+
+/* The broadcast batch shape of tensors[0..nparams) (NULL entries, e.g.
+ * results not allocated yet, are skipped) into *out.  Inputs
+ * [0, nin) broadcast into B; a `mut` input and a result [nin, nparams)
+ * must already have B's extent at every axis (both left-padded with 1s:
+ * the kernel writes all of it); a `mut` input broadcasts into B too, a
+ * result does not.  DLB_EINVAL with out->reason, refused,
+ * other and axis saying who (and a message by parameter index: a caller
+ * with names writes its own).  On success reason is DLB_BATCH_OK and
+ * refused / other / axis are -1. */
+DLB_API int dlb_signature_batch_shape(const dlb_signature_param *params,
+                                      int nin, int nparams,
+                                      DLTensor *const *tensors,
+                                      dlb_signature_batch *out,
+                                      dlb_error *err);
+
 /* ---- Derivatives of a signature (signature_grad.c) ---------------------------
  *
  * A Function's vjp and jvp kernels are Functions of their own, bound to the
@@ -708,7 +763,7 @@ DLB_API int dlb_signature_parse(const char *text, size_t length,
  * the cotangent (tangent) of every differentiable result (input), and must
  * return exactly one cotangent (tangent) per differentiable input
  * (result).  A derivative parameter or result has the dtype, rank and
- * dimension spelling of its primal; none is `mut`.
+ * dimension spelling of its primal, `...` included; none is `mut`.
  *
  * A parameter or result is differentiable when its dtype is floating or
  * complex (float*, bfloat16, complex*) and it is neither `mut` nor
@@ -764,7 +819,7 @@ DLB_API int dlb_signature_derive(const dlb_signature *primal, int kind,
  * primal by name into *out.  DLB_EINVAL with a message naming the
  * parameter for: a name that is neither an input, a result (vjp), nor the
  * derivative of one; the derivative of something not differentiable; a
- * type (dtype, rank or dims) other than its primal's; a `mut` parameter;
+ * type (dtype, rank, `...` or dims) other than its primal's; a `mut` parameter;
  * a missing cotangent/tangent parameter or result; a result that is not
  * d<input> (t<result>) (an unnamed one included); a name with two
  * meanings; and what dlb_signature_derive refuses of the primal: `mut`

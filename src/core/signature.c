@@ -7,8 +7,8 @@
  *     param     := NAME ':' ['mut' | 'nodiff'] type
  *     results   := result | '(' [result {',' result} [',']] ')'
  *     result    := [NAME ':'] ['nodiff'] type
- *     type      := DTYPE ['[' [dim {',' dim}] ']']     no brackets, or
- *                                                       "[]": 0-d
+ *     type      := DTYPE ['[' [dims] ']']     no brackets, or "[]": 0-d
+ *     dims      := '...' [',' dim {',' dim}] | dim {',' dim}
  *     dim       := NAME | INTEGER
  *
  * NAME is [A-Za-z_][A-Za-z0-9_]*; DTYPE any name dlb_dtype_from_name knows.
@@ -25,6 +25,15 @@
  * untrusted (fuzzed: tests/fuzz/fuzz_signature.c): every read is bounded by
  * its length, no NUL is needed, and every count is bounded by the record
  * arrays.
+ *
+ * `...` (issue 25) stands for batch dimensions: any number of leading
+ * axes, broadcast among the `...` arguments by NumPy's rule, that the
+ * result carries in front of its own (docs/function.md, "Signatures").
+ * It is only first, at most once, and sets the parameter's `batch` flag;
+ * `ndim` and the dim records stay the CORE dims, so every check of a
+ * named or literal dim reads the last ndim axes of a tensor.  A `...`
+ * result needs a `...` input: its batch shape is the inputs' broadcast,
+ * and with none there would be nothing to take it from.
  */
 #include <stdio.h>
 #include <string.h>
@@ -117,6 +126,43 @@ static int parse_marks(dlb_signature *p, int is_output, int *mut,
   }
 }
 
+/* '...' at the cursor (which is on a '.'), in the dims of
+ * params[p->nparams]: only first, once; on a result, only when an input
+ * has one (the inputs are all parsed by then).  Sets the batch flag. */
+static int parse_ellipsis(dlb_signature *p, int is_output) {
+  dlb_signature_param *prm = &p->params[p->nparams];
+  size_t at = p->pos;
+  if (p->length - at < 3 || memcmp(p->text + at, "...", 3) != 0)
+    return perr(p, at, "expected '...' (three dots: the batch dimensions)");
+  if (prm->batch)
+    return perr(p, at, "'...' given twice (it stands for all the batch "
+                       "dimensions)");
+  if (prm->ndim > 0)
+    return perr(p, at, "'...' must come first: the batch dimensions lead "
+                       "(write [..., n])");
+  if (is_output) {
+    int any = 0;
+    for (int i = 0; i < p->nin; i++) any |= p->params[i].batch;
+    if (!any) {
+      size_t n = p->param_name_len[p->nparams];
+      if (n > 0)
+        snprintf(p->message_buf, sizeof p->message_buf,
+                 "result '%.*s' has '...' but no input does: its batch "
+                 "dimensions would come from nothing",
+                 (int)(n < 64 ? n : 64), p->param_name[p->nparams]);
+      else
+        snprintf(p->message_buf, sizeof p->message_buf,
+                 "result %d has '...' but no input does: its batch "
+                 "dimensions would come from nothing",
+                 p->nparams - p->nin);
+      return perr(p, at, p->message_buf);
+    }
+  }
+  prm->batch = 1;
+  p->pos = at + 3;
+  return 0;
+}
+
 /* type := DTYPE ['[' dims ']'], filling params[p->nparams]. */
 static int parse_type(dlb_signature *p, int is_output) {
   dlb_signature_param *prm = &p->params[p->nparams];
@@ -138,9 +184,20 @@ static int parse_type(dlb_signature *p, int is_output) {
   prm->dim0 = p->ndims;
   prm->mut = 0;
   prm->nodiff = 0;
+  prm->batch = 0;
   if (!accept(p, '[')) return 0;
   if (accept(p, ']')) return 0; /* "float32[]": 0-d */
   for (;;) {
+    skip_ws(p);
+    if (p->pos < p->length && p->text[p->pos] == '.') {
+      if (parse_ellipsis(p, is_output) < 0) return -1;
+      if (accept(p, ']')) return 0; /* "float32[...]": a batched 0-d core */
+      if (!accept(p, ',')) {
+        skip_ws(p);
+        return perr(p, p->pos, "expected ',' or ']' after '...'");
+      }
+      continue;
+    }
     if (prm->ndim >= DLB_MAX_NDIM) {
       skip_ws(p);
       return perr(p, p->pos, "too many dimensions (at most 64)");

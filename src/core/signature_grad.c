@@ -55,7 +55,9 @@ static void finish(text_out *o) {
 }
 
 /* "float32[n, 3]": the type of parameter or result i as the signature
- * language spells it (no mut, no nodiff), "float32" when 0-d. */
+ * language spells it (no mut, no nodiff), "float32" when 0-d, with its
+ * `...` ("float32[..., n]", "float32[...]"): a derivative has its
+ * primal's batch dimensions. */
 static void put_type(text_out *o, const dlb_signature *s, int i) {
   const dlb_signature_param *prm = &s->params[i];
   char name[DLB_DESCRIBE_MAX];
@@ -64,10 +66,11 @@ static void put_type(text_out *o, const dlb_signature *s, int i) {
   if (dlb_dtype_name(prm->dtype, name, sizeof name, NULL) != DLB_OK)
     dlb_dtype_describe(prm->dtype, name, sizeof name);
   put_str(o, name);
+  if (prm->batch) put_str(o, prm->ndim == 0 ? "[...]" : "[..., ");
   if (prm->ndim == 0) return;
   for (int a = 0; a < prm->ndim; a++) {
     const dlb_signature_dim *d = &s->dims[prm->dim0 + a];
-    put_str(o, a == 0 ? "[" : ", ");
+    if (a > 0 || !prm->batch) put_str(o, a == 0 ? "[" : ", ");
     if (d->kind == DLB_SIGNATURE_DIM_LITERAL) {
       char num[24];
       int n = snprintf(num, sizeof num, "%lld", (long long)d->value);
@@ -79,8 +82,8 @@ static void put_type(text_out *o, const dlb_signature *s, int i) {
   put_str(o, "]");
 }
 
-/* Whether parameter i of a and parameter j of b have one type: dtype, rank
- * and each dimension spelled alike (a literal of the same value, a name of
+/* Whether parameter i of a and parameter j of b have one type: dtype, rank,
+ * `...` or not, and each dimension spelled alike (a literal of the same value, a name of
  * the same text).  By spelling, not by binding: a derivative signature
  * that spells every type as its primal does means what the primal means,
  * so the kernel gets tensors of the shapes its primal's had. */
@@ -88,7 +91,8 @@ static int same_type(const dlb_signature *a, int i, const dlb_signature *b,
                      int j) {
   const dlb_signature_param *p = &a->params[i], *q = &b->params[j];
   if (p->dtype.code != q->dtype.code || p->dtype.bits != q->dtype.bits ||
-      p->dtype.lanes != q->dtype.lanes || p->ndim != q->ndim)
+      p->dtype.lanes != q->dtype.lanes || p->ndim != q->ndim ||
+      p->batch != q->batch)
     return 0;
   for (int k = 0; k < p->ndim; k++) {
     const dlb_signature_dim *x = &a->dims[p->dim0 + k],

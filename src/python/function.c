@@ -329,7 +329,8 @@ static PyObject *get_normalized(PyObject *self, void *c) {
 }
 
 /* _dims: per parameter, then per result, a tuple of its extents as the
- * signature writes them: an int for a literal, a str for a name. */
+ * signature writes them: an int for a literal, a str for a name, the str
+ * "..." first for batch dims. */
 static PyObject *get_dims(PyObject *self, void *c) {
   (void)c;
   fn_object *fn = (fn_object *)self;
@@ -337,14 +338,20 @@ static PyObject *get_dims(PyObject *self, void *c) {
   PyObject *all = PyTuple_New(n);
   for (int i = 0; all != NULL && i < n; i++) {
     const fn_param *p = &fn->params[i];
-    PyObject *dims = PyTuple_New(p->ndim);
+    int b = p->batch ? 1 : 0;
+    PyObject *dims = PyTuple_New(p->ndim + b);
+    if (dims != NULL && b) {
+      PyObject *e = PyUnicode_FromString("...");
+      if (e == NULL) Py_CLEAR(dims);
+      else PyTuple_SET_ITEM(dims, 0, e);
+    }
     const fn_dim *d = &fn->dims[p->dim0];
     for (int a = 0; dims != NULL && a < p->ndim; a++, d++) {
       PyObject *e = d->kind == DIM_LITERAL
                         ? PyLong_FromLongLong(d->value)
                         : Py_NewRef(PyTuple_GET_ITEM(fn->sym_names, d->sym));
       if (e == NULL) Py_CLEAR(dims);
-      else PyTuple_SET_ITEM(dims, a, e);
+      else PyTuple_SET_ITEM(dims, a + b, e);
     }
     if (dims == NULL) Py_CLEAR(all);
     else PyTuple_SET_ITEM(all, i, dims);
@@ -352,8 +359,21 @@ static PyObject *get_dims(PyObject *self, void *c) {
   return all;
 }
 
+/* _batch: per parameter, then per result, whether its dims begin with
+ * `...` (its leading axes are batch dims, broadcast among them). */
+static PyObject *get_batch(PyObject *self, void *c) {
+  (void)c;
+  fn_object *fn = (fn_object *)self;
+  int n = fn->nin + fn->nout;
+  PyObject *t = PyTuple_New(n);
+  for (int i = 0; t != NULL && i < n; i++)
+    PyTuple_SET_ITEM(t, i, Py_NewRef(fn->params[i].batch ? Py_True : Py_False));
+  return t;
+}
+
 /* _inputs: (name, DType, ndim, mut) per input; _results: (DType, ndim) per
- * declared result. */
+ * declared result.  ndim is the core rank: a `...` parameter's tensors
+ * have any number of batch dims before (_batch). */
 static PyObject *get_inputs(PyObject *self, void *c) {
   (void)c;
   fn_object *fn = (fn_object *)self;
@@ -532,7 +552,11 @@ static PyGetSetDef function_getset[] = {
      FN_FIELD(jvp_results)},
     {"_dims", get_dims, NULL,
      "Each parameter's, then each result's extents as the signature writes "
-     "them: an int for a literal, a str for a name.", NULL},
+     "them: an int for a literal, a str for a name; \"...\" first for "
+     "batch dimensions.", NULL},
+    {"_batch", get_batch, NULL,
+     "Per parameter, then per result: whether its dims begin with '...' "
+     "(batch dimensions).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -100,15 +100,26 @@ static inline PyObject *pname(const fn_object *fn, int i) {
 #define FN_HOT_INLINE inline
 #endif
 
-/* Whether t has parameter p's dtype and rank. */
+/* Whether t has parameter p's dtype and rank: exactly its core rank, or
+ * (`...`) at least that, the leading axes being batch dims. */
 static FN_HOT_INLINE int type_matches(const fn_param *p, const DLTensor *t) {
   return t->dtype.code == p->dtype.code && t->dtype.bits == p->dtype.bits &&
-         t->dtype.lanes == p->dtype.lanes && t->ndim == p->ndim;
+         t->dtype.lanes == p->dtype.lanes &&
+         (t->ndim == p->ndim || (p->batch && t->ndim > p->ndim));
 }
 
-/* The first axis of t (parameter p, of the right rank) whose extent is not
- * the signature's -- a literal, or the extent of the argument that bound
- * its name (argv[d->from_param], checked before) -- or -1.  With
+/* The extent of core axis `axis` of parameter i's tensor t: its core dims
+ * are its last params[i].ndim axes. */
+static FN_HOT_INLINE int64_t core_extent(const fn_object *fn, int i,
+                                         const DLTensor *t, int axis) {
+  return t->shape[t->ndim - fn->params[i].ndim + axis];
+}
+
+/* The first core axis of t (parameter p, of the right rank) whose extent
+ * is not the signature's -- a literal, or the extent of the argument that
+ * bound its name (argv[d->from_param], checked before) -- or -1.  Core
+ * axes are the last p->ndim (`...` ones lead); the axis returned counts
+ * them, so t's extent there is t->shape[t->ndim - p->ndim + axis].  With
  * some_unknown (a constant at each call site), an extent of -1 stands for
  * one not known yet (a compiler's dynamic dimension) and matches
  * anything. */
@@ -117,13 +128,15 @@ static FN_HOT_INLINE int dim_mismatch_in(const fn_object *fn,
                                          DLTensor *const *argv,
                                          int some_unknown) {
   const fn_dim *d = &fn->dims[p->dim0];
+  const int64_t *shape = t->shape + (t->ndim - p->ndim);
   for (int a = 0; a < p->ndim; a++, d++) {
     if (d->kind == DIM_BIND) continue;
     int64_t want = d->kind == DIM_LITERAL
                        ? d->value
-                       : argv[d->from_param]->shape[d->from_axis];
-    if (some_unknown && (want < 0 || t->shape[a] < 0)) continue;
-    if (t->shape[a] != want) return a;
+                       : core_extent(fn, d->from_param, argv[d->from_param],
+                                     d->from_axis);
+    if (some_unknown && (want < 0 || shape[a] < 0)) continue;
+    if (shape[a] != want) return a;
   }
   return -1;
 }
@@ -134,14 +147,16 @@ static FN_HOT_INLINE int dim_mismatch(const fn_object *fn, const fn_param *p,
   return dim_mismatch_in(fn, p, t, argv, 0);
 }
 
-/* Result p's extents, from the inputs in argv that bound their names. */
+/* Result p's core extents (p->ndim of them; a `...` result's batch dims
+ * go before), from the inputs in argv that bound their names. */
 static FN_HOT_INLINE void result_shape(const fn_object *fn, const fn_param *p,
                                        DLTensor *const *argv, int64_t *shape) {
   const fn_dim *d = &fn->dims[p->dim0];
   for (int a = 0; a < p->ndim; a++, d++)
     shape[a] = d->kind == DIM_LITERAL
                    ? d->value
-                   : argv[d->from_param]->shape[d->from_axis];
+                   : core_extent(fn, d->from_param, argv[d->from_param],
+                                 d->from_axis);
 }
 
 /* Where an argument is in the call's reading (fn_frame.state). */
@@ -225,8 +240,15 @@ PyObject *dlb__fn_identity_text(const fn_object *fn);
 /* The messages of a mismatch with the signature, named as the eager call
  * names them; each returns -1 (NULL) with the exception set. */
 void dlb__fn_prefix_error(const fn_object *fn, int i);
+/* axis: the core axis (dim_mismatch's), got: t's extent there. */
 int dlb__fn_dim_error(const fn_object *fn, int i, int axis, int64_t got,
                       const fn_dim *d, DLTensor *const *argv);
+/* The batch parts of a call do not broadcast, or a `mut` input / result
+ * is not the whole of them (b from dlb_signature_batch_shape over
+ * fn->params and argv): ValueError naming both tensors' batch shapes,
+ * -1.  ninputs: argv's inputs (a result is named by its label). */
+int dlb__fn_batch_error(const fn_object *fn, const dlb_signature_batch *b,
+                        DLTensor *const *argv);
 int dlb__fn_check_error(const fn_object *fn, int i, const DLTensor *t,
                         const fn_param *p, const DLTensor *first, int ifirst);
 PyObject *dlb__fn_nargs_error(const fn_object *fn, Py_ssize_t nargs);

@@ -260,17 +260,22 @@ PyObject *dlb__fn_result_specs(PyObject *self, PyObject *specs) {
     }
     int axis = dim_mismatch_in(fn, p, &ts[i], argv, 1);
     if (axis >= 0) {
-      dlb__fn_dim_error(fn, i, axis, ts[i].shape[axis], &fn->dims[p->dim0 + axis],
-                argv);
+      dlb__fn_dim_error(fn, i, axis, core_extent(fn, i, &ts[i], axis),
+                        &fn->dims[p->dim0 + axis], argv);
       goto cleanup;
     }
     /* An extent bound where it is unknown and known further on: the known
      * one stands for the name from here (later checks and the results). */
     const fn_dim *d = &fn->dims[p->dim0];
-    for (int a = 0; a < p->ndim; a++, d++)
-      if (d->kind == DIM_CHECK && ts[i].shape[a] >= 0 &&
-          argv[d->from_param]->shape[d->from_axis] < 0)
-        argv[d->from_param]->shape[d->from_axis] = ts[i].shape[a];
+    for (int a = 0; a < p->ndim; a++, d++) {
+      if (d->kind != DIM_CHECK) continue;
+      DLTensor *from = argv[d->from_param];
+      int64_t *bound =
+          &from->shape[from->ndim - fn->params[d->from_param].ndim +
+                       d->from_axis];
+      int64_t here = core_extent(fn, i, &ts[i], a);
+      if (here >= 0 && *bound < 0) *bound = here;
+    }
   }
   results = PyTuple_New(nout);
   aliases = PyTuple_New(nmut);

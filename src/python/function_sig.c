@@ -202,11 +202,15 @@ void dlb__fn_prefix_error(const fn_object *fn, int i) {
 
 int dlb__fn_dim_error(const fn_object *fn, int i, int axis, int64_t got,
                      const fn_dim *d, DLTensor *const *argv) {
+  /* A batched parameter's core axes follow its batch axes: counted from
+   * the end ("dimension -1") they mean the same whatever the batch. */
+  const fn_param *p = &fn->params[i];
+  int shown = p->batch ? axis - (int)p->ndim : axis;
   if (d->kind == DIM_LITERAL)
     PyErr_Format(PyExc_ValueError,
                  "%U() argument '%U': dimension %d is %lld but the signature "
                  "says %lld",
-                 fn->name, pname(fn, i), axis, (long long)got,
+                 fn->name, pname(fn, i), shown, (long long)got,
                  (long long)d->value);
   else
     PyErr_Format(PyExc_ValueError,
@@ -214,8 +218,94 @@ int dlb__fn_dim_error(const fn_object *fn, int i, int axis, int64_t got,
                  "from argument '%U'",
                  fn->name, pname(fn, i), PyTuple_GET_ITEM(fn->sym_names, d->sym),
                  (long long)got,
-                 (long long)argv[d->from_param]->shape[d->from_axis],
+                 (long long)core_extent(fn, d->from_param, argv[d->from_param],
+                                        d->from_axis),
                  pname(fn, d->from_param));
+  return -1;
+}
+
+/* "(4, 3)" for a batch shape. */
+static PyObject *shape_text(const int64_t *shape, int n) {
+  PyObject *text = PyUnicode_FromString("(");
+  for (int a = 0; a < n && text != NULL; a++) {
+    PyObject *joined = PyUnicode_FromFormat(
+        "%U%lld%s", text, (long long)shape[a],
+        n == 1 ? "," : a + 1 < n ? ", " : "");
+    Py_SETREF(text, joined);
+  }
+  if (text != NULL) {
+    PyObject *joined = PyUnicode_FromFormat("%U)", text);
+    Py_SETREF(text, joined);
+  }
+  return text;
+}
+
+/* "(4, 3)": the batch part of tensor t of parameter i. */
+static PyObject *batch_text(const fn_object *fn, int i, const DLTensor *t) {
+  return shape_text(t->shape, t->ndim - fn->params[i].ndim);
+}
+
+/* An input's name, or a result's label, for a message. */
+static PyObject *param_label(const fn_object *fn, int i) {
+  return i < fn->nin ? pname(fn, i)
+                     : PyTuple_GET_ITEM(fn->result_names, i - fn->nin);
+}
+
+int dlb__fn_batch_error(const fn_object *fn, const dlb_signature_batch *b,
+                        DLTensor *const *argv) {
+  int i = b->refused, j = b->other;
+  const DLTensor *t = argv[i];
+  PyObject *mine = NULL, *theirs = NULL;
+  const char *kind = i < fn->nin ? "argument" : "result";
+  switch (b->reason) {
+    case DLB_BATCH_RANK:
+      PyErr_Format(PyExc_ValueError,
+                   "%U() %s '%U': expected at least %d dimension%s (its core "
+                   "dims after '...'), got %d",
+                   fn->name, kind, param_label(fn, i), (int)fn->params[i].ndim,
+                   fn->params[i].ndim == 1 ? "" : "s", (int)t->ndim);
+      break;
+    case DLB_BATCH_TOO_MANY:
+      PyErr_Format(PyExc_ValueError,
+                   "%U() %s '%U': %d batch dimensions, more than %d", fn->name,
+                   kind, param_label(fn, i),
+                   (int)(t->ndim - fn->params[i].ndim), DLB_MAX_NDIM);
+      break;
+    case DLB_BATCH_BROADCAST:
+      mine = batch_text(fn, i, t);
+      theirs = mine ? batch_text(fn, j, argv[j]) : NULL;
+      if (theirs != NULL)
+        PyErr_Format(PyExc_ValueError,
+                     "%U(): batch dimensions of %U %U and %U %U do not "
+                     "broadcast",
+                     fn->name, param_label(fn, i), mine, param_label(fn, j),
+                     theirs);
+      break;
+    default: {
+      /* DLB_BATCH_NOT_FULL: a `mut` input or a result, which the kernel
+       * writes whole, against the shape the inputs broadcast to */
+      mine = batch_text(fn, i, t);
+      theirs = mine && j >= 0 ? batch_text(fn, j, argv[j]) : NULL;
+      if (mine == NULL || (j >= 0 && theirs == NULL)) break;
+      if (j >= 0)
+        PyErr_Format(PyExc_ValueError,
+                     "%U(): batch dimensions of %s '%U' %U must be the whole "
+                     "broadcast batch shape, but %U %U broadcasts beyond them "
+                     "(a %s is written whole: give it the full batch shape)",
+                     fn->name, i < fn->nin ? "mut argument" : "result",
+                     param_label(fn, i), mine, param_label(fn, j), theirs,
+                     i < fn->nin ? "mut argument" : "result");
+      else
+        PyErr_Format(PyExc_ValueError,
+                     "%U(): batch dimensions of %s '%U' %U are more than the "
+                     "inputs broadcast to",
+                     fn->name, i < fn->nin ? "mut argument" : "result",
+                     param_label(fn, i), mine);
+      break;
+    }
+  }
+  Py_XDECREF(mine);
+  Py_XDECREF(theirs);
   return -1;
 }
 
@@ -261,7 +351,8 @@ int dlb__fn_mut_number_error(const fn_object *fn, int i, PyObject *obj) {
 /* ---- the signature in one spelling, and the identity ---------------------------- */
 
 /* One parameter or result as the signature language writes it, always the
- * same way: "x: mut float32[n, 3]" (name NULL for results). */
+ * same way: "x: mut float32[n, 3]", "x: float32[..., n]", "a:
+ * float32[...]" (name NULL for results). */
 static PyObject *param_text(const fn_object *fn, const fn_param *p,
                             PyObject *name) {
   char dtype[DLB_DESCRIBE_MAX];
@@ -269,14 +360,19 @@ static PyObject *param_text(const fn_object *fn, const fn_param *p,
   const char *mark = p->mut ? "mut " : p->nodiff ? "nodiff " : "";
   PyObject *text = name ? PyUnicode_FromFormat("%U: %s%s", name, mark, dtype)
                         : PyUnicode_FromFormat("%s%s", mark, dtype);
-  if (text == NULL || p->ndim == 0) return text;
+  if (text == NULL || (p->ndim == 0 && !p->batch)) return text;
+  if (p->batch) {
+    /* "[...", then the core dims after ", " */
+    PyObject *joined = PyUnicode_FromFormat("%U[...", text);
+    Py_SETREF(text, joined);
+  }
   const fn_dim *d = &fn->dims[p->dim0];
   for (int a = 0; a < p->ndim && text != NULL; a++, d++) {
+    const char *sep = a || p->batch ? ", " : "[";
     PyObject *dim =
         d->kind == DIM_LITERAL
-            ? PyUnicode_FromFormat("%s%lld", a ? ", " : "[",
-                                   (long long)d->value)
-            : PyUnicode_FromFormat("%s%U", a ? ", " : "[",
+            ? PyUnicode_FromFormat("%s%lld", sep, (long long)d->value)
+            : PyUnicode_FromFormat("%s%U", sep,
                                    PyTuple_GET_ITEM(fn->sym_names, d->sym));
     PyObject *joined = dim ? PyUnicode_Concat(text, dim) : NULL;
     Py_XDECREF(dim);

@@ -747,6 +747,322 @@ static void test_bind_refusals(void) {
   CHECK_MSG(err, "DLB_DERIVATIVE_");
 }
 
+/* ---- batch dimensions `...` ------------------------------------------------ */
+
+static void test_batch_grammar(void) {
+  CHECK_EQ(parse("bscale(a: float64[...], x: float64[..., n]) -> "
+                 "(y: float64[..., n])"),
+           DLB_OK);
+  CHECK_EQ(sig.nparams, 3);
+  /* the flag, and ndim / dim records of the CORE dims only */
+  CHECK(sig.params[0].batch == 1 && sig.params[0].ndim == 0);
+  CHECK(sig.params[1].batch == 1 && sig.params[1].ndim == 1);
+  CHECK(sig.params[2].batch == 1 && sig.params[2].ndim == 1);
+  CHECK_EQ(sig.ndims, 2);
+  CHECK_EQ(sig.dims[0].kind, DLB_SIGNATURE_DIM_BIND);
+  CHECK(sig.dims[0].from_param == 1 && sig.dims[0].from_axis == 0);
+  CHECK_EQ(sig.dims[1].kind, DLB_SIGNATURE_DIM_CHECK);
+  /* without `...` the flag is clear; mixed, mut and nodiff, whitespace */
+  CHECK_EQ(parse("bdot(x: float64[ ... , n], w: float64[n], "
+                 "y: mut float32[...,2], i: nodiff int64[...]) -> "
+                 "(s: float64[...], float64)"),
+           DLB_OK);
+  CHECK(sig.params[0].batch && !sig.params[1].batch && sig.params[2].batch &&
+        sig.params[3].batch);
+  CHECK(sig.params[2].mut && sig.params[3].nodiff);
+  CHECK_EQ(sig.params[2].ndim, 1);
+  CHECK_EQ(sig.dims[sig.params[2].dim0].value, 2);
+  CHECK(sig.params[4].batch && sig.params[4].ndim == 0);
+  CHECK(!sig.params[5].batch && sig.params[5].ndim == 0);
+  /* a result needs only some input with `...`; results may lack it */
+  CHECK_EQ(parse("f(x: float32[n], b: float32[...]) -> (float32[..., n], "
+                 "float32[n])"),
+           DLB_OK);
+  CHECK(sig.params[2].batch && !sig.params[3].batch);
+  CHECK_EQ(parse("f(x: float32[...]) -> float32[...]"), DLB_OK);
+  CHECK(sig.params[1].batch);
+  /* 64 core dims after `...` are still allowed: the limit is the core's */
+  char text[600];
+  size_t n = (size_t)snprintf(text, sizeof text, "f(x: int8[...");
+  for (int k = 0; k < DLB_MAX_NDIM; k++)
+    n += (size_t)snprintf(text + n, sizeof text - n, ", 1");
+  snprintf(text + n, sizeof text - n, "])");
+  CHECK_EQ(parse(text), DLB_OK);
+  CHECK_EQ(sig.params[0].ndim, DLB_MAX_NDIM);
+}
+
+static void test_batch_grammar_errors(void) {
+  static const struct { const char *text; const char *message; size_t at; } bad[] = {
+      {"f(x: float32[n, ...])",
+       "'...' must come first: the batch dimensions lead (write [..., n])", 16},
+      {"f(x: float32[..., ...])", "'...' given twice", 18},
+      {"f(x: float32[..., n, ...])", "'...' given twice", 21},
+      {"f(x: float32[..])", "expected '...' (three dots", 13},
+      {"f(x: float32[.])", "expected '...' (three dots", 13},
+      {"f(x: float32[.", "expected '...' (three dots", 13},
+      {"f(x: float32[...n])", "expected ',' or ']' after '...'", 16},
+      {"f(x: float32[....])", "expected ',' or ']' after '...'", 16},
+      {"f(x: float32[..., ])", "expected a dimension", 18},
+      {"f(x: float32[...", "expected ',' or ']' after '...'", 16},
+      {"f(x: float32[n]) -> float32[...]",
+       "result 0 has '...' but no input does: its batch dimensions would "
+       "come from nothing", 28},
+      {"f(x: float32[n]) -> (s: float32, y: float32[..., n])",
+       "result 'y' has '...' but no input does", 44},
+      {"f(x: float32[n, ...]) -> float32[...]", "'...' must come first", 16},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    dlb_error err;
+    CHECK_EQ(dlb_signature_parse(bad[i].text, strlen(bad[i].text), &sig, &err),
+             DLB_EINVAL);
+    CHECK(sig.message != NULL && strstr(sig.message, bad[i].message) != NULL);
+    if (sig.error_pos != bad[i].at)
+      fprintf(stderr, "  %s: at %zu\n", bad[i].text, sig.error_pos);
+    CHECK_EQ(sig.error_pos, bad[i].at);
+    CHECK_MSG(err, bad[i].message);
+  }
+}
+
+static void test_batch_derive(void) {
+  const int V = DLB_DERIVATIVE_VJP, J = DLB_DERIVATIVE_JVP;
+  const char *bscale =
+      "bscale(a: float64[...], x: float64[..., n]) -> (y: float64[..., n])";
+  /* a cotangent / tangent has its primal's dims, `...` included */
+  check_derive(bscale, V,
+               "bscale_vjp(a: float64[...], x: float64[..., n], "
+               "dy: float64[..., n]) -> (da: float64[...], "
+               "dx: float64[..., n])",
+               "I0 I1 D0 -> 0 1");
+  check_derive(bscale, J,
+               "bscale_jvp(a: float64[...], x: float64[..., n], "
+               "ta: float64[...], tx: float64[..., n]) -> "
+               "(ty: float64[..., n])",
+               "I0 I1 D0 D1 -> 0");
+  check_derive("bdot(x: float32[..., n], w: float32[n]) -> (s: float32[...])",
+               V,
+               "bdot_vjp(x: float32[..., n], w: float32[n], "
+               "ds: float32[...]) -> (dx: float32[..., n], dw: float32[n])",
+               "I0 I1 D0 -> 0 1");
+  /* binding checks the flag as it checks the dims */
+  dlb_signature_binding b;
+  dlb_error err;
+  CHECK_EQ(bind(bscale,
+                "bscale_vjp(x: float64[..., n], dy: float64[..., n]) -> "
+                "(da: float64[...], dx: float64[..., n])",
+                V, &b, &err),
+           DLB_OK);
+  CHECK_STREQ(records(&b), "I1 D0 -> 0 1");
+  CHECK_EQ(bind(bscale,
+                "bscale_vjp(a: float64[...], x: float64[..., n], "
+                "dy: float64[n]) -> (da: float64[...], dx: float64[..., n])",
+                V, &b, &err),
+           DLB_EINVAL);
+  CHECK_MSG(err, "bscale_vjp: dy: float64[n] does not match the primal "
+                 "y: float64[..., n] (same dtype and dims)");
+  CHECK_EQ(bind(bscale,
+                "bscale_vjp(a: float64, x: float64[..., n], "
+                "dy: float64[..., n]) -> (da: float64[...], "
+                "dx: float64[..., n])",
+                V, &b, &err),
+           DLB_EINVAL);
+  CHECK_MSG(err, "a: float64 does not match the primal a: float64[...]");
+  CHECK_EQ(bind(bscale,
+                "bscale_jvp(a: float64[...], x: float64[..., n], "
+                "ta: float64[...], tx: float64[..., n]) -> (ty: float64[n])",
+                J, &b, &err),
+           DLB_EINVAL);
+  CHECK_MSG(err, "ty: float64[n] does not match the primal y: "
+                 "float64[..., n]");
+  /* the other way: `...` where the primal has none */
+  CHECK_EQ(bind("scale(a: float64, x: float64[n]) -> (y: float64[n])",
+                "scale_vjp(a: float64[...], dy: float64[n]) -> "
+                "(da: float64, dx: float64[n])",
+                V, &b, &err),
+           DLB_EINVAL);
+  CHECK_MSG(err, "a: float64[...] does not match the primal a: float64");
+}
+
+/* A DLTensor of shape (given as a list ending in -2) for the batch tests. */
+typedef struct {
+  DLTensor t;
+  int64_t shape[DLB_MAX_NDIM + 2];
+} shaped;
+
+static DLTensor *shape_of(shaped *s, int ndim, const int64_t *shape) {
+  memset(s, 0, sizeof *s);
+  s->t.ndim = ndim;
+  s->t.shape = s->shape;
+  for (int a = 0; a < ndim; a++) s->shape[a] = shape[a];
+  return &s->t;
+}
+
+#define SHAPE(s, ...)                                                   \
+  shape_of(&(s), (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+           (int64_t[]){__VA_ARGS__})
+
+static const char *batch_text(const dlb_signature_batch *b) {
+  static char t[256];
+  size_t n = (size_t)snprintf(t, sizeof t, "(");
+  for (int a = 0; a < b->ndim; a++)
+    n += (size_t)snprintf(t + n, sizeof t - n, "%s%lld", a ? ", " : "",
+                          (long long)b->shape[a]);
+  snprintf(t + n, sizeof t - n, ")");
+  return t;
+}
+
+static void test_batch_shape(void) {
+  static shaped s[6];
+  DLTensor *argv[6];
+  dlb_signature_batch b;
+  dlb_error err;
+  /* bscale(a: [...], x: [..., n]) -> (y: [..., n]) */
+  CHECK_EQ(parse("bscale(a: float64[...], x: float64[..., n]) -> "
+                 "(y: float64[..., n])"),
+           DLB_OK);
+  argv[0] = SHAPE(s[0], 4, 1);
+  argv[1] = SHAPE(s[1], 3, 5);
+  argv[2] = NULL; /* not allocated yet: skipped */
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(4, 3)");
+  CHECK(b.reason == DLB_BATCH_OK && b.refused == -1 && b.other == -1 &&
+        b.axis == -1);
+  /* equal ranks, a 0-d batch part, no batch at all */
+  argv[0] = SHAPE(s[0], 2);
+  argv[1] = SHAPE(s[1], 2, 7);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(2)");
+  argv[0] = shape_of(&s[0], 0, NULL);
+  argv[1] = SHAPE(s[1], 7);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_EQ(b.ndim, 0);
+  /* size 0 broadcasts with 1 only */
+  argv[0] = SHAPE(s[0], 0);
+  argv[1] = SHAPE(s[1], 1, 7);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(0)");
+  /* a conflict names the tensor refused and the one that set B there */
+  argv[0] = SHAPE(s[0], 2);
+  argv[1] = SHAPE(s[1], 4, 3, 5);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_BROADCAST && b.refused == 1 && b.other == 0 &&
+        b.axis == 0 && b.ndim == 0);
+  CHECK_MSG(err, "the batch part of parameter 1 does not broadcast with that "
+                 "of parameter 0");
+  /* the result must be the whole B (left-padded with 1s) */
+  argv[0] = SHAPE(s[0], 2, 1);
+  argv[1] = SHAPE(s[1], 3, 5);
+  argv[2] = SHAPE(s[2], 1, 2, 3, 5);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(2, 3)");
+  argv[2] = SHAPE(s[2], 2, 1, 5);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_NOT_FULL && b.refused == 2 && b.other == 1 &&
+        b.axis == 0);
+  CHECK_MSG(err, "parameter 2 is not the whole broadcast batch shape");
+  argv[2] = SHAPE(s[2], 7, 2, 3, 5); /* more than the inputs give */
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_NOT_FULL && b.refused == 2 && b.other == -1 &&
+        b.axis == 2);
+  argv[2] = SHAPE(s[2], 3, 5); /* fewer */
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_NOT_FULL && b.refused == 2 && b.other == 0 &&
+        b.axis == 1);
+  /* a tensor below its core rank */
+  argv[1] = shape_of(&s[1], 0, NULL);
+  argv[2] = NULL;
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_RANK && b.refused == 1 && b.other == -1);
+  CHECK_MSG(err, "fewer dimensions than its core");
+  /* more than 64 batch dims */
+  static int64_t ones[DLB_MAX_NDIM + 2];
+  for (int a = 0; a < DLB_MAX_NDIM + 2; a++) ones[a] = 1;
+  argv[1] = shape_of(&s[1], DLB_MAX_NDIM + 2, ones);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_TOO_MANY && b.refused == 1);
+  CHECK_MSG(err, "more than 64 batch");
+  argv[1] = shape_of(&s[1], DLB_MAX_NDIM + 1, ones);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_EQ(b.ndim, DLB_MAX_NDIM);
+
+  /* unknown extents (-1) match anything; a known one other than 1 wins */
+  argv[0] = SHAPE(s[0], -1, 1);
+  argv[1] = SHAPE(s[1], 1, -1, 5);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(-1, -1)");
+  argv[0] = SHAPE(s[0], -1, 4);
+  argv[1] = SHAPE(s[1], 3, -1, 5);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(3, 4)");
+  argv[2] = SHAPE(s[2], -1, 4, 5); /* an unknown result extent matches */
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  argv[0] = SHAPE(s[0], 2, 4);
+  argv[1] = SHAPE(s[1], -1, 3, 5); /* known extents still conflict */
+  argv[2] = NULL;
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_BROADCAST && b.refused == 1 && b.other == 0 &&
+        b.axis == 0);
+  argv[0] = SHAPE(s[0], 2);
+  argv[1] = SHAPE(s[1], -1, 5);
+  argv[2] = SHAPE(s[2], 3, 5); /* unknown B: the result is not refused */
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_NOT_FULL && b.refused == 2 && b.other == 0);
+  argv[0] = SHAPE(s[0], -1);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(-1)");
+
+  /* a mut input broadcasts into B and must be all of it; parameters
+   * without `...` are not looked at */
+  CHECK_EQ(parse("baxpy(a: float64[...], x: float64[..., n], "
+                 "w: float64[n], y: mut float64[..., n])"),
+           DLB_OK);
+  argv[0] = SHAPE(s[0], 2, 1);
+  argv[1] = SHAPE(s[1], 3, 5);
+  argv[2] = SHAPE(s[2], 9, 9, 9, 9);
+  argv[3] = SHAPE(s[3], 2, 3, 5);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 4, 4, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(2, 3)");
+  argv[3] = SHAPE(s[3], 3, 5);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 4, 4, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_NOT_FULL && b.refused == 3 && b.other == 0 &&
+        b.axis == 1);
+  argv[3] = SHAPE(s[3], 4, 5); /* broadcast conflict first */
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 4, 4, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK(b.reason == DLB_BATCH_BROADCAST && b.refused == 3 && b.other == 1);
+  /* the only `...` input, mut: it alone is B */
+  CHECK_EQ(parse("inc(y: mut float64[..., n])"), DLB_OK);
+  argv[0] = SHAPE(s[0], 4, 3, 5);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 1, 1, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(4, 3)");
+  /* no `...` at all: B is () */
+  CHECK_EQ(parse("f(x: float64[n]) -> float64[n]"), DLB_OK);
+  argv[0] = SHAPE(s[0], 4, 3, 5);
+  argv[1] = SHAPE(s[1], 8);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 1, 2, argv, &b, &err), DLB_OK);
+  CHECK_EQ(b.ndim, 0);
+  CHECK_EQ(dlb_signature_batch_shape(NULL, 0, 0, NULL, &b, &err), DLB_OK);
+  /* bad arguments */
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 1, 2, argv, NULL, &err),
+           DLB_EINVAL);
+  CHECK_EQ(dlb_signature_batch_shape(NULL, 1, 2, argv, &b, &err), DLB_EINVAL);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 1, 2, NULL, &b, &err),
+           DLB_EINVAL);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 3, 2, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, -1, 2, argv, &b, &err),
+           DLB_EINVAL);
+  CHECK_MSG(err, "dlb_signature_batch_shape:");
+}
+
 int main(void) {
   test_records();
   test_errors();
@@ -760,5 +1076,9 @@ int main(void) {
   test_derive_refusals();
   test_bind_spelled();
   test_bind_refusals();
+  test_batch_grammar();
+  test_batch_grammar_errors();
+  test_batch_derive();
+  test_batch_shape();
   return check_summary("test_signature");
 }
