@@ -51,6 +51,8 @@ typedef struct {
   int32_t nin, nout;
   int32_t nmut;         /* `mut` inputs: a call compares their memory with
                            the other inputs' (dlb__fn_refuse_overlap) */
+  int32_t nbatch;       /* parameters and results with `...`: 0 means no
+                           call has batch dims to broadcast */
   fn_param *params;     /* nin inputs then nout outputs; owns dims too */
   fn_dim *dims;
   /* [nin]: the last handler each input's type had (the common call passes
@@ -224,7 +226,7 @@ typedef struct {
 /* ---- across the files (dlb__fn_: private to the Function's files) ------------ */
 
 /* function_sig.c.  Parse sig into fn (fields params/dims/memos/nin/nout/
- * name/cname/param_names/sym_names/signature): 0, or -1 with ValueError/
+ * nmut/nbatch/name/cname/param_names/sym_names/signature): 0, or -1 with ValueError/
  * TypeError/MemoryError. */
 int dlb__fn_compile_signature(fn_object *fn, PyObject *sig);
 /* The parse of signature text sig (a str) by the core, on the heap

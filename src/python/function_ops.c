@@ -277,14 +277,37 @@ PyObject *dlb__fn_result_specs(PyObject *self, PyObject *specs) {
       if (here >= 0 && *bound < 0) *bound = here;
     }
   }
+  /* The batch shape B every `...` result has in front of its core dims
+   * (by the eager call's rule: dlb_signature_batch_shape), unknown
+   * extents staying unknown. */
+  dlb_signature_batch batch;
+  batch.ndim = 0;
+  if (fn->nbatch > 0) {
+    dlb_error err;
+    if (dlb_signature_batch_shape(fn->params, nin, nin, argv, &batch, &err) !=
+        DLB_OK) {
+      dlb__fn_batch_error(fn, &batch, argv);
+      goto cleanup;
+    }
+  }
   results = PyTuple_New(nout);
   aliases = PyTuple_New(nmut);
   if (results == NULL || aliases == NULL) goto cleanup;
   for (int o = 0; o < nout; o++) {
     const fn_param *p = &fn->params[nin + o];
-    int64_t *shape = shapes + (size_t)nin * DLB_MAX_NDIM;
-    result_shape(fn, p, argv, shape);
-    PyObject *pair = Py_BuildValue("(NN)", extents_tuple(p->ndim, shape),
+    int64_t shape[2 * DLB_MAX_NDIM];
+    int32_t nb = p->batch ? batch.ndim : 0;
+    if (nb + p->ndim > DLB_MAX_NDIM) {
+      PyErr_Format(PyExc_ValueError,
+                   "%U() result '%U': %d batch and %d core dimensions; at "
+                   "most %d are supported",
+                   fn->name, PyTuple_GET_ITEM(fn->result_names, o), (int)nb,
+                   (int)p->ndim, DLB_MAX_NDIM);
+      goto cleanup;
+    }
+    memcpy(shape, batch.shape, (size_t)nb * sizeof *shape);
+    result_shape(fn, p, argv, shape + nb);
+    PyObject *pair = Py_BuildValue("(NN)", extents_tuple(nb + p->ndim, shape),
                                    dlb__dtype_new(fn->st, p->dtype));
     if (pair == NULL) goto cleanup;
     PyTuple_SET_ITEM(results, o, pair);

@@ -163,6 +163,9 @@ int dlb__fn_compile_signature(fn_object *fn, PyObject *sig) {
   fn->nmut = 0;
   for (int32_t i = 0; i < p->nin; i++)
     if (p->params[i].mut) fn->nmut++;
+  fn->nbatch = 0;
+  for (int32_t i = 0; i < p->nparams; i++)
+    if (p->params[i].batch) fn->nbatch++;
   fn->name = PyUnicode_FromStringAndSize(p->name, (Py_ssize_t)p->name_len);
   if (fn->name == NULL) goto cleanup;
   fn->cname = (char *)PyMem_Malloc(p->name_len + 1);
@@ -260,7 +263,7 @@ int dlb__fn_batch_error(const fn_object *fn, const dlb_signature_batch *b,
   switch (b->reason) {
     case DLB_BATCH_RANK:
       PyErr_Format(PyExc_ValueError,
-                   "%U() %s '%U': expected at least %d dimension%s (its core "
+                   "%U() %s '%U': expected at least %d dimension%s (the core "
                    "dims after '...'), got %d",
                    fn->name, kind, param_label(fn, i), (int)fn->params[i].ndim,
                    fn->params[i].ndim == 1 ? "" : "s", (int)t->ndim);
@@ -319,7 +322,13 @@ int dlb__fn_check_error(const fn_object *fn, int i, const DLTensor *t,
     PyErr_Format(PyExc_TypeError,
                  "%U() argument '%U': expected dtype %s, got %s", fn->name,
                  pname(fn, i), a, b);
-  } else if (t->ndim != p->ndim) {
+  } else if (p->batch && t->ndim < p->ndim) {
+    PyErr_Format(PyExc_ValueError,
+                 "%U() argument '%U': expected at least %d dimension%s (the "
+                 "core dims after '...'), got %d",
+                 fn->name, pname(fn, i), (int)p->ndim,
+                 p->ndim == 1 ? "" : "s", (int)t->ndim);
+  } else if (t->ndim != p->ndim && !p->batch) {
     PyErr_Format(PyExc_ValueError,
                  "%U() argument '%U': expected %d dimension%s, got %d",
                  fn->name, pname(fn, i), (int)p->ndim,
