@@ -161,6 +161,20 @@ static FN_HOT_INLINE void result_shape(const fn_object *fn, const fn_param *p,
                                  d->from_axis);
 }
 
+/* The first of argv[0..n) (parameters then results) that has batch dims
+ * (more axes than its parameter's core rank), or -1.  Until the calls
+ * pad and broadcast batch parts (issue 25), a call that has some is
+ * refused rather than handed to a kernel that would see unequal batch
+ * ranks and results without them. */
+static inline int first_with_batch_dims(const fn_object *fn,
+                                        DLTensor *const *argv, int n) {
+  for (int i = 0; i < n; i++)
+    if (fn->params[i].batch && argv[i] != NULL &&
+        argv[i]->ndim > fn->params[i].ndim)
+      return i;
+  return -1;
+}
+
 /* Where an argument is in the call's reading (fn_frame.state). */
 enum {
   ARG_PENDING = 0, /* not read yet */

@@ -587,6 +587,18 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     }
   }
 
+  if (fn->nbatch > 0) {
+    int i = first_with_batch_dims(fn, argv, nin);
+    if (i >= 0) {
+      PyErr_Format(PyExc_NotImplementedError,
+                   "%U(): argument '%U' has batch dimensions; calls with "
+                   "batch dimensions ('...') are not implemented yet (the "
+                   "signature is accepted, call it per item)",
+                   fn->name, pname(fn, i));
+      goto cleanup;
+    }
+  }
+
   /* Where results live and which stream the kernel runs on: the first
    * tensor argument's framework and device decide both. */
   if (ifirst >= 0) {

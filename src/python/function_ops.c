@@ -67,6 +67,16 @@ int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
           axis >= 0 ? " with another extent" : "", want, (int)p->ndim);
     }
   }
+  if (fn->nbatch > 0) {
+    int i = first_with_batch_dims(fn, argv, nargs);
+    if (i >= 0)
+      return dlb_error_set(
+          err, DLB_EUNSUPPORTED,
+          "%s(): %s %d has batch dimensions; calls with batch dimensions "
+          "('...') are not implemented yet",
+          fn->cname, i < fn->nin ? "argument" : "result",
+          (int)(i < fn->nin ? i : i - fn->nin));
+  }
   err->code = DLB_OK;
   err->message[0] = '\0';
   int rc = fn->kernel(argv, nargs, stream, err);
