@@ -100,9 +100,12 @@ cleanup:
   if (rc != DLB_OK) {
     out->ndim = 0;
     static const char *const what[] = {
-        "", "has fewer dimensions than its core", "has more than 64 batch "
-        "dimensions", "does not broadcast with that of parameter",
-        "is not the whole broadcast batch shape"};
+        "",
+        "has fewer dimensions than its core",
+        "has more than 64 batch dimensions",
+        "does not broadcast with that of parameter",
+        "is not the whole broadcast batch shape",
+    };
     if (out->reason == DLB_BATCH_BROADCAST)
       rc = dlb_error_set(err, DLB_EINVAL,
                          "the batch part of parameter %d %s %d",
