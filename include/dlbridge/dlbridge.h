@@ -749,6 +749,20 @@ DLB_API int dlb_signature_batch_shape(const dlb_signature_param *params,
                                       dlb_signature_batch *out,
                                       dlb_error *err);
 
+/* The header a kernel gets for tensor t of `...` parameter p in a call of
+ * batch shape b (from dlb_signature_batch_shape): t's dims left-padded to
+ * b->ndim batch dims with extent 1 and stride 0, strides always written
+ * (compact row-major when t->strides is NULL), data / device / dtype /
+ * byte_offset as t's.  No copy, no allocation: shape and strides (at
+ * least b->ndim + p->ndim entries each) are the caller's and must outlive
+ * *out.  DLB_EINVAL when t's batch part is longer than b or the result
+ * would pass DLB_MAX_NDIM. */
+DLB_API int dlb_signature_batch_pad(const dlb_signature_param *p,
+                                    const DLTensor *t,
+                                    const dlb_signature_batch *b,
+                                    int64_t *shape, int64_t *strides,
+                                    DLTensor *out, dlb_error *err);
+
 /* ---- Derivatives of a signature (signature_grad.c) ---------------------------
  *
  * A Function's vjp and jvp kernels are Functions of their own, bound to the

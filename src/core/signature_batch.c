@@ -118,3 +118,45 @@ cleanup:
   }
   return rc;
 }
+
+int dlb_signature_batch_pad(const dlb_signature_param *p, const DLTensor *t,
+                            const dlb_signature_batch *b, int64_t *shape,
+                            int64_t *strides, DLTensor *out,
+                            dlb_error *err) {
+  int rc = DLB_OK;
+  if (p == NULL || t == NULL || b == NULL || shape == NULL ||
+      strides == NULL || out == NULL || !p->batch) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "dlb_signature_batch_pad: a NULL argument, or a "
+                       "parameter without '...'");
+    goto cleanup;
+  }
+  int nb = t->ndim - p->ndim;
+  int ndim = b->ndim + p->ndim;
+  if (nb < 0 || nb > b->ndim || ndim > DLB_MAX_NDIM) {
+    rc = dlb_error_set(err, DLB_EINVAL,
+                       "dlb_signature_batch_pad: a tensor of %d dims does "
+                       "not fit %d batch dims before %d core ones",
+                       (int)t->ndim, (int)b->ndim, (int)p->ndim);
+    goto cleanup;
+  }
+  int pad = ndim - t->ndim;
+  /* the tensor's own strides, compact row-major when it has none; then
+   * the padded axes: extent 1, stride 0 (never stepped along) */
+  int64_t step = 1;
+  for (int a = t->ndim - 1; a >= 0; a--) {
+    shape[pad + a] = t->shape[a];
+    strides[pad + a] = t->strides != NULL ? t->strides[a] : step;
+    step *= t->shape[a] > 0 ? t->shape[a] : 1;
+  }
+  for (int a = 0; a < pad; a++) {
+    shape[a] = 1;
+    strides[a] = 0;
+  }
+  *out = *t;
+  out->ndim = ndim;
+  out->shape = shape;
+  out->strides = strides;
+cleanup:
+  return rc;
+}

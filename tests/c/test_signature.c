@@ -1063,6 +1063,68 @@ static void test_batch_shape(void) {
   CHECK_MSG(err, "dlb_signature_batch_shape:");
 }
 
+/* the header a kernel gets: left-padded with extent 1 / stride 0, strides
+ * written out (compact when the tensor has none), no copy */
+static void test_batch_pad(void) {
+  static shaped s[3];
+  DLTensor *argv[3];
+  dlb_signature_batch b;
+  dlb_error err;
+  int64_t shape[DLB_MAX_NDIM], strides[DLB_MAX_NDIM];
+  DLTensor padded;
+  CHECK_EQ(parse("bscale(a: float64[...], x: float64[..., n]) -> "
+                 "(y: float64[..., n])"),
+           DLB_OK);
+  argv[0] = SHAPE(s[0], 3);
+  argv[1] = SHAPE(s[1], 2, 1, 5);
+  argv[2] = NULL;
+  argv[1]->data = (void *)0x1000;
+  argv[1]->byte_offset = 16;
+  CHECK_EQ(dlb_signature_batch_shape(sig.params, 2, 3, argv, &b, &err), DLB_OK);
+  CHECK_STREQ(batch_text(&b), "(2, 3)");
+  /* a: (3,) -> (1, 3), strides (0, 1) */
+  CHECK_EQ(dlb_signature_batch_pad(&sig.params[0], argv[0], &b, shape,
+                                   strides, &padded, &err),
+           DLB_OK);
+  CHECK(padded.ndim == 2 && padded.shape == shape && padded.strides == strides);
+  CHECK(shape[0] == 1 && shape[1] == 3 && strides[0] == 0 && strides[1] == 1);
+  /* x: (2, 1, 5) keeps its rank; compact strides (5, 5, 1) */
+  CHECK_EQ(dlb_signature_batch_pad(&sig.params[1], argv[1], &b, shape,
+                                   strides, &padded, &err),
+           DLB_OK);
+  CHECK(padded.ndim == 3 && shape[0] == 2 && shape[1] == 1 && shape[2] == 5);
+  CHECK(strides[0] == 5 && strides[1] == 5 && strides[2] == 1);
+  CHECK(padded.data == (void *)0x1000 && padded.byte_offset == 16);
+  /* given strides are kept, negative and 0 ones too */
+  int64_t given[3] = {-5, 0, 2};
+  argv[1]->strides = given;
+  argv[0] = shape_of(&s[0], 0, NULL);
+  CHECK_EQ(dlb_signature_batch_pad(&sig.params[1], argv[1], &b, shape,
+                                   strides, &padded, &err),
+           DLB_OK);
+  CHECK(strides[0] == -5 && strides[1] == 0 && strides[2] == 2);
+  /* a 0-d core with no batch part: all padding */
+  CHECK_EQ(dlb_signature_batch_pad(&sig.params[0], argv[0], &b, shape,
+                                   strides, &padded, &err),
+           DLB_OK);
+  CHECK(padded.ndim == 2 && shape[0] == 1 && shape[1] == 1 &&
+        strides[0] == 0 && strides[1] == 0);
+  /* a batch part longer than B, or not a '...' parameter: refused */
+  argv[1]->strides = NULL;
+  argv[1] = SHAPE(s[1], 4, 2, 3, 5);
+  CHECK_EQ(dlb_signature_batch_pad(&sig.params[1], argv[1], &b, shape,
+                                   strides, &padded, &err),
+           DLB_EINVAL);
+  CHECK_MSG(err, "does not fit 2 batch dims");
+  CHECK_EQ(parse("f(x: float64[n]) -> (y: float64[n])"), DLB_OK);
+  CHECK_EQ(dlb_signature_batch_pad(&sig.params[0], argv[1], &b, shape,
+                                   strides, &padded, &err),
+           DLB_EINVAL);
+  CHECK_EQ(dlb_signature_batch_pad(NULL, argv[1], &b, shape, strides,
+                                   &padded, &err),
+           DLB_EINVAL);
+}
+
 int main(void) {
   test_records();
   test_errors();
@@ -1080,5 +1142,6 @@ int main(void) {
   test_batch_grammar_errors();
   test_batch_derive();
   test_batch_shape();
+  test_batch_pad();
   return check_summary("test_signature");
 }
