@@ -179,7 +179,8 @@ def _no_second_order(primal):
 def _op(jax, fn, out_specs, nout, aliases, scalars=(), second_order_of=None,
         loop_rank=0):
     """The traced op for a call of fn producing out_specs ((shape, dtype)
-    per result, the `mut` values last; aliases: the `mut` inputs; scalars:
+    per result, the `mut` values last; aliases: the `mut` inputs' operand
+    positions (the inputs less those given as attributes); scalars:
     (input, dtype str, value bytes) of each 0-d input given as a scalar
     attribute, by its bytes so -0.0 and 0.0 differ; loop_rank: the leading
     loop dims of every operand and result, for the handler's C loop): one
@@ -461,8 +462,12 @@ def _plain_call(jax, fn, args, second_order_of=None, loop_rank=0):
     for _, dtype, _, _ in fn._inputs:
         _np_dtype(fn, dtype)         # sub-byte inputs refused here too
     if scalars:
+        # the operands less the attributes: a `mut` input's position among
+        # them is what its alias names
         skip = set(as_attrs)
-        operands = [a for i, a in enumerate(operands) if i not in skip]
+        at = [i for i in range(len(operands)) if i not in skip]
+        aliases = tuple(at.index(i) for i in aliases)
+        operands = [operands[i] for i in at]
     key = (jax, fn, out_specs, len(results), aliases, scalars,
            second_order_of, loop_rank)
     try:

@@ -370,3 +370,48 @@ def test_export_with_a_symbolic_batch_dimension(k):
     y, c = run(k, back.call, a, x)
     close(y, a[:, None] * x)
     assert c.calls == 6
+
+
+# ---- a 64-bit number as an attribute (x64 off) next to a `mut` operand ------
+
+class _AddScalar:
+    """A ctypes kernel add(a: float64, y: mut float32[n]): y += a, recording
+    each call's y shape (one per item under the loop route)."""
+
+    def __init__(self):
+        import ctypes as C
+        from dlpack_ctypes import DLBError, DLTensor
+        kernel_t = C.CFUNCTYPE(C.c_int, C.POINTER(C.POINTER(DLTensor)),
+                               C.c_int32, C.c_void_p, C.POINTER(DLBError))
+        self.shapes = []
+
+        def add(args, nargs, stream, err):
+            a, y = args[0].contents, args[1].contents
+            value = C.cast(a.data + a.byte_offset, C.POINTER(C.c_double))[0]
+            shape = tuple(y.shape[d] for d in range(y.ndim))
+            self.shapes.append(shape)
+            p = C.cast(y.data + y.byte_offset, C.POINTER(C.c_float))
+            for j in range(int(np.prod(shape))):
+                p[j] += value
+            return 0
+
+        self._kernel = kernel_t(add)
+        self.fn = dlb.Function(C.cast(self._kernel, C.c_void_p).value,
+                               "add(a: float64, y: mut float32[n])")
+
+
+def test_a_64bit_number_attribute_beside_a_mut_operand_under_vmap():
+    add = _AddScalar()
+    y = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    want = (y.astype(np.float64) + 0.1).astype(np.float32)  # the kernel's sum
+    with jax.enable_x64(False):
+        f = jax.jit(lambda y: add.fn(0.1, y))
+        # the number is attribute dlb_arg0, so the mut y is operand 0
+        assert "dlb_arg0 = 1.000000e-01 : f64" in f.lower(y[0]).as_text()
+        np.testing.assert_array_equal(np.asarray(f(y[0])), want[0])
+        add.shapes.clear()
+        g = jax.jit(jax.vmap(lambda y: add.fn(0.1, y)))
+        hlo = g.lower(y).as_text()
+        assert "loop_rank = 1" in hlo and "dlb_arg0" in hlo
+        np.testing.assert_array_equal(np.asarray(g(y)), want)
+        assert add.shapes == [(3,), (3,)]   # each item unbatched
