@@ -10,7 +10,9 @@
  * of the arguments are borrowed (dlb__view_get_with) into per-call arrays
  * that live on the stack for up to FN_INLINE (8) parameters and results,
  * in one heap block beyond; Python numbers for 0-d parameters are stored
- * there too.  Nothing else is allocated unless the signature has outputs.
+ * there too.  Nothing else is allocated unless the signature has outputs,
+ * or the call has batch dims (`...`: one block for the padded headers of
+ * its `...` inputs, see "batch dimensions" below).
  *
  * A torch tensor is the case the call is tuned for (bench/bench_calls.py:
  * its overhead against the raw exchange-table loop, tvm-ffi and the
