@@ -86,8 +86,13 @@ def quiet():
             finally:
                 logger.removeHandler(h)
                 logger.setLevel(level)
+            # Eagerly, every tf.vectorized_map / tape.jacobian wraps its
+            # loop in a new tf.function, and after five TensorFlow warns
+            # that they retraced: about the caller's pattern, for any op.
             loud = [r.getMessage() for r in h.records
-                    if r.levelno >= logging.WARNING]
+                    if r.levelno >= logging.WARNING
+                    and "triggered tf.function retracing" not in
+                    r.getMessage()]
             assert not loud, loud
             assert not caught, [str(w.message) for w in caught]
             self.debug = [r.getMessage() for r in h.records]
@@ -266,7 +271,7 @@ def test_fallback_to_while_loop_false_names_the_reason(k):
 def test_without_the_converter_tf_falls_back_and_warns(k, counters, quiet):
     """If TensorFlow's private pfor registry moved, no converter is
     registered: the while_loop fallback is still correct (TensorFlow then
-    warns, which is also what shows the quiet fixture hears it)."""
+    warns, which also shows that the quiet fixture hears its warnings)."""
     from tensorflow.python.ops.parallel_for import pfor
 
     from dlbridge import _core
@@ -279,7 +284,9 @@ def test_without_the_converter_tf_falls_back_and_warns(k, counters, quiet):
                 y, calls, _ = _calls(counters, lambda: tf.vectorized_map(
                     lambda t: k.bscale(*t), (_t(a), _t(x))))
         np.testing.assert_allclose(y.numpy(), a[:, None] * x, rtol=1e-13)
-        assert calls == N
+        # pfor leaves the loop body in the graph; nothing retires its
+        # stateful node then, so TensorFlow also runs it on item 0
+        assert calls == N + 1
     finally:
         pfor._pfor_converter_registry[_core._TF_OP] = conv
 
