@@ -382,3 +382,108 @@ def test_per_example_gradients(k, counters, quiet):
     np.testing.assert_allclose(g.numpy(), 2 * a * (x * x).sum(-1),
                                rtol=1e-12)
     assert calls == 2 and last == (N,)
+
+
+def test_nested_vectorized_map_one_call(k, counters, quiet):
+    """a vectorized_map inside a vectorized_map: the inner loop's batched
+    node is stacked again by the outer one -- still one call."""
+    a, x = RNG.standard_normal((3, N)), RNG.standard_normal((3, N, 4))
+
+    def inner(t):
+        return tf.vectorized_map(lambda s: k.bscale(*s), t)
+    f = tf.function(lambda a, x: tf.vectorized_map(inner, (a, x)))
+    f.get_concrete_function(_t(a), _t(x))
+    with quiet():
+        y, calls, last = _calls(counters, lambda: f(_t(a), _t(x)))
+    np.testing.assert_allclose(y.numpy(), a[..., None] * x, rtol=1e-13)
+    assert calls == 1 and last == (3, N)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_jacobian_of_broadcast_call_sums_in_the_loop(k, counters, quiet,
+                                                     compiled):
+    """a: () against x: (2, 3): per basis vector the vjp writes da at (2,)
+    and the gradient sums it to (); under pfor the sum is batched too."""
+    a, x = RNG.standard_normal(()), RNG.standard_normal((2, 3))
+
+    def jac(a, x):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            y = k.bscale(a, x)
+        return tape.jacobian(y, a)
+    if compiled:
+        jac = tf.function(jac)
+        jac.get_concrete_function(_t(a), _t(x))
+    with quiet():
+        ja, calls, last = _calls(counters, lambda: jac(_t(a), _t(x)))
+    np.testing.assert_allclose(ja.numpy(), x, rtol=1e-13)
+    assert calls == 2 and last == (6, 2)
+
+
+def test_jacobian_without_pfor(k):
+    """experimental_use_pfor=False: TensorFlow's while_loop over the
+    gradient, per basis vector; the same answer."""
+    a, x = RNG.standard_normal(2), RNG.standard_normal((2, 3))
+    ta, tx = _t(a), _t(x)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(tx)
+        y = k.bscale(ta, tx)
+    jx = tape.jacobian(y, tx, experimental_use_pfor=False)
+    want = np.einsum("ik,jl,i->ijkl", np.eye(2), np.eye(3), a)
+    np.testing.assert_allclose(jx.numpy(), want, rtol=1e-13)
+
+
+def test_captured_variable(k, counters, quiet):
+    """a tf.Variable captured by the loop body is a loop-invariant input."""
+    v = tf.Variable(RNG.standard_normal(3))
+    x = RNG.standard_normal((N, 3, 2))
+    f = tf.function(lambda x: tf.vectorized_map(lambda xi: k.bscale(v, xi),
+                                                x))
+    f.get_concrete_function(_t(x))
+    with quiet():
+        y, calls, last = _calls(counters, lambda: f(_t(x)))
+    np.testing.assert_allclose(y.numpy(), v.numpy()[:, None] * x, rtol=1e-13)
+    assert calls == 1 and last == (N, 3)
+
+
+SCRIPT = r"""
+import sys
+import numpy as np, tensorflow as tf
+import dlbridge as dlb
+lib = sys.argv[1]
+T = "float64"
+vscale = dlb.load(lib, "dlb_kernel_vscale", f"vscale(a: {T}, x: {T}[n]) -> (y: {T}[n])")
+bscale = dlb.load(lib, "dlb_kernel_bscale",
+                  f"bscale(a: {T}[...], x: {T}[..., n]) -> (y: {T}[..., n])",
+                  vjp="dlb_kernel_bscale_vjp")
+a, x = tf.constant(np.arange(5.0)), tf.constant(np.ones((5, 3)))
+tf.constant(0.0) + 1.0  # TensorFlow's start-up lines before the marker
+print("START", file=sys.stderr, flush=True)
+ys = [tf.vectorized_map(lambda t: vscale(*t), (a, x)),
+      tf.function(lambda a, x: tf.vectorized_map(lambda t: vscale(*t),
+                                                 (a, x)))(a, x),
+      tf.vectorized_map(lambda t: bscale(*t), (a, x))]
+with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = bscale(a, x)
+ys.append(tape.jacobian(y, x))
+for y in ys:
+    y.numpy()
+print("END", file=sys.stderr, flush=True)
+"""
+
+
+def test_no_tensorflow_log_lines(lib, tmp_path):
+    """TensorFlow's C++ logging (stderr, which Python's logging does not
+    see): nothing between the markers, fallback and converter routes."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "quiet.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+    r = subprocess.run([sys.executable, str(script), lib], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    between = r.stderr.split("START\n", 1)[1].split("END", 1)[0]
+    assert between.strip() == "", between
