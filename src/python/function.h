@@ -161,20 +161,17 @@ static FN_HOT_INLINE void result_shape(const fn_object *fn, const fn_param *p,
                                  d->from_axis);
 }
 
-/* Result p's shape into shape[]: the call's batch shape b first for a
- * `...` result (b NULL: a call with batch rank 0, or none), then its core
- * extents.  Returns its rank; the caller made sure it is at most
- * DLB_MAX_NDIM (b->ndim + p->ndim, checked when b was found). */
+/* Result p's shape into shape[]: the call's batch shape (nb extents
+ * bshape, B; nb 0 at batch rank 0) first for a `...` result, then its
+ * core extents.  Returns its rank; the caller made sure it is at most
+ * DLB_MAX_NDIM (nb + p->ndim, checked when B was found). */
 static FN_HOT_INLINE int result_shape_batched(const fn_object *fn,
                                               const fn_param *p,
-                                              DLTensor *const *argv,
-                                              const dlb_signature_batch *b,
+                                              DLTensor *const *argv, int nb,
+                                              const int64_t *bshape,
                                               int64_t *shape) {
-  int nb = 0;
-  if (b != NULL && p->batch) {
-    nb = b->ndim;
-    for (int k = 0; k < nb; k++) shape[k] = b->shape[k];
-  }
+  if (!p->batch) nb = 0;
+  for (int k = 0; k < nb; k++) shape[k] = bshape[k];
   result_shape(fn, p, argv, shape + nb);
   return nb + p->ndim;
 }

@@ -10,7 +10,9 @@
  * of the arguments are borrowed (dlb__view_get_with) into per-call arrays
  * that live on the stack for up to FN_INLINE (8) parameters and results,
  * in one heap block beyond; Python numbers for 0-d parameters are stored
- * there too.  Nothing else is allocated unless the signature has outputs.
+ * there too.  Nothing else is allocated unless the signature has outputs,
+ * or the call has batch dims (`...`: one block for the padded headers of
+ * its `...` inputs, see "batch dimensions" below).
  *
  * A torch tensor is the case the call is tuned for (bench/bench_calls.py:
  * its overhead against the raw exchange-table loop, tvm-ffi and the
@@ -477,7 +479,8 @@ DLB__OUT_OF_LINE(int, read_again,
  * block (fn_frame.batch), freed in function_call's cleanup.  A call
  * whose batch rank is 0 allocates nothing and runs as any other. */
 struct fn_batch {
-  dlb_signature_batch b;
+  int32_t ndim;    /* R = len(B), > 0 */
+  int64_t *shape;  /* [R]: B */
   DLTensor *hdr;   /* [nin]: the padded headers (of `...` inputs) */
   int64_t *dims;   /* per `...` input: shape then strides, R + core each */
 };
@@ -511,17 +514,21 @@ static int batch_shape(const fn_object *fn, fn_frame *f,
     }
     if (i < nin) ndims += 2 * (size_t)(b.ndim + p->ndim);
   }
-  /* the struct, then the headers, then the extents: each part aligned for
-   * what follows it (DLTensor and int64_t both need 8 at most) */
-  size_t bytes = sizeof(struct fn_batch) + (size_t)nin * sizeof(DLTensor) +
-                 ndims * sizeof(int64_t);
+  /* the struct, B, the headers, then their extents: each part aligned
+   * for what follows it (DLTensor and int64_t both need 8 at most).  Only
+   * B's R extents are kept, not the whole dlb_signature_batch: a few
+   * hundred bytes, which pymalloc serves without malloc. */
+  size_t bytes = sizeof(struct fn_batch) + (size_t)b.ndim * sizeof(int64_t) +
+                 (size_t)nin * sizeof(DLTensor) + ndims * sizeof(int64_t);
   struct fn_batch *blk = PyMem_Malloc(bytes);
   if (blk == NULL) {
     PyErr_NoMemory();
     return -1;
   }
-  blk->b = b;
-  blk->hdr = (DLTensor *)(blk + 1);
+  blk->ndim = b.ndim;
+  blk->shape = (int64_t *)(blk + 1);
+  memcpy(blk->shape, b.shape, (size_t)b.ndim * sizeof(int64_t));
+  blk->hdr = (DLTensor *)(blk->shape + b.ndim);
   blk->dims = (int64_t *)(blk->hdr + nin);
   f->batch = blk;
   return 0;
@@ -534,12 +541,15 @@ static int batch_shape(const fn_object *fn, fn_frame *f,
 static int batch_pad(const fn_object *fn, fn_frame *f) {
   struct fn_batch *blk = f->batch;
   int64_t *dims = blk->dims;
+  dlb_signature_batch b;
+  b.ndim = blk->ndim;
+  memcpy(b.shape, blk->shape, (size_t)blk->ndim * sizeof(int64_t));
   for (int i = 0; i < fn->nin; i++) {
     const fn_param *p = &fn->params[i];
     if (!p->batch) continue;
-    int n = blk->b.ndim + p->ndim;
+    int n = b.ndim + p->ndim;
     dlb_error err;
-    if (dlb_signature_batch_pad(p, f->argv[i], &blk->b, dims, dims + n,
+    if (dlb_signature_batch_pad(p, f->argv[i], &b, dims, dims + n,
                                 &blk->hdr[i], &err) != DLB_OK) {
       dlb__raise(&err);
       dlb__fn_prefix_error(fn, i);
@@ -701,9 +711,9 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
 
   for (int o = 0; o < nout; o++) {
     const fn_param *p = &fn->params[nin + o];
-    proto.ndim = result_shape_batched(fn, p, argv,
-                                      f->batch != NULL ? &f->batch->b : NULL,
-                                      shape);
+    const struct fn_batch *bt = f->batch;
+    proto.ndim = result_shape_batched(fn, p, argv, bt != NULL ? bt->ndim : 0,
+                                      bt != NULL ? bt->shape : NULL, shape);
     proto.data = NULL;
     proto.dtype = p->dtype;
     proto.shape = shape;

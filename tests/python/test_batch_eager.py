@@ -346,8 +346,10 @@ def test_torch_arguments(k):
     np.testing.assert_allclose(k.bscale(2.0, xt).numpy(), 2.0 * xt.numpy())
     s = k.bdot(x, torch.ones(5, dtype=torch.float64))
     np.testing.assert_allclose(s.numpy(), x.numpy().sum(-1))
+    # a tensor that requires grad, read under no_grad
+    xg = x.clone().requires_grad_()
     with torch.no_grad():
-        mean, sq = k.bstats(x)
+        mean, sq = k.bstats(xg)
     assert isinstance(mean, torch.Tensor)
     np.testing.assert_allclose(mean.numpy(), x.numpy().mean(-1))
     np.testing.assert_allclose(sq.numpy(), x.numpy() ** 2)
@@ -407,7 +409,8 @@ def _live():
     return _core._allocation_stats()["live"]
 
 
-def test_core_allocation_failures_free_everything(k, tp, _restore_allocator):
+def test_core_allocation_failures_free_everything(k, k32, tp,
+                                                  _restore_allocator):
     # The results are the core allocator's (NumPy and dlb.Tensor first
     # arguments): refuse each in turn -- MemoryError or success, nothing
     # left allocated, a producer's export deleted once.
@@ -420,6 +423,16 @@ def test_core_allocation_failures_free_everything(k, tp, _restore_allocator):
         (lambda: k.bscale(a, p), True),
         (lambda: k.bstats(p), True),
     ]
+    try:
+        import jax.numpy as jnp
+    except ImportError:  # pragma: no cover - depends on the environment
+        jnp = None
+    if jnp is not None:
+        # a `mut` JAX argument: its copy (the core allocator's) is padded,
+        # written and returned, or freed
+        ja, jx = jnp.asarray(f32(a)), jnp.asarray(f32(x))
+        jy = jnp.zeros((3, 2, 4), jnp.float32)
+        cases.append((lambda: k32.baxpy(ja, jx, jy), False))
     for op, exports in cases:
         op()
         gc.collect()
