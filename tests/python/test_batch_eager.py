@@ -494,3 +494,42 @@ def test_python_allocation_failures(k, tp, _restore_allocator):
             assert _live() == base
             assert p.live_exports == 0
         assert failures > 0
+
+
+# ---- CUDA tensors (the recording fake driver: no GPU needed) -----------------------
+
+def test_cuda_tensors_fake_driver(lib):
+    # Results at the broadcast batch shape on the arguments' device, the
+    # kernel on the current stream; a Python number for the 0-d `...`
+    # parameter stays a host scalar.  (examples/kernels/batch.c runs on the
+    # CPU only; a real GPU's batched launch is scripts/gpu-check's.)
+    fake = pytest.importorskip("test_cuda_fake")
+    if fake.LIBS is None:
+        pytest.skip("the fake CUDA driver is not built (Meson tests=true)")
+    fake.run("""
+    lib = os.environ["DLB_EXAMPLE_KERNELS"]
+    rec = (ctypes.c_int64 * 4).in_dll(ctypes.CDLL(lib), "dlb_example_recorded")
+    f = dlb.load(lib, "dlb_kernel_record",
+                 "f(a: float32[...], x: float32[..., n]) -> "
+                 "(y: float32[..., n], s: float32[...])")
+    x = dlb.zeros((4, 3, 5), dtype="float32", device="cuda:0")
+    a = dlb.zeros((3,), dtype="float32", device="cuda:0")
+    s = new_stream()
+    n0 = rec[3]
+    with dlb.stream(s):
+        clear()
+        y, t = f(a, x)
+    assert rec[3] == n0 + 1 and rec[0] == s and rec[1] == 2, list(rec)
+    assert y.device == "cuda:0" and y.shape == (4, 3, 5), (y.device, y.shape)
+    assert t.shape == (4, 3)
+    allocs = calls("cuMemAllocAsync")
+    assert len(allocs) == 2 and all("stream=s1" in c for c in allocs), log()
+    y, t = f(2.0, dlb.zeros((1, 3, 5), dtype="float32", device="cuda:0"))
+    assert y.shape == (1, 3, 5) and t.shape == (1, 3)
+    try:
+        f(dlb.zeros((2,), dtype="float32", device="cuda:0"), x)
+    except ValueError as e:
+        assert "x (4, 3) and a (2,) do not broadcast" in str(e), e
+    else:
+        raise AssertionError("a batch mismatch on cuda was accepted")
+    """, env={"DLB_EXAMPLE_KERNELS": lib})
