@@ -266,6 +266,21 @@ def test_baxpy_in_place_numpy_and_dlb_tensor(k):
     np.testing.assert_allclose(y3, want)
 
 
+def test_baxpy_overlap_is_judged_on_the_padded_views(k):
+    # y as x and y: the same view once padded, allowed (read before write)
+    y = np.arange(6.0).reshape(2, 3)
+    want = 3 * y
+    k.baxpy(2.0, y, y)
+    np.testing.assert_allclose(y, want)
+    # x a row of y, broadcast over y's batch: partial overlap, refused
+    before = k.counters()
+    with pytest.raises(BufferError, match="'y' is 'mut' and its memory "
+                       "overlaps argument 'x'"):
+        k.baxpy(2.0, y[0], y)
+    assert k.counters() == before
+    np.testing.assert_allclose(y, want)
+
+
 @needs_torch
 def test_baxpy_in_place_torch(k):
     a, x = torch.randn(3, 1, dtype=torch.float64), torch.randn(
