@@ -193,6 +193,18 @@ def test_many_parameters_heap_frame(lib):
     assert r.shape == (5, 2, 3) and s.shape == (3,)
 
 
+def test_a_result_past_the_rank_limit_is_refused(lib):
+    f = dlb.load(lib, "dlb_kernel_noop",
+                 "f(x: float64[..., n]) -> (y: float64[..., n, 2])")
+    x = np.ones((1,) * 63 + (2,))
+    with pytest.raises(ValueError, match=r"^f\(\) result 'y': 63 batch and 2 "
+                       r"core dimensions; at most 64 are supported$"):
+        f(x)
+    g = dlb.load(lib, "dlb_kernel_noop",
+                 "f(x: float64[..., n]) -> (y: float64[..., n])")
+    assert g(x).shape == x.shape
+
+
 # ---- mismatches -----------------------------------------------------------------------
 
 def test_batch_mismatch_names_both_shapes(k):
