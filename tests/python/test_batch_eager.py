@@ -193,6 +193,18 @@ def test_many_parameters_heap_frame(lib):
     assert r.shape == (5, 2, 3) and s.shape == (3,)
 
 
+def test_a_result_past_the_rank_limit_is_refused(lib):
+    f = dlb.load(lib, "dlb_kernel_noop",
+                 "f(x: float64[..., n]) -> (y: float64[..., n, 2])")
+    x = np.ones((1,) * 63 + (2,))
+    with pytest.raises(ValueError, match=r"^f\(\) result 'y': 63 batch and 2 "
+                       r"core dimensions; at most 64 are supported$"):
+        f(x)
+    g = dlb.load(lib, "dlb_kernel_noop",
+                 "f(x: float64[..., n]) -> (y: float64[..., n])")
+    assert g(x).shape == x.shape
+
+
 # ---- mismatches -----------------------------------------------------------------------
 
 def test_batch_mismatch_names_both_shapes(k):
@@ -264,6 +276,21 @@ def test_baxpy_in_place_numpy_and_dlb_tensor(k):
     want = y3 + 0.5 * x
     k.baxpy(0.5, x, y3)
     np.testing.assert_allclose(y3, want)
+
+
+def test_baxpy_overlap_is_judged_on_the_padded_views(k):
+    # y as x and y: the same view once padded, allowed (read before write)
+    y = np.arange(6.0).reshape(2, 3)
+    want = 3 * y
+    k.baxpy(2.0, y, y)
+    np.testing.assert_allclose(y, want)
+    # x a row of y, broadcast over y's batch: partial overlap, refused
+    before = k.counters()
+    with pytest.raises(BufferError, match="'y' is 'mut' and its memory "
+                       "overlaps argument 'x'"):
+        k.baxpy(2.0, y[0], y)
+    assert k.counters() == before
+    np.testing.assert_allclose(y, want)
 
 
 @needs_torch
@@ -494,3 +521,42 @@ def test_python_allocation_failures(k, tp, _restore_allocator):
             assert _live() == base
             assert p.live_exports == 0
         assert failures > 0
+
+
+# ---- CUDA tensors (the recording fake driver: no GPU needed) -----------------------
+
+def test_cuda_tensors_fake_driver(lib):
+    # Results at the broadcast batch shape on the arguments' device, the
+    # kernel on the current stream; a Python number for the 0-d `...`
+    # parameter stays a host scalar.  (examples/kernels/batch.c runs on the
+    # CPU only; a real GPU's batched launch is scripts/gpu-check's.)
+    fake = pytest.importorskip("test_cuda_fake")
+    if fake.LIBS is None:
+        pytest.skip("the fake CUDA driver is not built (Meson tests=true)")
+    fake.run("""
+    lib = os.environ["DLB_EXAMPLE_KERNELS"]
+    rec = (ctypes.c_int64 * 4).in_dll(ctypes.CDLL(lib), "dlb_example_recorded")
+    f = dlb.load(lib, "dlb_kernel_record",
+                 "f(a: float32[...], x: float32[..., n]) -> "
+                 "(y: float32[..., n], s: float32[...])")
+    x = dlb.zeros((4, 3, 5), dtype="float32", device="cuda:0")
+    a = dlb.zeros((3,), dtype="float32", device="cuda:0")
+    s = new_stream()
+    n0 = rec[3]
+    with dlb.stream(s):
+        clear()
+        y, t = f(a, x)
+    assert rec[3] == n0 + 1 and rec[0] == s and rec[1] == 2, list(rec)
+    assert y.device == "cuda:0" and y.shape == (4, 3, 5), (y.device, y.shape)
+    assert t.shape == (4, 3)
+    allocs = calls("cuMemAllocAsync")
+    assert len(allocs) == 2 and all("stream=s1" in c for c in allocs), log()
+    y, t = f(2.0, dlb.zeros((1, 3, 5), dtype="float32", device="cuda:0"))
+    assert y.shape == (1, 3, 5) and t.shape == (1, 3)
+    try:
+        f(dlb.zeros((2,), dtype="float32", device="cuda:0"), x)
+    except ValueError as e:
+        assert "x (4, 3) and a (2,) do not broadcast" in str(e), e
+    else:
+        raise AssertionError("a batch mismatch on cuda was accepted")
+    """, env={"DLB_EXAMPLE_KERNELS": lib})
