@@ -518,12 +518,20 @@ int dlb__torch_forward_ad_on(dlb_module_state *st) {
 }
 
 int dlb__torch_functorch_wrapped(dlb_module_state *st, PyObject *obj) {
-  PyTypeObject *base = DLB_FT_LOAD_PTR(&st->torch_base);
-  if (st->torch_wrapped == NULL || base == NULL ||
-      !PyObject_TypeCheck(obj, base))
-    return 0;
   dlb__saved_error e;
   dlb__error_save(&e);
+  /* The first torch tensor dlbridge sees may be a transform's (torch.vmap
+   * of a Function before any eager call): its failed read is then what
+   * meets torch, which finds is_functorch_wrapped_tensor.  Python code
+   * runs, with the read's error kept aside; the caller hands the call
+   * over either way or raises that error. */
+  int ran = 0;
+  if (!is_torch(st, obj, &ran) || st->torch_wrapped == NULL) {
+    PyErr_Clear();
+    dlb__error_restore(&e);
+    return 0;
+  }
+  PyErr_Clear();
   PyObject *r = PyObject_CallOneArg(st->torch_wrapped, obj);
   int wrapped = r != NULL && PyObject_IsTrue(r) == 1;
   Py_XDECREF(r);
