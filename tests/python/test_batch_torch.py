@@ -157,10 +157,24 @@ def test_vmap_mut_writes_the_batched_tensor_in_place(k):
     y = rnd(4, 5, seed=2)                      # batched along dim 1
     want = y + (a[:, None] * x).T
     ptr = y.data_ptr()
+    # baxpy returns None: torch.vmap wants out_dims=None for that
     _, calls, last = counted(
-        k, torch.vmap(k.baxpy, in_dims=(0, 0, 1)), a, x, y)
+        k, torch.vmap(k.baxpy, in_dims=(0, 0, 1), out_dims=None), a, x, y)
     close(y, want)
     assert y.data_ptr() == ptr and calls == 1 and last == (5,)
+
+
+def test_vmap_mut_in_a_step_that_returns_it(k):
+    def step(a, x, y):
+        k.baxpy(a, x, y)
+        return y * 2
+
+    a, x, y = rnd(5, 2), rnd(5, 2, 4, seed=1), rnd(5, 2, 4, seed=2)
+    want = y + a[..., None] * x
+    got, calls, last = counted(k, torch.vmap(step), a, x, y)
+    close(y, want)
+    close(got, 2 * want)
+    assert calls == 1 and last == (5, 2)
 
 
 def test_vmap_mut_with_unbatched_inputs(k):
@@ -168,7 +182,8 @@ def test_vmap_mut_with_unbatched_inputs(k):
     a, x, y = rnd(), rnd(4, seed=1), rnd(6, 4, seed=2)
     want = y + a * x
     _, calls, _ = counted(
-        k, torch.vmap(k.baxpy, in_dims=(None, None, 0)), a, x, y)
+        k, torch.vmap(k.baxpy, in_dims=(None, None, 0), out_dims=None),
+        a, x, y)
     close(y, want)
     assert calls == 1
 
@@ -178,7 +193,7 @@ def test_vmap_mut_not_batched_is_refused(k):
     before = y.clone()
     with pytest.raises(RuntimeError, match="mut argument 'y' in place, but "
                        "'y' is not batched while 'a' is"):
-        torch.vmap(k.baxpy, in_dims=(0, 0, None))(a, x, y)
+        torch.vmap(k.baxpy, in_dims=(0, 0, None), out_dims=None)(a, x, y)
     close(y, before)
 
 
@@ -264,6 +279,15 @@ def test_eager_backward_sums_a_broadcast_cotangent_down(k):
     assert grads[0][0].shape == (3, 1)
     close(grads[0][0], grads[1][0])
     close(grads[0][1], grads[1][1])
+    # what the backward itself returns (torch would also sum a broadcastable
+    # gradient down silently): already at a's shape
+    a = rnd(3, 1).requires_grad_()
+    x = rnd(3, 2, 4, seed=1)
+    y = k.bscale(a, x)
+    raw = y.grad_fn.apply(torch.ones_like(y))
+    da = [g for g in raw if g is not None]
+    assert len(da) == 1 and da[0].shape == (3, 1)
+    close(da[0], x.sum(-1, keepdim=True).sum(1))
 
 
 # ---- torch.compile -------------------------------------------------------------
