@@ -246,6 +246,23 @@ def test_vmap_of_grad(k):
     assert calls == 2        # the forward and the vjp, one call each
 
 
+def test_vmap_of_jvp_and_jacfwd(k):
+    a, x = rnd(5), rnd(5, 3, 4, seed=1)
+    ta, tx = rnd(5, seed=2), rnd(5, 3, 4, seed=3)
+
+    def tangent(f):
+        return lambda a, x, ta, tx: tfunc.jvp(f, (a, x), (ta, tx))
+
+    (y, ty), calls, _ = counted(k, tfunc.vmap(tangent(k.bscale)),
+                                a, x, ta, tx)
+    want_y, want_ty = tfunc.vmap(tangent(scale))(a, x, ta, tx)
+    close(y, want_y)
+    close(ty, want_ty)
+    assert calls == 2        # the forward and the jvp, one call each
+    got = tfunc.vmap(tfunc.jacfwd(k.bscale))(a, x[:, 0])
+    close(got, tfunc.vmap(tfunc.jacfwd(scale))(a, x[:, 0]))
+
+
 def test_vmap_of_grad_vscale_loops(k):
     a, x = rnd(5), rnd(5, 4, seed=1)
     got = tfunc.vmap(tfunc.grad(loss(k.vscale), argnums=(0, 1)))(a, x)
@@ -292,12 +309,15 @@ def test_eager_backward_sums_a_broadcast_cotangent_down(k):
 
 # ---- torch.compile -------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_compiled_vmap_is_one_call(k, backend):
+@pytest.mark.parametrize("fname,backend", [
+    ("plain", "aot_eager"), ("plain", "inductor"),
+    ("bscale", "aot_eager"),    # its nograd overload: no gradient needed
+])
+def test_compiled_vmap_is_one_call(k, fname, backend):
     torch._dynamo.reset()
     a, x = rnd(5), rnd(5, 3, 4, seed=1)
-    f = torch.compile(torch.vmap(k.plain, in_dims=(0, 0)), fullgraph=True,
-                      backend=backend)
+    f = torch.compile(torch.vmap(getattr(k, fname), in_dims=(0, 0)),
+                      fullgraph=True, backend=backend)
     got = f(a, x)
     close(got, torch.vmap(scale)(a, x))
     got, calls, last = counted(k, f, a, x)
