@@ -337,3 +337,27 @@ def test_compiled_vmap_with_backward(k):
         grads.append((a.grad, x.grad))
     close(grads[0][0], grads[1][0])
     close(grads[0][1], grads[1][1])
+
+
+# ---- how a transform's tensor is recognised --------------------------------------
+
+@pytest.mark.parametrize("state", [1, -1])
+def test_wrapped_tensors_with_bits_read_or_asked(k, state):
+    # read: a functorch wrapper's key bit (found by torchbits.c's
+    # experiment) routes it before any DLPack read; asked: its failed read
+    # does.  Both give the operator the call.
+    from dlbridge import _core
+    a, x = rnd(5), rnd(5, 3, 4, seed=1)
+    k.plain(a[0], x[0])   # torch met, the experiment run
+    found = _core._torch_bits_state()
+    if found != 1:
+        pytest.skip("the experiment did not find torch's bits here")
+    previous = _core._torch_bits_force(state)
+    try:
+        got, calls, _ = counted(k, torch.vmap(k.plain), a, x)
+        close(got, torch.vmap(scale)(a, x))
+        assert calls == 1
+        g = tfunc.vmap(tfunc.grad(loss(k.bscale), argnums=(0, 1)))(a, x)
+        close(g[1], tfunc.vmap(tfunc.grad(loss(scale), argnums=(0, 1)))(a, x)[1])
+    finally:
+        _core._torch_bits_force(previous)
