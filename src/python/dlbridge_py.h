@@ -146,6 +146,7 @@ typedef struct {
   unsigned long torch_owner;
   int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
   uint64_t torch_neg_mask, torch_conj_mask;
+  uint64_t torch_wrap_mask; /* functorch wrappers' key bits (0: unknown) */
   /* torchbits.c: what asking calls (strong; NULL when torch has no such
    * thing): TensorBase's is_neg, is_conj and requires_grad descriptors,
    * and torch._C.DisableTorchFunction() with its __enter__ and __exit__
@@ -988,7 +989,26 @@ static inline int dlb__bits_maybe_set(const dlb_module_state *st,
   uint64_t key, meta;
   memcpy(&key, impl + st->torch_key_off, sizeof key);
   memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
-  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0 || meta != 0;
+  return (key & (st->torch_neg_mask | st->torch_conj_mask |
+                 st->torch_wrap_mask)) != 0 ||
+         meta != 0;
+}
+/* Whether obj, a torch tensor for which dlb__bits_maybe_set said 1, has a
+ * functorch wrapper's key bit (a BatchedTensor, a GradTrackingTensor,
+ * found by torchbits.c's experiment): ask dlb__torch_functorch_wrapped
+ * before reading it.  0 when the bits are not read from the TensorImpl. */
+static inline int dlb__torch_wrapper_bit(const dlb_module_state *st,
+                                         PyObject *obj) {
+  if (st->torch_wrap_mask == 0 ||
+      DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ ||
+      (Py_TYPE(obj)->tp_base != st->torch_base &&
+       !PyObject_TypeCheck(obj, st->torch_base)))
+    return 0;
+  const char *impl = dlb__torch_impl(st, obj);
+  if (impl == NULL) return 0;
+  uint64_t key;
+  memcpy(&key, impl + st->torch_key_off, sizeof key);
+  return (key & st->torch_wrap_mask) != 0;
 }
 /* Whether obj is a torch tensor autograd may have touched (its
  * autograd_meta_ is set, or cannot be read): whether it requires grad is
@@ -1030,8 +1050,9 @@ int dlb__torch_forward_ad_on(dlb_module_state *st);
 /* After reading obj failed with an exception: whether obj is a tensor a
  * functorch transform wrapped (a BatchedTensor, a GradTrackingTensor: no
  * memory of its own to read) -- 1 with the exception cleared (the call is
- * torch's, _ops_torch), else 0 with the exception kept.  Error path only:
- * runs torch's C function. */
+ * torch's, _ops_torch), else 0 with the exception kept (also called with
+ * none pending, before reading a tensor dlb__torch_wrapper_bit points
+ * at).  Runs torch's C function. */
 int dlb__torch_functorch_wrapped(dlb_module_state *st, PyObject *obj);
 /* Tell autograd that the torch tensors among objs[0..n) were written in
  * place: their version counters move (views share their base's), so a

@@ -298,6 +298,16 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
+      /* Before the read (which runs no Python code: the answer holds
+       * after it): a functorch wrapper's key bit makes it 1 too, and such
+       * a tensor is not read at all -- its failed read costs torch a C++
+       * exception with a symbolised backtrace, ~3 ms (torchbits.c). */
+      const int maybe = dlb__bits_maybe_set(st, obj);
+      if (maybe && dlb__torch_wrapper_bit(st, obj) &&
+          dlb__torch_functorch_wrapped(st, obj)) {
+        f->views[i].handler = h;
+        return 1;
+      }
       if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) {
         /* A functorch transform's tensor has no memory to read: the call
          * is torch's (_ops_torch, by the hand-over), as a placeholder's. */
@@ -305,7 +315,7 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
         f->views[i].handler = h;
         return 1;
       }
-      if (dlb__bits_maybe_set(st, obj)) {
+      if (maybe) {
         /* Whether it requires grad is not asked here: only when it matters
          * -- grad mode on, or a write -- in step 3 (refuse_grad). */
         int ran = 0;
