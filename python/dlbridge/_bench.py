@@ -400,7 +400,7 @@ def _batch_rows(fw, cfg, settings):
     except Exception as e:  # the framework's vmap could not be set up at all
         why = _measure.why(e, 160)
         return [_row(fw, call, _side(_bb.DLB_EXPR[call], why), kind,
-                     _side(_bb.REF_EXPR[kind].format(n=0), why))
+                     _side(_bb.ref_expr(call, kind), why))
                 for call, owner in BATCH_CALLS.items() if owner == fw
                 for kind in _bb.REFERENCES[call]]
 

@@ -75,6 +75,12 @@ REFERENCES = {JAX_CALL: (SEQUENTIAL, TVM),
 _registered = set()
 
 
+def ref_expr(call, kind):
+    """The reference side's expression of row (call, kind)."""
+    items = {c: n for n, c in TORCH_CALLS.items()}.get(call, ITEMS)
+    return REF_EXPR[kind].format(n=items)
+
+
 class Counter:
     """The example library's kernel-call counter (ctypes)."""
 
@@ -288,8 +294,9 @@ def jax_rows(jax, dlb, kernel, peer, mode, side, row):
             return side(expr, f["per_call"] * 1e9, f["trace"] + f["compile"])
         return side(expr, f)
     mine = one(DLB_EXPR[JAX_CALL], ours)
-    return [row("jax", JAX_CALL, mine, SEQUENTIAL, one(REF_EXPR[SEQUENTIAL], seq)),
-            row("jax", JAX_CALL, mine, TVM, one(REF_EXPR[TVM], tvm))]
+    return [row("jax", JAX_CALL, mine, SEQUENTIAL,
+                one(ref_expr(JAX_CALL, SEQUENTIAL), seq)),
+            row("jax", JAX_CALL, mine, TVM, one(ref_expr(JAX_CALL, TVM), tvm))]
 
 
 # ---- torch ----------------------------------------------------------------------
@@ -347,5 +354,5 @@ def torch_rows(torch, dlb, kernel, settings, side, row):
             got = {(c, w): why for c in TORCH_CALLS.values()
                    for w in ("dlb", "loop")}
     return [row("torch", call, side(DLB_EXPR[call], got[call, "dlb"]), "loop",
-                side(REF_EXPR["loop"].format(n=n), got[call, "loop"]))
-            for n, call in TORCH_CALLS.items()]
+                side(ref_expr(call, "loop"), got[call, "loop"]))
+            for call in TORCH_CALLS.values()]
