@@ -1193,16 +1193,36 @@ int dlb__function_force_identity(PyObject *fn, PyObject *identity);
 /* Run fn's kernel on argv: its nin inputs then nout results, in signature
  * order, each checked against the signature first (dtype, rank, extents;
  * a Python number arrives as the 0-d tensor it was made into); stream as
- * the kernel ABI says.  Needs neither Python nor the GIL, so a compiler
- * calls it from its own threads; the caller keeps fn alive.  DLB_OK, or a
- * negative status with err saying "<name>: ...". */
+ * the kernel ABI says.  A Function with `...` parameters gets the eager
+ * call's batch rule: B is the broadcast of its inputs' batch parts, every
+ * result and `mut` input must be all of B, and the kernel sees every
+ * `...` tensor left-padded to B's rank (extent 1, stride 0, strides
+ * written: dlb_signature_batch_pad).  Needs neither Python nor the GIL, so
+ * a compiler calls it from its own threads; the caller keeps fn alive.
+ * DLB_OK, or a negative status with err saying "<name>: ...". */
 int dlb__function_run(PyObject *fn, DLTensor *const *argv, int32_t nargs,
                       void *stream, dlb_error *err);
-/* Result o's extents into shape (its ndim of them), from the inputs in
- * argv that bound their names (not checked: dlb__function_run checks).
- * Needs no GIL. */
-void dlb__function_result_shape(PyObject *fn, DLTensor *const *argv,
-                                int32_t o, int64_t *shape);
+/* dlb__function_run once per item of a loop over the first nloop dims of
+ * the call (a Function under a vmap that its signature cannot batch): the
+ * results and every `...` tensor have them in front, a tensor of a
+ * parameter without `...` has them or not (then every item gets it whole:
+ * a number, an operand the vmap does not batch), all with the same
+ * extents.  Each item is a view (dims after the loop's, strides the
+ * tensor's, byte offset moved on; a 0-d parameter's item is 0-d), in
+ * row-major order; the first failing item's status ends the loop.  Needs
+ * no GIL; nloop 0 is dlb__function_run. */
+int dlb__function_run_looped(PyObject *fn, DLTensor *const *argv,
+                             int32_t nargs, int32_t nloop, void *stream,
+                             dlb_error *err);
+/* Result o's shape into shape (DLB_MAX_NDIM entries) and its rank into
+ * *ndim: a `...` result's batch shape (the broadcast of the inputs' batch
+ * parts) then its core extents from the inputs in argv that bound their
+ * names (not checked: dlb__function_run checks).  Only the inputs of argv
+ * are read.  DLB_OK, or DLB_EINVAL with err (the inputs' batch parts do not
+ * broadcast).  Needs no GIL. */
+int dlb__function_result_shape(PyObject *fn, DLTensor *const *argv,
+                               int32_t o, int64_t *shape, int32_t *ndim,
+                               dlb_error *err);
 /* Adds the dlbridge._C_API capsule (include/dlbridge/python.h). */
 int dlb__capi_init(PyObject *module, dlb_module_state *st);
 

@@ -1,0 +1,300 @@
+"""Batch dimensions (`...`) in the compiled calls' run time (issue 25):
+dlb__function_run pads every `...` tensor to the broadcast batch rank
+before the kernel (src/python/function_ops.c), the XLA handler loops in C
+over the leading dims an attribute `loop_rank` names (src/ops/xla.c,
+dlb__function_run_looped), and TensorFlow's node carries batched result
+shapes (src/ops/tf.c).
+
+Every call here passes explicitly batched, broadcasting shapes -- no vmap
+-- inside jax.jit, tf.function and torch.compile, and is compared with
+NumPy; the kernels (examples/kernels/batch.c) count their calls and record
+the batch shape they were given, so each test also proves one kernel call
+per executed call (and one per item under loop_rank).  The loop is driven
+by a hand-built jax.ffi.ffi_call with the attributes _ops_jax.py uses, so
+it is tested without the vmap rule that emits it."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import dlbridge as dlb
+
+F32 = np.float32
+T = "float32"
+BSCALE = f"bscale(a: {T}[...], x: {T}[..., n]) -> (y: {T}[..., n])"
+BSTATS = f"bstats(x: {T}[..., n]) -> (mean: {T}[...], sq: {T}[..., n])"
+BAXPY = f"baxpy(a: {T}[...], x: {T}[..., n], y: mut {T}[..., n])"
+BDOT = f"bdot(x: {T}[..., n], w: {T}[n]) -> (s: {T}[...])"
+VSCALE = f"vscale(a: {T}, x: {T}[n]) -> (y: {T}[n])"
+
+
+@pytest.fixture(scope="module")
+def k(lib):
+    so = ctypes.CDLL(lib)
+
+    class Kernels:
+        bscale = dlb.load(lib, "dlb_kernel_bscale", BSCALE)
+        bstats = dlb.load(lib, "dlb_kernel_bstats", BSTATS)
+        baxpy = dlb.load(lib, "dlb_kernel_baxpy", BAXPY)
+        bdot = dlb.load(lib, "dlb_kernel_bdot", BDOT)
+        vscale = dlb.load(lib, "dlb_kernel_vscale", VSCALE)
+
+        @staticmethod
+        def counters():
+            """(calls so far, the last call's batch shape B)."""
+            calls = ctypes.c_int64.in_dll(so, "dlb_example_batch_calls").value
+            last = (ctypes.c_int64 * 17).in_dll(so, "dlb_example_batch_last")
+            return calls, tuple(last[1:1 + last[0]])
+
+    return Kernels
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(F32)
+
+
+class Counted:
+    """with Counted(k) as c: ... ; c.calls, c.last: kernel calls made inside
+    the block and the batch shape the last one was given."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __enter__(self):
+        self.before, _ = self.k.counters()
+        return self
+
+    def __exit__(self, *exc):
+        after, self.last = self.k.counters()
+        self.calls = after - self.before
+
+
+# ---- jax.jit: explicit broadcasting batch shapes -------------------------------
+
+jax_cases = [
+    # (name, args, NumPy's answer, the batch shape the kernel sees)
+    ("bscale", lambda: (rand(4, 1), rand(1, 3, 5, seed=1)),
+     lambda a, x: a[..., None] * x, (4, 3)),
+    ("bscale", lambda: (rand(), rand(2, 3, 5, seed=1)),   # a 0-d `...` input
+     lambda a, x: a * x, (2, 3)),
+    ("bscale", lambda: (rand(3), rand(2, 1, 4, seed=1)),  # ranks 1 and 2
+     lambda a, x: a[..., None] * x, (2, 3)),
+    ("bdot", lambda: (rand(2, 3, 5), rand(5, seed=1)),    # w: no `...`
+     lambda x, w: x @ w, (2, 3)),
+]
+
+
+@pytest.mark.parametrize("name,make,want,batch", jax_cases)
+def test_jit_broadcasting_batch_shapes_one_call(k, name, make, want, batch):
+    jax = pytest.importorskip("jax")
+    fn = getattr(k, name)
+    args = make()
+    f = jax.jit(lambda *xs: fn(*xs))
+    f(*args).block_until_ready()  # traced and compiled
+    with Counted(k) as c:
+        out = f(*args)
+        out.block_until_ready()
+    assert c.calls == 1 and c.last == batch
+    assert out.shape == np.shape(want(*args))
+    np.testing.assert_allclose(np.asarray(out), want(*args), rtol=1e-5)
+
+
+def test_jit_two_batched_results(k):
+    jax = pytest.importorskip("jax")
+    x = rand(2, 3, 4)
+    f = jax.jit(lambda x: k.bstats(x))
+    with Counted(k) as c:
+        mean, sq = f(x)
+        mean.block_until_ready()
+    assert c.calls == 1 and c.last == (2, 3)
+    assert mean.shape == (2, 3) and sq.shape == (2, 3, 4)
+    np.testing.assert_allclose(np.asarray(mean), x.mean(-1), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(sq), x * x, rtol=1e-5)
+
+
+def test_jit_mut_batched_returns_the_new_value(k):
+    jax = pytest.importorskip("jax")
+    a, x, y = rand(3, 1), rand(1, 2, 4, seed=1), rand(3, 2, 4, seed=2)
+    f = jax.jit(lambda a, x, y: k.baxpy(a, x, y))
+    with Counted(k) as c:
+        new = f(a, x, y)
+        new.block_until_ready()
+    assert c.calls == 1 and c.last == (3, 2)
+    np.testing.assert_allclose(np.asarray(new), y + a[..., None] * x,
+                               rtol=1e-5)
+
+
+def test_jit_batch_mismatch_is_the_eager_valueerror(k):
+    jax = pytest.importorskip("jax")
+    with pytest.raises(ValueError, match="broadcast"):
+        jax.jit(lambda a, x: k.bscale(a, x))(rand(2), rand(3, 5))
+    # a mut argument short of the broadcast batch shape
+    with pytest.raises(ValueError, match="whole broadcast batch shape"):
+        jax.jit(lambda a, x, y: k.baxpy(a, x, y))(rand(3, 1), rand(1, 2, 4),
+                                                  rand(2, 4))
+
+
+# ---- the XLA handler's loop (attribute loop_rank), by a hand-built call --------
+
+def _looped(jax, fn, nloop, out_shape, *args, **extra):
+    """fn's custom call with loop_rank=nloop, as _ops_jax.py would emit it
+    under a vmap its signature cannot batch."""
+    from dlbridge import _ops_jax
+    dlb.jax_register(fn)
+    call = jax.ffi.ffi_call(_ops_jax.TARGET,
+                            jax.ShapeDtypeStruct(out_shape, F32))
+    return call(*args, dlb_identity=fn._identity,
+                loop_rank=np.int64(nloop), **extra)
+
+
+def test_loop_rank_one_call_per_item(k):
+    jax = pytest.importorskip("jax")
+    a, x = rand(5), rand(5, 4, seed=1)
+    f = jax.jit(lambda a, x: _looped(jax, k.vscale, 1, (5, 4), a, x))
+    f(a, x).block_until_ready()
+    with Counted(k) as c:
+        y = f(a, x)
+        y.block_until_ready()
+    assert c.calls == 5 and c.last == ()  # each item unbatched, a 0-d
+    np.testing.assert_allclose(np.asarray(y), a[:, None] * x, rtol=1e-6)
+
+
+def test_loop_rank_two_dims_strided_items_and_a_shared_operand(k):
+    jax = pytest.importorskip("jax")
+    x = rand(2, 3, 4)
+    # a without the loop dims: every item gets it whole (a number, or an
+    # operand the vmap does not batch)
+    f = jax.jit(lambda a, x: _looped(jax, k.vscale, 2, (2, 3, 4), a, x))
+    with Counted(k) as c:
+        y = f(np.float32(1.5), x)
+        y.block_until_ready()
+    assert c.calls == 6
+    np.testing.assert_allclose(np.asarray(y), 1.5 * x, rtol=1e-6)
+    # loop dims of extent 0: no item, no call
+    with Counted(k) as c:
+        y = jax.jit(lambda a, x: _looped(jax, k.vscale, 1, (0, 4), a, x))(
+            rand(0), rand(0, 4))
+        y.block_until_ready()
+    assert c.calls == 0 and y.shape == (0, 4)
+
+
+def test_loop_rank_over_a_batch_function(k):
+    jax = pytest.importorskip("jax")
+    # each of the 3 items is a batched call of its own: a (1,) and x (2, 4)
+    # broadcast to B = (2,) in every item
+    a, x = rand(3, 1), rand(3, 2, 4, seed=1)
+    f = jax.jit(lambda a, x: _looped(jax, k.bscale, 1, (3, 2, 4), a, x))
+    with Counted(k) as c:
+        y = f(a, x)
+        y.block_until_ready()
+    assert c.calls == 3 and c.last == (2,)
+    np.testing.assert_allclose(np.asarray(y), a[..., None] * x, rtol=1e-6)
+
+
+def test_loop_rank_refusals_name_the_function(k):
+    jax = pytest.importorskip("jax")
+    errors = (jax.errors.JaxRuntimeError, RuntimeError)
+    # loop extents that disagree
+    with pytest.raises(errors, match=r"vscale\(\): the 1 loop dimensions"):
+        jax.jit(lambda a, x: _looped(jax, k.vscale, 1, (5, 4), a, x))(
+            rand(4), rand(5, 4)).block_until_ready()
+    # a result without the loop dims
+    with pytest.raises(errors, match=r"vscale\(\): result 0 has 1 dim"):
+        jax.jit(lambda a, x: _looped(jax, k.vscale, 1, (4,), a, x))(
+            rand(5), rand(5, 4)).block_until_ready()
+    # not an integer
+    with pytest.raises(errors, match="'loop_rank' must be an int32 or int64"):
+        from dlbridge import _ops_jax
+        dlb.jax_register(k.vscale)
+        call = jax.ffi.ffi_call(_ops_jax.TARGET,
+                                jax.ShapeDtypeStruct((5, 4), F32))
+        jax.jit(lambda a, x: call(a, x, dlb_identity=k.vscale._identity,
+                                  loop_rank=np.float32(1.0)))(
+            rand(5), rand(5, 4)).block_until_ready()
+
+
+def test_loop_rank_zero_is_a_plain_call(k):
+    jax = pytest.importorskip("jax")
+    x = rand(4)
+    with Counted(k) as c:
+        y = jax.jit(lambda a, x: _looped(jax, k.vscale, 0, (4,), a, x))(
+            np.float32(2.0), x)
+        y.block_until_ready()
+    assert c.calls == 1
+    np.testing.assert_allclose(np.asarray(y), 2 * x, rtol=1e-6)
+
+
+# ---- tf.function -------------------------------------------------------------
+
+def test_tf_function_broadcasting_batch_shapes(k):
+    tf = pytest.importorskip("tensorflow")
+    a, x = rand(4, 1), rand(1, 3, 5, seed=1)
+    f = tf.function(lambda a, x: k.bscale(a, x))
+    f(a, x)
+    with Counted(k) as c:
+        y = f(a, x)
+    assert c.calls == 1 and c.last == (4, 3)
+    assert tuple(y.shape) == (4, 3, 5)
+    np.testing.assert_allclose(y.numpy(), a[..., None] * x, rtol=1e-5)
+
+
+def test_tf_function_results_mut_and_unbatched_weight(k):
+    tf = pytest.importorskip("tensorflow")
+    x = rand(2, 3, 4)
+    with Counted(k) as c:
+        mean, sq = tf.function(lambda x: k.bstats(x))(x)
+    assert c.calls == 1 and c.last == (2, 3)
+    np.testing.assert_allclose(mean.numpy(), x.mean(-1), rtol=1e-5)
+    np.testing.assert_allclose(sq.numpy(), x * x, rtol=1e-5)
+    a, xx, y = rand(3, 1), rand(1, 2, 4, seed=1), rand(3, 2, 4, seed=2)
+    yt = tf.constant(y)
+    new = tf.function(lambda a, x, y: k.baxpy(a, x, y))(a, xx, yt)
+    np.testing.assert_allclose(new.numpy(), y + a[..., None] * xx, rtol=1e-5)
+    np.testing.assert_array_equal(yt.numpy(), y)  # TF's tensor not written
+    w = rand(4, seed=3)
+    s = tf.function(lambda x, w: k.bdot(x, w))(x, w)
+    np.testing.assert_allclose(s.numpy(), x @ w, rtol=1e-5)
+
+
+def test_tf_function_batch_extents_unknown_when_traced(k):
+    tf = pytest.importorskip("tensorflow")
+    # traced once with None batch extents: the node's result shape is
+    # (None, None, 5); each run takes B from its inputs (src/ops/tf.c)
+    f = tf.function(lambda a, x: k.bscale(a, x), input_signature=[
+        tf.TensorSpec([None, None], tf.float32),
+        tf.TensorSpec([None, None, 5], tf.float32)])
+    for shapes, batch in ((((4, 1), (1, 3, 5)), (4, 3)),
+                          (((2, 3), (2, 3, 5)), (2, 3)),
+                          (((1, 1), (6, 1, 5)), (6, 1))):
+        a, x = rand(*shapes[0]), rand(*shapes[1], seed=1)
+        with Counted(k) as c:
+            y = f(a, x)
+        assert c.calls == 1 and c.last == batch
+        np.testing.assert_allclose(y.numpy(), a[..., None] * x, rtol=1e-5)
+    assert len(f._list_all_concrete_functions()) == 1
+    # a run whose batch parts do not broadcast: the op's error, no call
+    with Counted(k) as c:
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"bscale\(\): batch dimensions"):
+            f(rand(2, 3), rand(4, 3, 5))
+    assert c.calls == 0
+
+
+# ---- torch.compile ------------------------------------------------------------
+
+def test_torch_compile_broadcasting_batch_shapes(k):
+    torch = pytest.importorskip("torch")
+    a, x = torch.from_numpy(rand(4, 1)), torch.from_numpy(rand(1, 3, 5, seed=1))
+    try:
+        k.bscale(a, x)
+    except NotImplementedError:
+        # torch.compile's real kernel is the eager C path (_ops_torch.py),
+        # whose batched call is branch batch-eager's
+        pytest.skip("this build's eager call has no batch dimensions yet")
+    f = torch.compile(lambda a, x: k.bscale(a, x), fullgraph=True)
+    f(a, x)
+    with Counted(k) as c:
+        y = f(a, x)
+    assert c.calls == 1 and c.last == (4, 3)
+    np.testing.assert_allclose(y.numpy(), a.numpy()[..., None] * x.numpy(),
+                               rtol=1e-5)
