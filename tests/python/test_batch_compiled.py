@@ -226,16 +226,22 @@ def test_loop_rank_zero_is_a_plain_call(k):
 
 # ---- tf.function -------------------------------------------------------------
 
-def test_tf_function_broadcasting_batch_shapes(k):
+@pytest.mark.parametrize("sa,sx,batch", [
+    ((4, 1), (1, 3, 5), (4, 3)),
+    ((3,), (2, 3, 5), (2, 3)),     # unequal batch ranks: a padded
+    ((), (2, 1, 5), (2, 1)),       # a 0-d `...` input
+])
+def test_tf_function_broadcasting_batch_shapes(k, sa, sx, batch):
     tf = pytest.importorskip("tensorflow")
-    a, x = rand(4, 1), rand(1, 3, 5, seed=1)
+    a, x = rand(*sa), rand(*sx, seed=1)
     f = tf.function(lambda a, x: k.bscale(a, x))
     f(a, x)
     with Counted(k) as c:
         y = f(a, x)
-    assert c.calls == 1 and c.last == (4, 3)
-    assert tuple(y.shape) == (4, 3, 5)
-    np.testing.assert_allclose(y.numpy(), a[..., None] * x, rtol=1e-5)
+    assert c.calls == 1 and c.last == batch
+    assert tuple(y.shape) == batch + (5,)
+    np.testing.assert_allclose(y.numpy(), np.expand_dims(a, -1) * x,
+                               rtol=1e-5)
 
 
 def test_tf_function_results_mut_and_unbatched_weight(k):
