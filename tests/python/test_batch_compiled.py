@@ -314,6 +314,46 @@ def test_handler_loop_item_offsets_and_an_unknown_attr_type(lib, k, fake_xla):
         "dimensions it needs 2 (the loop's, then its parameter's 0)")
 
 
+def test_run_of_many_tensors_takes_one_block_and_frees_it(lib):
+    """More than 8 tensors: the padded headers (and the loop's views) live
+    in one block of the core allocator, freed on every path; refused with
+    the Function's name when it cannot be had."""
+    jax = pytest.importorskip("jax")
+    from dlbridge import _core
+    sig = ("many(" + ", ".join(f"x{i}: float32[...]" for i in range(8))
+           + ") -> (y: float32[...])")
+    many = dlb.load(lib, "dlb_kernel_noop", sig)
+    # batch ranks 0..3: every input but the last is padded to B's rank 3
+    args = [rand(*[2] * (i % 4)) for i in range(7)] + [rand(2, 2, 2)]
+    # looped: a loop dim of 2 in front of each (every `...` tensor has it)
+    looped = [np.stack([a, a]) for a in args]
+    runs = {
+        "padded": (jax.jit(lambda *xs: many(*xs)), args, (2, 2, 2)),
+        "looped": (jax.jit(lambda *xs: _looped(jax, many, 1, (2, 2, 2, 2),
+                                               *xs)), looped, (2, 2, 2, 2)),
+    }
+    for name, (f, args, shape) in runs.items():
+        assert f(*args).shape == shape
+        refused = 0
+        for step in range(6):
+            _core._fail_allocations(step)
+            try:
+                f(*args).block_until_ready()
+            except Exception as e:   # JaxRuntimeError's bases vary
+                assert "RESOURCE_EXHAUSTED" in str(e), (name, step, e)
+                assert "out of memory" in str(e), (name, step, e)
+                refused += 1
+            finally:
+                stats = _core._allocation_stats()
+                _core._reset_allocations()
+            assert stats["live"] == 0, (name, step)
+            if stats["failed"] == 0:
+                break
+        # XLA's handler's block, then ours: padded, the padding's; looped,
+        # the loop's, then each of the 2 items' padding
+        assert refused == (2 if name == "padded" else 4), name
+
+
 # ---- tf.function -------------------------------------------------------------
 
 @pytest.mark.parametrize("sa,sx,batch", [
