@@ -286,10 +286,11 @@ int dlb__function_run_looped(PyObject *self, DLTensor *const *argv,
     if (p->batch ? t->ndim < nloop + p->ndim : t->ndim != nloop + p->ndim) {
       tensor_what(fn, i, what, sizeof what);
       rc = dlb_error_set(err, DLB_EINVAL,
-                         "%s(): %s has %d dimensions; in a loop over %d "
+                         "%s(): %s has %d dimension%s; in a loop over %d "
                          "leading dimensions it needs %s%d (the loop's, then "
                          "its parameter's %d)",
-                         fn->cname, what, (int)t->ndim, (int)nloop,
+                         fn->cname, what, (int)t->ndim,
+                         t->ndim == 1 ? "" : "s", (int)nloop,
                          p->batch ? "at least " : "", (int)(nloop + p->ndim),
                          (int)p->ndim);
       goto cleanup;

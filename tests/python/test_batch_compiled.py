@@ -224,18 +224,154 @@ def test_loop_rank_zero_is_a_plain_call(k):
     np.testing.assert_allclose(np.asarray(y), 2 * x, rtol=1e-6)
 
 
+# ---- the loop in the handler itself, through test_compiled_jax's fake XLA -----
+
+class _Scalar(ctypes.Structure):   # XLA_FFI_Scalar
+    _fields_ = [("dtype", ctypes.c_int), ("value", ctypes.c_void_p)]
+
+
+@pytest.fixture
+def fake_xla(lib):
+    """Call XLA's handler as XLA does (test_compiled_jax.FakeXla: ctypes,
+    no GIL, a stream and device ordinal for "cuda"), with a typed scalar
+    attribute loop_rank (XLA element type code, value)."""
+    pytest.importorskip("jax")
+    import test_compiled_jax as fx
+
+    def call(xla, platform, fn, operands, results, loop_rank):
+        keep = []
+        frame = fx._Frame()
+        frame.struct_size = 168
+        frame.api = ctypes.pointer(xla.api)
+        frame.ctx = ctypes.addressof(xla.ctx)
+        frame.args = xla._buffers(operands, keep)
+        frame.rets = xla._buffers(results, keep)
+        code, value = loop_rank
+        v = (ctypes.c_int64 if code == 5 else ctypes.c_int32)(value)
+        attrs = sorted([("dlb_identity", fn._identity), ("loop_rank", v)])
+        n = len(attrs)
+        names = (ctypes.POINTER(fx._Span) * n)()
+        values = (ctypes.c_void_p * n)()
+        types = (ctypes.c_int * n)()
+        for i, (key, value) in enumerate(attrs):
+            k = fx._Span(key.encode(), len(key))
+            if isinstance(value, str):
+                a = fx._Span(value.encode(), len(value.encode()))
+                types[i] = 4
+            else:
+                a = _Scalar(code, ctypes.addressof(value))
+                types[i] = 3
+            keep += [k, a, value]
+            names[i] = ctypes.pointer(k)
+            values[i] = ctypes.addressof(a)
+        frame.attrs = fx._Attrs(48, None, n, types, names, values)
+        return xla.handler(platform)(ctypes.byref(frame))
+
+    return fx, call
+
+
+def test_handler_loop_items_on_cuda_get_xlas_stream_and_views(lib, fake_xla):
+    fx, call = fake_xla
+    describe = dlb.load(lib, "dlb_kernel_describe",
+                        "describe(x: float32[a, b]) -> int64[6]")
+    probe = dlb.load(lib, "dlb_kernel_stream_probe",
+                     "stream_probe(x: float32[n]) -> int64[1]")
+    dlb.jax_register(describe, probe)
+    xla = fx.FakeXla(stream=0xABCDEF0, ordinal=3)
+    # each of the 2 x 3 items: a (5, 2) view on device kDLCUDA 3, its
+    # strides the whole tensor's last two
+    facts = np.zeros((2, 3, 6), np.int64)
+    x = rand(2, 3, 5, 2)
+    assert call(xla, "cuda", describe, [x], [facts], (5, 2)) is None
+    assert (facts == [2, 3, 2, 1, 2, 1]).all(), facts
+    # every item gets XLA's stream; int32 attributes are read too
+    out = np.zeros((4, 1), np.int64)
+    assert call(xla, "cuda", probe, [rand(4, 7)], [out], (4, 1)) is None
+    assert (out == 0xABCDEF0).all() and xla.errors == []
+
+
+def test_handler_loop_item_offsets_and_an_unknown_attr_type(lib, k, fake_xla):
+    fx, call = fake_xla
+    dlb.jax_register(k.vscale)
+    xla = fx.FakeXla()
+    a, x = rand(3), rand(3, 4, seed=1)
+    y = np.full((3, 4), np.nan, F32)
+    with Counted(k) as c:
+        assert call(xla, "cpu", k.vscale, [a, x], [y], (5, 1)) is None
+    assert c.calls == 3
+    np.testing.assert_allclose(y, a[:, None] * x, rtol=1e-6)
+    # a negative or too large loop rank: refused before any kernel call
+    for rank in (-1, 65):
+        with Counted(k) as c:
+            assert call(xla, "cpu", k.vscale, [a, x], [y], (5, rank))
+        assert c.calls == 0
+    assert xla.errors[-1][1].startswith("vscale: attribute 'loop_rank' must "
+                                        "be an int32 or int64 scalar")
+    # more loop dims than the tensors have
+    assert call(xla, "cpu", k.vscale, [a, x], [y], (5, 2))
+    assert xla.errors[-1][1] == (
+        "vscale(): argument 0 has 1 dimension; in a loop over 2 leading "
+        "dimensions it needs 2 (the loop's, then its parameter's 0)")
+
+
+def test_run_of_many_tensors_takes_one_block_and_frees_it(lib):
+    """More than 8 tensors: the padded headers (and the loop's views) live
+    in one block of the core allocator, freed on every path; refused with
+    the Function's name when it cannot be had."""
+    jax = pytest.importorskip("jax")
+    from dlbridge import _core
+    sig = ("many(" + ", ".join(f"x{i}: float32[...]" for i in range(8))
+           + ") -> (y: float32[...])")
+    many = dlb.load(lib, "dlb_kernel_noop", sig)
+    # batch ranks 0..3: every input but the last is padded to B's rank 3
+    args = [rand(*[2] * (i % 4)) for i in range(7)] + [rand(2, 2, 2)]
+    # looped: a loop dim of 2 in front of each (every `...` tensor has it)
+    looped = [np.stack([a, a]) for a in args]
+    runs = {
+        "padded": (jax.jit(lambda *xs: many(*xs)), args, (2, 2, 2)),
+        "looped": (jax.jit(lambda *xs: _looped(jax, many, 1, (2, 2, 2, 2),
+                                               *xs)), looped, (2, 2, 2, 2)),
+    }
+    for name, (f, args, shape) in runs.items():
+        assert f(*args).shape == shape
+        refused = 0
+        for step in range(6):
+            _core._fail_allocations(step)
+            try:
+                f(*args).block_until_ready()
+            except Exception as e:   # JaxRuntimeError's bases vary
+                assert "RESOURCE_EXHAUSTED" in str(e), (name, step, e)
+                assert "out of memory" in str(e), (name, step, e)
+                refused += 1
+            finally:
+                stats = _core._allocation_stats()
+                _core._reset_allocations()
+            assert stats["live"] == 0, (name, step)
+            if stats["failed"] == 0:
+                break
+        # XLA's handler's block, then ours: padded, the padding's; looped,
+        # the loop's, then each of the 2 items' padding
+        assert refused == (2 if name == "padded" else 4), name
+
+
 # ---- tf.function -------------------------------------------------------------
 
-def test_tf_function_broadcasting_batch_shapes(k):
+@pytest.mark.parametrize("sa,sx,batch", [
+    ((4, 1), (1, 3, 5), (4, 3)),
+    ((3,), (2, 3, 5), (2, 3)),     # unequal batch ranks: a padded
+    ((), (2, 1, 5), (2, 1)),       # a 0-d `...` input
+])
+def test_tf_function_broadcasting_batch_shapes(k, sa, sx, batch):
     tf = pytest.importorskip("tensorflow")
-    a, x = rand(4, 1), rand(1, 3, 5, seed=1)
+    a, x = rand(*sa), rand(*sx, seed=1)
     f = tf.function(lambda a, x: k.bscale(a, x))
     f(a, x)
     with Counted(k) as c:
         y = f(a, x)
-    assert c.calls == 1 and c.last == (4, 3)
-    assert tuple(y.shape) == (4, 3, 5)
-    np.testing.assert_allclose(y.numpy(), a[..., None] * x, rtol=1e-5)
+    assert c.calls == 1 and c.last == batch
+    assert tuple(y.shape) == batch + (5,)
+    np.testing.assert_allclose(y.numpy(), np.expand_dims(a, -1) * x,
+                               rtol=1e-5)
 
 
 def test_tf_function_results_mut_and_unbatched_weight(k):
