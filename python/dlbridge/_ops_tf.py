@@ -253,10 +253,16 @@ def _pfor_convert(pfor_input):
             raise refuse(f"{fn.name}: argument '{name}' is mut without '...'")
     if not all(batch[nin:]):
         raise refuse(f"{fn.name}: a result without '...'")
+    if any(w.t.shape.rank is None for w in wrapped):
+        raise refuse(f"{fn.name}: an input of unknown rank")
     # the items' batch rank of each `...` input, and their broadcast rank
     ranks = {i: w.t.shape.rank - int(w.is_stacked) - params[i][2]
              for i, w in enumerate(wrapped) if batch[i]}
     rank = max(ranks.values())
+    try:
+        loop_len = tf.cast(pfor_input.pfor.loop_len_vector, tf.int32)
+    except AttributeError as exc:  # pfor moved: its fallback still works
+        raise refuse(f"{fn.name}: {exc}") from exc
     args = []
     for i, w in enumerate(wrapped):
         t = w.t
@@ -264,8 +270,7 @@ def _pfor_convert(pfor_input):
             for _ in range(rank - ranks[i]):
                 t = tf.expand_dims(t, 1)
         elif batch[i] and params[i][3]:
-            tile = tf.concat([pfor_input.pfor.loop_len_vector,
-                              tf.ones([t.shape.rank], tf.int32)], 0)
+            tile = tf.concat([loop_len, tf.ones([t.shape.rank], tf.int32)], 0)
             t = tf.tile(tf.expand_dims(t, 0), tile)
             for _ in range(rank - ranks[i]):
                 t = tf.expand_dims(t, 1)

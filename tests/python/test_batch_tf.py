@@ -140,17 +140,22 @@ def test_bscale_eager_vectorized_map(k, counters, quiet):
     assert calls == 1
 
 
-def test_unstacked_batch_input_is_broadcast(k, counters, quiet):
+@pytest.mark.parametrize("x_item", [(3, 4), (4,)])
+def test_unstacked_batch_input_is_broadcast(k, counters, quiet, x_item):
     """a loop-invariant `...` input (a closure) is not tiled: the run
-    broadcasts it; the kernel sees its size-1 pad."""
-    a, x = RNG.standard_normal(3), RNG.standard_normal((N, 3, 4))
+    broadcasts it; the kernel sees its size-1 pad.  With items x: (4,),
+    a: (3,) sets the items' batch rank, and the loop axis goes in front of
+    it (x becomes (N, 1, 4))."""
+    a, x = RNG.standard_normal(3), RNG.standard_normal((N,) + x_item)
     ta = _t(a)
     f = tf.function(lambda x: tf.vectorized_map(lambda xi: k.bscale(ta, xi),
                                                 x))
     f.get_concrete_function(_t(x))
     with quiet():
         y, calls, last = _calls(counters, lambda: f(_t(x)))
-    np.testing.assert_allclose(y.numpy(), a[:, None] * x, rtol=1e-13)
+    want = a[:, None] * (x if len(x_item) == 2 else x[:, None, :])
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-13)
+    assert y.shape == (N, 3, 4)
     assert calls == 1 and last == (N, 3)
 
 
@@ -487,3 +492,25 @@ def test_no_tensorflow_log_lines(lib, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     between = r.stderr.split("START\n", 1)[1].split("END", 1)[0]
     assert between.strip() == "", between
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_jacobian_without_batch_dims_falls_back(k, counters, quiet,
+                                                compiled):
+    """vscale has no `...`: its vjp node goes to the while_loop, one call
+    per basis vector, quietly."""
+    a, x = RNG.standard_normal(()), RNG.standard_normal(4)
+
+    def jac(a, x):
+        with tf.GradientTape() as tape:
+            tape.watch([a, x])
+            y = k.vscale(a, x)
+        return tape.jacobian(y, [a, x])
+    with quiet():
+        if compiled:
+            jac = tf.function(jac)
+            jac.get_concrete_function(_t(a), _t(x))
+        (ja, jx), calls, _ = _calls(counters, lambda: jac(_t(a), _t(x)))
+    np.testing.assert_allclose(ja.numpy(), x, rtol=1e-13)
+    np.testing.assert_allclose(jx.numpy(), a * np.eye(4), rtol=1e-13)
+    assert calls == 1 + 4
