@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import dlbridge as dlb
+from _batch_counter import batch_counters, Counted
 
 F32 = np.float32
 T = "float32"
@@ -42,9 +43,7 @@ def k(lib):
         @staticmethod
         def counters():
             """(calls so far, the last call's batch shape B)."""
-            calls = ctypes.c_int64.in_dll(so, "dlb_example_batch_calls").value
-            last = (ctypes.c_int64 * 17).in_dll(so, "dlb_example_batch_last")
-            return calls, tuple(last[1:1 + last[0]])
+            return batch_counters(so)
 
     return Kernels
 
@@ -53,20 +52,6 @@ def rand(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(F32)
 
 
-class Counted:
-    """with Counted(k) as c: ... ; c.calls, c.last: kernel calls made inside
-    the block and the batch shape the last one was given."""
-
-    def __init__(self, k):
-        self.k = k
-
-    def __enter__(self):
-        self.before, _ = self.k.counters()
-        return self
-
-    def __exit__(self, *exc):
-        after, self.last = self.k.counters()
-        self.calls = after - self.before
 
 
 # ---- jax.jit: explicit broadcasting batch shapes -------------------------------

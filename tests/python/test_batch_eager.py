@@ -17,6 +17,7 @@ import pytest
 
 import dlbridge as dlb
 from dlbridge import _core
+from _batch_counter import batch_counters
 
 try:
     import torch
@@ -54,9 +55,7 @@ class Kernels:
         self.lib = lib
 
     def counters(self):
-        calls = ctypes.c_int64.in_dll(self.so, "dlb_example_batch_calls").value
-        last = (ctypes.c_int64 * 17).in_dll(self.so, "dlb_example_batch_last")
-        return calls, tuple(last[1:1 + last[0]])
+        return batch_counters(self.so)
 
 
 @pytest.fixture(scope="module")

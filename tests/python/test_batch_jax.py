@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import dlbridge as dlb
+from _batch_counter import batch_counters, Counted
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -60,9 +61,7 @@ class Kernels:
                                    vjp=kname("vscale_vjp"))
 
     def counters(self):
-        calls = ctypes.c_int64.in_dll(self.so, "dlb_example_batch_calls").value
-        last = (ctypes.c_int64 * 17).in_dll(self.so, "dlb_example_batch_last")
-        return calls, tuple(last[1:1 + last[0]])
+        return batch_counters(self.so)
 
 
 @pytest.fixture(scope="module")
@@ -74,24 +73,11 @@ def rand(*shape, seed=0):
     return np.random.default_rng(seed + 7 * len(shape)).standard_normal(shape)
 
 
-class Count:
-    """The kernel calls a block makes, and the batch shape of the last."""
-
-    def __init__(self, k):
-        self.k = k
-
-    def __enter__(self):
-        self.before, _ = self.k.counters()
-        return self
-
-    def __exit__(self, *exc):
-        after, self.last = self.k.counters()
-        self.calls = after - self.before
 
 
 def run(k, f, *args):
     """f(*args) made ready, with the kernel calls it made."""
-    with Count(k) as c:
+    with Counted(k) as c:
         out = jax.block_until_ready(f(*args))
     return out, c
 

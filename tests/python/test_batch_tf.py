@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import dlbridge as dlb
+from _batch_counter import batch_counters
 
 tf = pytest.importorskip("tensorflow")
 
@@ -46,11 +47,7 @@ def counters(lib):
     """() -> (kernel calls so far, the last call's batch shape)."""
     so = ctypes.CDLL(lib)
 
-    def read():
-        calls = ctypes.c_int64.in_dll(so, "dlb_example_batch_calls").value
-        last = (ctypes.c_int64 * 17).in_dll(so, "dlb_example_batch_last")
-        return calls, tuple(last[1:1 + last[0]])
-    return read
+    return lambda: batch_counters(so)
 
 
 class _Records(logging.Handler):

@@ -17,6 +17,7 @@ import dlbridge as dlb
 
 torch = pytest.importorskip("torch")
 import torch.func as tfunc  # noqa: E402
+from _batch_counter import batch_counters  # noqa: E402
 
 F64 = torch.float64
 K = "dlb_kernel_"
@@ -43,9 +44,7 @@ def k(lib):
 
         @staticmethod
         def counters():
-            calls = ctypes.c_int64.in_dll(so, "dlb_example_batch_calls").value
-            last = (ctypes.c_int64 * 17).in_dll(so, "dlb_example_batch_last")
-            return calls, tuple(last[1:1 + last[0]])
+            return batch_counters(so)
     return K_
 
 
