@@ -511,3 +511,25 @@ def test_jacobian_without_batch_dims_falls_back(k, counters, quiet,
     np.testing.assert_allclose(ja.numpy(), x, rtol=1e-13)
     np.testing.assert_allclose(jx.numpy(), a * np.eye(4), rtol=1e-13)
     assert calls == 1 + 4
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gradient_through_vectorized_map(k, compiled):
+    """tape.gradient of a loss over vectorized_map's output: the converted
+    node's own gradient (its vjp at the loop's batch shape), loop-invariant
+    a summed over the loop."""
+    a, x = RNG.standard_normal(()), RNG.standard_normal((N, 4))
+    w = RNG.standard_normal((N, 4))
+
+    def grad(a, x):
+        with tf.GradientTape() as tape:
+            tape.watch([a, x])
+            y = tf.vectorized_map(lambda xi: k.bscale(a, xi), x)
+            loss = tf.reduce_sum(_t(w) * y)
+        return tape.gradient(loss, [a, x])
+    if compiled:
+        grad = tf.function(grad)
+    da, dx = grad(_t(a), _t(x))
+    assert da.shape == () and dx.shape == (N, 4)
+    np.testing.assert_allclose(da.numpy(), (w * x).sum(), rtol=1e-12)
+    np.testing.assert_allclose(dx.numpy(), a * w, rtol=1e-12)
