@@ -203,6 +203,20 @@ def test_a_parameter_without_batch_dims(k):
         assert (c.calls, c.last) == (5, (3,))
     jaxpr = str(jax.make_jaxpr(jax.vmap(k.bdot))(x, w5))
     assert jaxpr.count("ffi_call[") == 1 and "('loop_rank', np.int64(1))" in jaxpr
+    # nested: the inner vmap on the signature route (w unbatched), the outer
+    # batching w: the loop route over calls that keep their batch dims
+    x2, w2 = rand(2, 5, 3, 4), rand(2, 4, seed=5)
+    g = jax.jit(jax.vmap(jax.vmap(k.bdot, in_axes=(0, None))))
+    s, c = run(k, g, x2, w2)
+    close(s, np.einsum("abij,aj->abi", x2, w2))
+    assert (c.calls, c.last) == (2, (5, 3))
+    # both vmaps batching w: two loop dims, each item a `...` call
+    w3 = rand(2, 5, 4, seed=6)
+    g = jax.jit(jax.vmap(jax.vmap(k.bdot)))
+    s, c = run(k, g, x2, w3)
+    close(s, np.einsum("abij,abj->abi", x2, w3))
+    assert (c.calls, c.last) == (10, (3,))
+    assert "loop_rank = 2" in g.lower(x2, w3).as_text()
 
 
 def test_a_function_without_batch_dims_loops_in_c(k):
