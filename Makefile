@@ -211,6 +211,9 @@ demo: build
 	@echo "== one C kernel, every framework: dlb.load + dlb.Function (examples/function_demo.py) =="
 	@$(PY) examples/function_demo.py $(BUILD)/libdlb_example_kernels.so
 	@echo
+	@echo "== batch dimensions: one kernel call per batch, eager and under jax.vmap / torch.vmap (examples/batch_demo.py) =="
+	@$(PY) examples/batch_demo.py $(BUILD)/libdlb_example_kernels.so
+	@echo
 	@echo "== the same Function inside jax.jit, torch.compile and tf.function (examples/compiled_demo.py) =="
 	@TF_CPP_MIN_LOG_LEVEL=3 $(PY) examples/compiled_demo.py $(BUILD)/libdlb_example_kernels.so
 	@echo

@@ -4,7 +4,10 @@
 // tvm-ffi function of XLA's operand and result, which jax_tvm_ffi registers
 // as an XLA FFI target; and `mul` / `mul_vjp`, dlb_kernel_mul_f32 and its
 // vjp kernel, the jax-tvm-ffi + jax.custom_vjp reference of the gradient
-// rows (dlbridge/_bench_grad.py).  Each TensorView becomes the DLTensor the
+// rows (dlbridge/_bench_grad.py); and `bscale`, dlb_kernel_bscale of
+// examples/kernels/batch.c (y = a x, a: float32[...], x: float32[..., n]),
+// the jax-tvm-ffi + vmap_method="broadcast_all" reference of the batch row
+// (dlbridge/_bench_batch.py).  Each TensorView becomes the DLTensor the
 // kernel takes; the stream is NULL, as on the host.  Built by
 // bench/build_peers.sh.
 #include <tvm/ffi/container/tensor.h>
@@ -22,7 +25,7 @@ struct peer_dlb_error {
 typedef int peer_dlb_kernel(DLTensor *const *args, int32_t nargs,
                             void *stream, peer_dlb_error *err);
 extern "C" peer_dlb_kernel dlb_kernel_noop, dlb_kernel_mul_f32,
-    dlb_kernel_mul_f32_vjp;
+    dlb_kernel_mul_f32_vjp, dlb_kernel_bscale;
 
 namespace {
 DLTensor as_dltensor(const tvm::ffi::TensorView &v) {
@@ -65,8 +68,16 @@ void mul_vjp(tvm::ffi::TensorView a, tvm::ffi::TensorView b,
              tvm::ffi::TensorView db) {
   call<5>(dlb_kernel_mul_f32_vjp, {a, b, dy, da, db});
 }
+
+// Under vmap_method="broadcast_all" a, x and y all come with the batch
+// axis in front, a and x broadcast to it: the kernel's batch contract.
+void bscale(tvm::ffi::TensorView a, tvm::ffi::TensorView x,
+            tvm::ffi::TensorView y) {
+  call<3>(dlb_kernel_bscale, {a, x, y});
+}
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(step, step);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(mul, mul);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(mul_vjp, mul_vjp);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(bscale, bscale);

@@ -6,10 +6,11 @@
 #   libtvm_peer  a tvm-ffi module compiled against tvm_ffi's shipped headers
 #                and libtvm_ffi.so, loaded with tvm_ffi.load_module
 #   libjax_tvm_peer  the no-op kernel of build/libdlb_example_kernels.so, and
-#                its mul_f32 kernel and that kernel's vjp, as tvm-ffi
-#                functions registered with jax-tvm-ffi as XLA FFI targets
-#                (bench/bench_compiled.py, `dlbridge bench`'s jax compiled
-#                and train-jit rows); needs jax-tvm-ffi and `make build` first
+#                its mul_f32 kernel and that kernel's vjp, and its batch
+#                kernel bscale, as tvm-ffi functions registered with
+#                jax-tvm-ffi as XLA FFI targets (bench/bench_compiled.py,
+#                `dlbridge bench`'s jax compiled, train-jit and vmap-jit
+#                rows); needs jax-tvm-ffi and `make build` first
 # Idempotent: each output is rebuilt only when one of its inputs is newer.
 # A peer whose package or compiler is missing, or that fails to compile, is
 # skipped with a note (bench_calls.py then reports it as not measured); the

@@ -18,9 +18,11 @@ data, which would time a copy instead of the exchange).
 The "compiled" rows (JAX's and torch's children) take their figures with
 dlbridge/_bench_compiled.py, the rules bench/bench_compiled.py and
 bench/bench_torch_ops.py use too; the gradient rows ("train", "train-jit",
-"vjp no-grad") with dlbridge/_bench_grad.py.  The targets of issues 16, 17
-and 24 are judged in the parent from the rows (TARGETS, targets()); they
-are informational: the exit status never depends on a speed.
+"vjp no-grad") with dlbridge/_bench_grad.py; the batch rows ("vmap-jit",
+"vmap 1024", "vmap 64": a vmap of a `...` Function) with
+dlbridge/_bench_batch.py.  The targets of issues 16, 17, 24 and 25 are
+judged in the parent from the rows (TARGETS, targets()); they are
+informational: the exit status never depends on a speed.
 """
 
 import glob
@@ -32,12 +34,13 @@ import subprocess
 import sys
 import time
 
+from . import _bench_batch as _bb
 from . import _bench_compiled as _bc
 from . import _bench_grad as _bg
 from . import _measure
 from ._kits import kits, short_name, version_of
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The kits the bench measures, in the registry's order.
 FRAMEWORKS = tuple(n for n, k in kits().items() if k.bench)
 # Calls every framework has a row of, against its own way ("own").
@@ -49,9 +52,14 @@ COMPILED = {"jax": "jax.jit", "torch": "torch.compile"}
 # with each row.
 GRAD_CALLS = {"train": ("torch",), "train-jit": ("torch", "jax"),
               "vjp no-grad": ("torch", "jax", "numpy")}
-CALLS = EAGER_CALLS + ("compiled",) + tuple(GRAD_CALLS)
+# A vmap of a Function with batch dimensions (dlbridge/_bench_batch.py):
+# {call: framework}.
+BATCH_CALLS = {_bb.JAX_CALL: "jax",
+               **{c: "torch" for c in _bb.TORCH_CALLS.values()}}
+CALLS = EAGER_CALLS + ("compiled",) + tuple(GRAD_CALLS) + tuple(BATCH_CALLS)
 REFERENCES = ("own", "nanobind", "tvm-ffi", "no-op", "jax-tvm-ffi",
-              "define+impl", "custom_op", "autograd.Function", "no vjp")
+              "define+impl", "custom_op", "autograd.Function", "no vjp",
+              "sequential", "loop")
 PEERS = ("nanobind", "tvm-ffi", "no-op", "jax-tvm-ffi")
 STATUSES = ("met", "missed", "not measured")
 MODES = {"quick": _measure.QUICK, "default": _measure.DEFAULT,
@@ -97,7 +105,14 @@ LEGEND = ("x, a, b, c: the framework's float32[16] tensors; y: a NumPy "
           "and for JAX one call of jax.jit(jax.grad(sum of mul)) against "
           "jax-tvm-ffi targets of the two kernels under jax.custom_vjp; vjp "
           "no-grad: mul called on tensors that need no gradient, against the "
-          "same kernel declared without a vjp.")
+          "same kernel declared without a vjp.  vmap-jit: ns per call of "
+          "jax.vmap over 64 items of bscale(a: float32[...], x: float32[..., "
+          "16]), 1,000 chained in one jax.jit minus as many no-op ffi_calls, "
+          "against the same Function's target per item with vmap_method="
+          "sequential (100 chained) and the same kernel through jax-tvm-ffi "
+          "with vmap_method=broadcast_all; vmap 1024 / 64: torch.vmap of "
+          "bscale over that many items against a Python loop of eager calls, "
+          "stacked.")
 
 
 # ------------------------------------------------------------ child side
@@ -238,6 +253,8 @@ def child(fw, cfg):
         rows += _compiled_rows(fw, cfg, settings)
     if any(fw in fws for fws in GRAD_CALLS.values()):
         rows += _grad_rows(fw, cfg, settings, make)
+    if fw in BATCH_CALLS.values():
+        rows += _batch_rows(fw, cfg, settings)
     return rows
 
 
@@ -366,6 +383,26 @@ def _grad_rows(fw, cfg, settings, make):
                    for who in _bg.references(fw, call)}
     rows = _bg.rows(fw, _measure.measure(got, settings), _side, _row)
     return sorted(rows, key=lambda r: CALLS.index(r["call"]))
+
+
+def _batch_rows(fw, cfg, settings):
+    """The batch rows of fw (BATCH_CALLS; dlbridge/_bench_batch.py)."""
+    import dlbridge as dlb
+    kernel = cfg.get("kernel")
+    try:
+        if fw == "jax":
+            import jax
+            return _bb.jax_rows(jax, dlb, kernel,
+                                cfg.get("peers", {}).get("jax-tvm-ffi", {}),
+                                cfg["mode"], _side, _row)
+        import torch
+        return _bb.torch_rows(torch, dlb, kernel, settings, _side, _row)
+    except Exception as e:  # the framework's vmap could not be set up at all
+        why = _measure.why(e, 160)
+        return [_row(fw, call, _side(_bb.DLB_EXPR[call], why), kind,
+                     _side(_bb.ref_expr(call, kind), why))
+                for call, owner in BATCH_CALLS.items() if owner == fw
+                for kind in _bb.REFERENCES[call]]
 
 
 def _child_main(argv):
@@ -598,6 +635,16 @@ TARGETS = (
     *((fw, "vjp no-grad", "no vjp", 1 / 1.1,
        f"{fw}: a Function with a vjp, called without grad, within 1.1x of "
        "one without") for fw in GRAD_CALLS["vjp no-grad"]),
+    # issue 25 item 7
+    ("jax", _bb.JAX_CALL, "sequential", 5.0,
+     "jax.vmap of a `...` Function in jax.jit at least 5x faster than "
+     "vmap_method='sequential'"),
+    ("jax", _bb.JAX_CALL, "jax-tvm-ffi", 1.0,
+     "jax.vmap of a `...` Function in jax.jit no slower than jax-tvm-ffi "
+     "with vmap_method='broadcast_all'"),
+    ("torch", _bb.TORCH_CALLS[1024], "loop", 3.0,
+     "torch.vmap of a `...` Function over 1,024 items at least 3x faster "
+     "than a Python loop of eager calls"),
 )
 
 
@@ -780,8 +827,8 @@ def plain(report, width=100):
     return "\n".join(lines)
 
 
-TARGETS_TITLE = ("targets (issues 16, 17 and 24; informational: the exit status "
-                 "does not depend on speed)")
+TARGETS_TITLE = ("targets (issues 16, 17, 24 and 25; informational: the exit "
+                 "status does not depend on speed)")
 
 
 def target_lines(report):
@@ -798,24 +845,27 @@ def target_lines(report):
 
 
 def _compile_times(report):
-    """One line per compiled row group: seconds to compile each chain."""
+    """One line per compiled row group (the "compiled" rows, the vmap-jit
+    rows): seconds to compile each chain."""
     out, seen = [], set()
     for r in report["rows"]:
-        if r["call"] != "compiled":
+        if r["call"] not in ("compiled", _bb.JAX_CALL):
             continue
+        key = (r["framework"], r["call"])
         parts = []
-        if r["framework"] not in seen:
-            seen.add(r["framework"])
+        if key not in seen:
+            seen.add(key)
             parts.append(("dlbridge", r["dlbridge"].get("compile_s")))
         parts.append((r["reference"]["kind"], r["reference"].get("compile_s")))
         parts = [f"{who} {v:.2f} s" for who, v in parts if v is not None]
         if parts:
-            out.append((r["framework"], parts))
+            out.append((key, parts))
     merged = {}
-    for fw, parts in out:
-        merged.setdefault(fw, []).extend(parts)
-    return [f"compile time of the chain, {COMPILED[fw]}: " + ", ".join(p)
-            for fw, p in merged.items()]
+    for key, parts in out:
+        merged.setdefault(key, []).extend(parts)
+    return [f"compile time of the {'vmap ' if call != 'compiled' else ''}"
+            f"chain, {COMPILED[fw]}: " + ", ".join(p)
+            for (fw, call), p in merged.items()]
 
 
 def _tail(report, errors):

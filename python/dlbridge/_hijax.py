@@ -9,8 +9,8 @@ signatures, which this class does not override, and ``linearize_from_jvp``,
 which it does not need: its own ``lin``/``linearized`` run the jvp kernel).
 Everything version-specific is this module's first lines.
 
-The primitive knows nothing of kernels: ``rules`` (_ops_jax._Rules, or a
-batched one) says how to call the forward, the vjp and the jvp Functions;
+The primitive knows nothing of kernels: ``rules`` (_ops_jax._Rules, looped
+or not) says how to call the forward, the vjp and the jvp Functions;
 this class turns JAX's symbolic zeros into what the rules take (zeros for a
 cotangent, None for an input that has no tangent) and back.
 """
@@ -67,7 +67,8 @@ if BASE is not None:
 
         def vjp_bwd_retval(self, res, cts):
             cts = tuple(_instantiate(a, c) for a, c in zip(self.out_aval, cts))
-            return tuple(self._rules.vjp(res, cts))
+            return tuple(self._rules.vjp(res, cts, [a.shape for a in
+                                                    self.in_avals]))
 
         # forward mode: the forward, then the jvp kernel
         def _tangents_in(self, tangents):
@@ -94,30 +95,23 @@ if BASE is not None:
             ts = self._rules.jvp(xs, outs, self._tangents_in(tangents))
             return self._tangents_out(ts)
 
-        # vmap: the same calls under jax.vmap, on a primitive of the
-        # batched types (so grad of vmap still finds the kernels)
+        # vmap: one call of the Function on the whole batch, or the loop
+        # route (_ops_jax._batch_args), as a primitive of the batched types
+        # (so grad of vmap still finds the kernels)
         def batch(self, axis_data, args, dims):
             dims = tuple(dims)
             if all(d is None for d in dims):   # JAX asks even then
                 return self(*args), (None,) * len(self.out_aval)
-            rules = self._rules.batched(axis_data.size, dims)
-            size = axis_data.size
-            in_avals = tuple(_batched_aval(a, size, d)
-                             for a, d in zip(self.in_avals, dims))
-            out_avals = tuple(ShapedArray((size,) + tuple(a.shape), a.dtype)
-                              for a in self.out_aval)
+            rules, args = self._rules.batch(axis_data.size, args, dims)
+            import jax
+            in_avals = tuple(ShapedArray(tuple(x.shape), x.dtype)
+                             for x in args)
+            out_avals = tuple(ShapedArray(tuple(a.shape), a.dtype)
+                              for a in jax.eval_shape(rules.primal, *args))
             prim = DlbridgeFunction(rules, in_avals, out_avals)
             return prim(*args), (0,) * len(out_avals)
 else:
     DlbridgeFunction = None
-
-
-def _batched_aval(aval, size, dim):
-    if dim is None:
-        return aval
-    shape = list(aval.shape)
-    shape.insert(dim, size)
-    return ShapedArray(tuple(shape), aval.dtype)
 
 
 def primitive(rules, in_avals, out_avals):

@@ -25,8 +25,11 @@ Decisions:
 * shapes: concrete, or jax.export's symbolic dimensions, passed to
   ``_result_specs`` as unknown; a result extent it cannot give is the
   argument dimension the signature names alike (``Function._dims``);
-* ``vmap``: ``sequential`` for every Function (the signature has no batch
-  dimensions): one kernel call per batch element;
+* ``vmap``: a batching rule of dlbridge's own (``custom_vmap``), never
+  JAX's ``vmap_method``: a Function with ``...`` is called once on the whole
+  batch (the vmapped axis becomes its leading batch dim); one without (or a
+  batched argument of a parameter without ``...``) is one custom call whose
+  handler loops in C over ``loop_rank`` leading dims;
 * differentiation: a TypeError naming the Function (a custom JVP rule that
   refuses), never JAX's generic "no differentiation rule for ffi_call";
 * a call with no results at all is kept as a side effect (it would
@@ -49,6 +52,9 @@ IDENTITY_ATTR = "dlb_identity"
 # The attribute of 0-d input i given as a number JAX would narrow:
 # SCALAR_ATTR + str(i), a typed scalar (src/ops/xla.c).
 SCALAR_ATTR = "dlb_arg"
+# The attribute of a call under vmap's loop route: how many leading dims of
+# every operand and result are loop dims (an i64; absent: none).
+LOOP_ATTR = "loop_rank"
 
 _targets_lock = threading.Lock()
 _targets_registered = False
@@ -170,34 +176,114 @@ def _no_second_order(primal):
 
 
 @functools.lru_cache(maxsize=256)
-def _op(jax, fn, out_specs, nout, aliases, scalars=(), second_order_of=None):
+def _op(jax, fn, out_specs, nout, aliases, scalars=(), second_order_of=None,
+        loop_rank=0):
     """The traced op for a call of fn producing out_specs ((shape, dtype)
-    per result, the `mut` values last; aliases: the `mut` inputs; scalars:
+    per result, the `mut` values last; aliases: the `mut` inputs' operand
+    positions (the inputs less those given as attributes); scalars:
     (input, dtype str, value bytes) of each 0-d input given as a scalar
-    attribute, by its bytes so -0.0 and 0.0 differ): one ffi_call under a
-    JVP rule that refuses.  Cached (bounded) because a fresh custom_jvp
-    costs about three times as much to trace as a cached one, and a graph
-    usually calls a Function with few shapes."""
+    attribute, by its bytes so -0.0 and 0.0 differ; loop_rank: the leading
+    loop dims of every operand and result, for the handler's C loop): one
+    ffi_call under dlbridge's batching rule (_vmap_rule) and a JVP rule that
+    refuses.  Cached (bounded) because a fresh custom_jvp costs about three
+    times as much to trace as a cached one, and a graph usually calls a
+    Function with few shapes."""
     custom_call = jax.ffi.ffi_call(
         TARGET,
         [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out_specs],
-        vmap_method="sequential",
         input_output_aliases={i: nout + k for k, i in enumerate(aliases)}
         or None,
         has_side_effect=not out_specs)
     attrs = {IDENTITY_ATTR: fn._identity}
     for i, dtype, value in scalars:
-        attrs[f"{SCALAR_ATTR}{i}"] = np.frombuffer(value, dtype)[0]
+        # (a uint64 goes as an int64 of the same bits, which the handler
+        # takes back: MLIR's Python binding makes only signed 64-bit ints)
+        attrs[f"{SCALAR_ATTR}{i}"] = _as_attr(np.frombuffer(value, dtype)[0])
+    if loop_rank:
+        attrs[LOOP_ATTR] = np.int64(loop_rank)
+
+    # no vmap_method: a vmap reaches the rule below, never ffi_call's own
+    @jax.custom_batching.custom_vmap
+    def batched(*xs):
+        return tuple(custom_call(*xs, **attrs))
+
+    batched.def_vmap(functools.partial(_vmap_rule, jax, fn, scalars,
+                                       second_order_of, loop_rank))
 
     @jax.custom_jvp
     def op(*xs):
-        return custom_call(*xs, **attrs)
+        return batched(*xs)
 
     if second_order_of is None:
         op.defjvp(lambda primals, tangents: _no_derivative(fn))
     else:
         op.defjvp(lambda primals, tangents: _no_second_order(second_order_of))
     return op
+
+
+# ---- vmap: dlbridge's batching rule (docs/compiled.md, "JAX", vmap) ----------
+
+def _signature_route(fn, loop_rank, batched):
+    """Whether a vmap of a call can be the same Function called once on the
+    whole batch: it has `...` on every result, every batched input is a
+    `...` one, and the call is not a loop already.  batched: input index ->
+    whether vmap batches it (inputs given as attributes are absent)."""
+    if loop_rank or not any(fn._batch[:fn.nin]):
+        return False
+    if not all(fn._batch[fn.nin:]):
+        return False
+    return all(fn._batch[i] for i, b in batched.items() if b)
+
+
+def _batch_args(jnp, fn, loop_rank, size, xs, batched):
+    """The arguments of the one call that does a vmap of fn (loop_rank: the
+    loop dims fn's call has already), and its loop rank.  xs: input index
+    -> operand; batched: input index -> whether it has the vmapped axis, at
+    axis 0.  Signature route: each batched `...` operand keeps the vmapped
+    axis first, with size-1 axes after it so that its batch part lines up
+    with the others' (right-aligned broadcasting); unbatched ones are left
+    as they are (a `...` one broadcasts), except a `mut` one, which must
+    have the whole batch shape and is broadcast.  Loop route: every operand
+    broadcast to the vmapped size at axis 0, one more loop dim."""
+    if _signature_route(fn, loop_rank, batched):
+        inputs = fn._inputs
+
+        def rank(i):            # an operand's batch rank per vmapped item
+            return (np.ndim(xs[i]) - (1 if batched[i] else 0)
+                    - inputs[i][2])
+        r = max((rank(i) for i in xs if fn._batch[i]), default=0)
+        out = {}
+        for i, x in xs.items():
+            if batched[i] and rank(i) < r:
+                x = jnp.expand_dims(x, tuple(range(1, 1 + r - rank(i))))
+            elif not batched[i] and inputs[i][3]:
+                x = jnp.broadcast_to(x, (size,) + tuple(np.shape(x)))
+            out[i] = x
+        return out, 0
+    return {i: x if batched[i] else
+            jnp.broadcast_to(x, (size,) + tuple(np.shape(x)))
+            for i, x in xs.items()}, loop_rank + 1
+
+
+def _vmap_rule(jax, fn, scalars, second_order_of, loop_rank, size,
+               in_batched, *xs):
+    """custom_vmap's rule of one call: the vmapped axis is at 0 of every
+    batched operand; one new call of fn (_batch_args), its results batched
+    at 0.  A Python number or a 0-d input given as an attribute is never
+    batched."""
+    import jax.numpy as jnp
+    given = {i: np.frombuffer(value, dtype)[0] for i, dtype, value in scalars}
+    positions = [i for i in range(fn.nin) if i not in given]
+    # (an eager vmap hands a batched NumPy argument over as it is)
+    xs = [jnp.asarray(x) if b else x for x, b in zip(xs, in_batched)]
+    args, rank = _batch_args(jnp, fn, loop_rank, size,
+                             dict(zip(positions, xs)),
+                             dict(zip(positions, in_batched)))
+    args.update(given)
+    outs = _plain_call(jax, fn, [args[i] for i in range(fn.nin)],
+                       second_order_of, rank)
+    outs = () if outs is None else outs if isinstance(outs, tuple) else (outs,)
+    return outs, (True,) * len(outs)
 
 
 # ---- 64-bit values without jax_enable_x64 -----------------------------------
@@ -254,7 +340,8 @@ def _x64_plan(jax, fn, args):
 
 
 def _as_attr(value):
-    value = np.asarray(value)
+    """NumPy scalar ``value`` as a scalar attribute (a uint64 as the int64
+    of its bits)."""
     return value.view(np.int64) if value.dtype == np.uint64 else value
 
 
@@ -264,44 +351,75 @@ def _extent(d):
     return d if isinstance(d, int) else None
 
 
+def _core_dims(fn, k):
+    """Parameter (or result, k >= nin) k's core dims as the signature
+    writes them (no "...")."""
+    dims = fn._dims[k]
+    return dims[1:] if fn._batch[k] else dims
+
+
+def _batch_extent(fn, shapes, k):
+    """The extent at batch axis -k (from the right) of the broadcast batch
+    shape, from the inputs' shapes (symbolic dimensions kept): the first
+    `...` input whose batch part has there an extent other than 1."""
+    for i in range(fn.nin):
+        if shapes[i] is None or not fn._batch[i]:
+            continue
+        part = shapes[i][:len(shapes[i]) - len(_core_dims(fn, i))]
+        if len(part) >= k and not (isinstance(part[-k], int)
+                                   and part[-k] == 1):
+            return part[-k]
+    return 1
+
+
 def _result_shape(fn, o, shape, shapes):
     """Result o's shape with each extent _result_specs could not know (it
-    comes from a symbolic dimension) taken from the argument whose
-    dimension the signature names the same: jax.export's symbolic
-    expression, which XLA resolves when the exported graph runs."""
+    comes from a symbolic dimension) taken from the arguments: a core
+    extent from the argument dimension the signature names the same, a
+    batch extent from the broadcast of the inputs' batch parts --
+    jax.export's symbolic expressions, which XLA resolves when the
+    exported graph runs."""
     if all(d is not None for d in shape):
         return tuple(shape)
-    dims = fn._dims
-    names = dims[fn.nin + o]
+    names = _core_dims(fn, fn.nin + o)
+    nb = len(shape) - len(names)
     out = []
     for a, d in enumerate(shape):
-        if d is None:
-            d = next(shapes[i][axis] for i in range(fn.nin)
-                     if shapes[i] is not None
-                     for axis, name in enumerate(dims[i])
-                     if name == names[a])
+        if d is None and a < nb:
+            d = _batch_extent(fn, shapes, nb - a)
+        elif d is None:
+            d = next(shapes[i][len(shapes[i]) - len(_core_dims(fn, i)) + axis]
+                     for i in range(fn.nin) if shapes[i] is not None
+                     for axis, name in enumerate(_core_dims(fn, i))
+                     if name == names[a - nb])
         out.append(d)
     return tuple(out)
 
 
-def call(fn, args, second_order_of=None):
+def call(fn, args, second_order_of=None, loop_rank=0):
     """Call Function ``fn`` on ``args`` (a tuple, in parameter order) while
     JAX traces: one XLA custom call, its results as JAX arrays; under the
     derivative rules of its vjp/jvp kernels when it declares them.
     ``second_order_of``: the Function whose derivative ``fn`` is (its
-    refusal to be differentiated then says so)."""
+    refusal to be differentiated then says so); ``loop_rank``: the leading
+    loop dims every JAX array argument has (vmap's loop route)."""
     jax = _jax()
-    if (getattr(fn, "_vjp", None) is not None
-            or getattr(fn, "_jvp", None) is not None):
+    if not loop_rank and (getattr(fn, "_vjp", None) is not None
+                          or getattr(fn, "_jvp", None) is not None):
         return _differentiable_call(jax, fn, args)
-    return _plain_call(jax, fn, args, second_order_of)
+    return _plain_call(jax, fn, args, second_order_of, loop_rank)
 
 
-def _plain_call(jax, fn, args, second_order_of=None):
-    """Today's call: one custom call under a JVP rule that refuses."""
+def _plain_call(jax, fn, args, second_order_of=None, loop_rank=0):
+    """One custom call under dlbridge's batching rule and a JVP rule that
+    refuses.  With loop_rank, every JAX array argument has that many
+    leading loop dims (all of one extent); the Function checks what is
+    after them, and numbers and NumPy constants (one value for every item)
+    are broadcast to them."""
     operands = []
     specs = []
-    shapes = []      # each tensor argument's shape, symbolic dimensions kept
+    shapes = []      # each tensor argument's item shape, symbolic dims kept
+    loop = None      # the loop dims' extents
     for (name, dtype, ndim, mut), arg in zip(fn._inputs, args):
         if isinstance(arg, _NUMBERS):
             specs.append(arg)        # _result_specs checks it as eagerly
@@ -309,6 +427,9 @@ def _plain_call(jax, fn, args, second_order_of=None):
             shapes.append(None)
         elif isinstance(arg, (jax.Array, np.ndarray, np.generic)):
             shape = tuple(arg.shape)
+            if loop_rank and isinstance(arg, jax.Array):
+                loop = loop or shape[:loop_rank]
+                shape = shape[loop_rank:]
             specs.append((tuple(_extent(d) for d in shape), arg.dtype))
             operands.append(arg)
             shapes.append(shape)
@@ -320,28 +441,39 @@ def _plain_call(jax, fn, args, second_order_of=None):
                 else arg for arg, (_, dtype, _, _) in zip(operands, fn._inputs)]
     # the exact value in the parameter's dtype, as bytes (kept out of the
     # operands: JAX would narrow it)
-    # (a uint64 goes as an int64 of the same bits, which the handler takes
-    # back: MLIR's Python binding makes only signed 64-bit integers)
     scalars = tuple((i, v.dtype.str, v.tobytes()) for i, v in
-                    ((i, _as_attr(operands[i])) for i in as_attrs))
+                    ((i, np.asarray(operands[i])) for i in as_attrs))
+    if loop_rank:                    # constants: the same for every item
+        import jax.numpy as jnp
+        skip = set(as_attrs)
+        operands = [jnp.broadcast_to(a, loop + tuple(np.shape(a)))
+                    if i not in skip and not isinstance(a, jax.Array) else a
+                    for i, a in enumerate(operands)]
+    else:
+        loop = ()
     # Checked, so the Function may be named by graphs: first compiled use.
     _core._ops_register(fn)
     _register_targets(jax)
-    out_specs = tuple((_result_shape(fn, o, shape, shapes), _np_dtype(fn, dtype))
+    out_specs = tuple((loop + _result_shape(fn, o, shape, shapes),
+                       _np_dtype(fn, dtype))
                       for o, (shape, dtype) in enumerate(results))
-    out_specs += tuple((shapes[i], np.dtype(operands[i].dtype))
+    out_specs += tuple((tuple(operands[i].shape), np.dtype(operands[i].dtype))
                        for i in aliases)
     for _, dtype, _, _ in fn._inputs:
         _np_dtype(fn, dtype)         # sub-byte inputs refused here too
     if scalars:
+        # the operands less the attributes: a `mut` input's position among
+        # them is what its alias names
         skip = set(as_attrs)
-        operands = [a for i, a in enumerate(operands) if i not in skip]
+        at = [i for i in range(len(operands)) if i not in skip]
+        aliases = tuple(at.index(i) for i in aliases)
+        operands = [operands[i] for i in at]
+    key = (jax, fn, out_specs, len(results), aliases, scalars,
+           second_order_of, loop_rank)
     try:
-        op = _op(jax, fn, out_specs, len(results), aliases, scalars,
-                 second_order_of)
+        op = _op(*key)
     except TypeError:                # a symbolic extent that cannot be hashed
-        op = _op.__wrapped__(jax, fn, out_specs, len(results), aliases,
-                             scalars, second_order_of)
+        op = _op.__wrapped__(*key)
     outs = op(*operands)
     if not out_specs:
         return None
@@ -382,11 +514,14 @@ def _static_key(v):
 class _Rules:
     """How one call site's forward, vjp and jvp Functions are called, on
     the operands of the differentiable op (the arguments less the constants
-    in ``statics``: input index -> value)."""
+    in ``statics``: input index -> value); ``loop_rank``: the loop dims
+    every operand has (vmap's loop route, ``looped``)."""
 
-    def __init__(self, jax, fn, statics):
+    def __init__(self, jax, fn, statics, loop_rank=0):
         self.jax, self.fn, self.name = jax, fn, fn.name
         self.statics = statics
+        self.loop_rank = loop_rank
+        self._looped = {}
         self.operand_of = {}               # input index -> operand position
         for i in range(fn.nin):
             if i not in statics:
@@ -398,7 +533,16 @@ class _Rules:
         self._diff_results = frozenset(fn._diff_results or ())
 
     def __repr__(self):
-        return self.name
+        return (f"loop{self.loop_rank}({self.name})" if self.loop_rank
+                else self.name)
+
+    def looped(self, loop_rank):
+        """These rules for operands with loop_rank leading loop dims."""
+        rules = self._looped.get(loop_rank)
+        if rules is None:
+            rules = self._looped[loop_rank] = _Rules(self.jax, self.fn,
+                                                     self.statics, loop_rank)
+        return rules
 
     def inputs(self, xs):
         """Every input of the primal, the constants put back."""
@@ -416,7 +560,8 @@ class _Rules:
             _no_derivative(self.fn)
 
     def primal(self, *xs):
-        outs = _plain_call(self.jax, self.fn, self.inputs(xs))
+        outs = _plain_call(self.jax, self.fn, self.inputs(xs),
+                           loop_rank=self.loop_rank)
         return outs if self.nout != 1 else (outs,)
 
     def save(self, xs, outs):
@@ -428,9 +573,11 @@ class _Rules:
         return (tuple(xs[self.operand_of[i]] for i in ins),
                 tuple(outs[o] for o in res))
 
-    def vjp(self, res, cts):
+    def vjp(self, res, cts, shapes):
         """The cotangent of each operand (None: not differentiable) from
-        the saved values and the result cotangents (zeros where unused)."""
+        the saved values and the result cotangents (zeros where unused);
+        ``shapes``: the operands' shapes, to which each cotangent the vjp
+        kernel writes at the call's broadcast batch shape is summed down."""
         fn = self.fn
         ins = sorted({i for kind, i in fn._vjp_args
                       if kind == "input" and i in self.operand_of})
@@ -442,12 +589,14 @@ class _Rules:
         for kind, i in fn._vjp_args:
             args.append(inputs[i] if kind == "input" else
                         results[i] if kind == "result" else cts[i])
-        got = call(fn._vjp, tuple(args), second_order_of=fn)
+        got = call(fn._vjp, tuple(args), second_order_of=fn,
+                   loop_rank=self.loop_rank)
         got = got if isinstance(got, tuple) else (got,)
         out = [None] * len(self.operand_of)
         for k, i in enumerate(fn._vjp_results):
             if i in self.operand_of:
-                out[self.operand_of[i]] = got[k]
+                at = self.operand_of[i]
+                out[at] = _sum_to(got[k], shapes[at])
         return tuple(out)
 
     def jvp(self, xs, outs, ts):
@@ -466,65 +615,38 @@ class _Rules:
                 args.append(ts[self.operand_of[i]])
             else:                        # a constant: its tangent is zero
                 args.append(np.zeros((), _np_dtype(fn, fn._inputs[i][1])))
-        got = call(fn._jvp, tuple(args), second_order_of=fn)
+        got = call(fn._jvp, tuple(args), second_order_of=fn,
+                   loop_rank=self.loop_rank)
         got = got if isinstance(got, tuple) else (got,)
         out = [None] * self.nout
         for k, o in enumerate(fn._jvp_results):
             out[o] = got[k]
         return tuple(out)
 
-    def batched(self, size, dims):
-        return _Batched(self, size, dims)
+    def batch(self, size, xs, dims):
+        """A vmap of this call site on operands ``xs`` batched along
+        ``dims`` (None: unbatched): the rules and operands of the one call
+        that does it (_batch_args), every result batched at 0."""
+        import jax.numpy as jnp
+        xs = [x if d is None else jnp.moveaxis(jnp.asarray(x), d, 0)
+              for x, d in zip(xs, dims)]
+        input_of = {k: i for i, k in self.operand_of.items()}
+        args, rank = _batch_args(
+            jnp, self.fn, self.loop_rank, size,
+            {input_of[k]: x for k, x in enumerate(xs)},
+            {input_of[k]: d is not None for k, d in enumerate(dims)})
+        rules = self.looped(rank) if rank else self
+        return rules, [args[input_of[k]] for k in range(len(xs))]
 
 
-class _Batched:
-    """The rules of a call site under jax.vmap: the same calls, vmapped
-    (each Function call batches as it does today), on operands batched
-    along ``dims`` (None: unbatched); every result is batched at 0."""
-
-    def __init__(self, inner, size, dims):
-        self.inner, self.size, self.dims = inner, size, dims
-        self.jax, self.name, self.nout = inner.jax, inner.name, inner.nout
-
-    def __repr__(self):
-        return f"vmap({self.inner!r})"
-
-    def diff_operands(self):
-        return self.inner.diff_operands()
-
-    def out_nzs(self):
-        return self.inner.out_nzs()
-
-    def check_reverse(self):
-        self.inner.check_reverse()
-
-    def _vmap(self, f, in_axes, out_axes=0):
-        return self.jax.vmap(f, in_axes=in_axes, out_axes=out_axes,
-                             axis_size=self.size)
-
-    def primal(self, *xs):
-        return tuple(self._vmap(lambda *xs: tuple(self.inner.primal(*xs)),
-                                self.dims)(*xs))
-
-    def save(self, xs, outs):
-        return self.inner.save(xs, outs)
-
-    def vjp(self, res, cts):
-        res_dims = self.inner.save(self.dims, (0,) * self.nout)
-        out_axes = tuple(0 if d is None else d for d in self.dims)
-        got = self._vmap(self.inner.vjp, (res_dims, 0), out_axes)(res, cts)
-        # an unbatched operand's cotangent: the sum over the batch
-        return tuple(g.sum(axis=0) if g is not None and d is None else g
-                     for g, d in zip(got, self.dims))
-
-    def jvp(self, xs, outs, ts):
-        ts_dims = tuple(None if t is None else d
-                        for t, d in zip(ts, self.dims))
-        return tuple(self._vmap(self.inner.jvp,
-                                (self.dims, 0, ts_dims))(xs, outs, ts))
-
-    def batched(self, size, dims):
-        return _Batched(self, size, dims)
+def _sum_to(g, shape):
+    """Cotangent g, written at the call's broadcast batch shape, summed
+    down to its input's ``shape`` (_autodiff.sum_down)."""
+    from . import _autodiff
+    shape = tuple(shape)
+    if tuple(g.shape) == shape:
+        return g
+    return g.sum(axis=_autodiff.sum_down(shape, g.shape)).reshape(shape)
 
 
 _rules_cache = {}
@@ -542,9 +664,9 @@ def _rules(jax, fn, key, statics):
 
 
 @functools.lru_cache(maxsize=256)
-def _custom_vjp(rules):
-    """jax.custom_vjp of one call site's rules (cached: a fresh one costs
-    more to trace)."""
+def _custom_vjp(rules, shapes):
+    """jax.custom_vjp of one call site's rules on operands of ``shapes``
+    (cached: a fresh one costs more to trace)."""
     jax = rules.jax
     nout = rules.nout
 
@@ -559,7 +681,7 @@ def _custom_vjp(rules):
         return out, rules.save(xs, outs)
 
     def bwd(res, cts):
-        return rules.vjp(res, (cts,) if nout == 1 else tuple(cts))
+        return rules.vjp(res, (cts,) if nout == 1 else tuple(cts), shapes)
 
     op.defvjp(fwd, bwd)
     return op
@@ -581,8 +703,13 @@ def _differentiable_call(jax, fn, args):
     key = tuple((i, _static_key(v)) for i, v in sorted(statics.items()))
     rules = _rules(jax, fn, key, statics)
     if fn._jvp is None:
+        shapes = tuple(tuple(np.shape(x)) for x in operands)
         try:
-            out = _custom_vjp(rules)(*operands)
+            try:
+                op = _custom_vjp(rules, shapes)
+            except TypeError:        # a symbolic extent that cannot be hashed
+                op = _custom_vjp.__wrapped__(rules, shapes)
+            out = op(*operands)
         except TypeError as e:
             if "forward-mode autodiff" not in str(e):
                 raise

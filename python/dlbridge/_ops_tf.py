@@ -74,9 +74,31 @@ def _backward(tf, fn, inputs, results, grads):
     if not isinstance(outs, (tuple, list)):
         outs = (outs,)
     out = [None] * len(fn._inputs)
+    batch = fn._batch
     for k, i in enumerate(fn._vjp_results):
-        out[i] = _conj(tf, outs[k])
+        ct = _conj(tf, outs[k])
+        if batch[i] and isinstance(inputs[i], (tf.Tensor, tf.Variable)):
+            ct = _sum_to(tf, ct, inputs[i])
+        out[i] = ct
     return out
+
+
+def _sum_to(tf, ct, like):
+    """A `...` input's cotangent, which the vjp kernel wrote at the call's
+    broadcast batch shape, summed over the batch axes the input was
+    broadcast along (_autodiff.sum_down) back to the input's shape.  With
+    extents unknown while traced, the same rule on the run-time shapes
+    (TensorFlow's BroadcastGradientArgs, as its own broadcasting ops'
+    gradients do)."""
+    shape, full = like.shape, ct.shape
+    if shape.is_fully_defined() and full.is_fully_defined():
+        axes = _autodiff().sum_down(shape.as_list(), full.as_list())
+        if not axes:
+            return ct
+        return tf.reshape(tf.reduce_sum(ct, axis=axes), shape)
+    want = tf.shape(like)
+    _, axes = tf.raw_ops.BroadcastGradientArgs(s0=tf.shape(ct), s1=want)
+    return tf.reshape(tf.reduce_sum(ct, axis=axes), want)
 
 
 def _gradient(op, *grads):
@@ -118,7 +140,143 @@ def _ensure_op(tf):
             tf.RegisterGradient(_core._TF_OP)(_gradient)
         except KeyError:  # this module was imported again
             pass
+        _register_pfor()
         _ready = True
+
+
+# ---- tf.vectorized_map / tape.jacobian: a pfor converter -------------------
+#
+# pfor (tensorflow.python.ops.parallel_for, what tf.vectorized_map and
+# tape.jacobian run) rewrites the loop body op by op through converters
+# registered per op type.  Its registry is TensorFlow-private
+# (RegisterPFor, ConversionNotImplementedError, wrap are not exported):
+# everything used from it is looked up here, once, and when any of it has
+# moved no converter is registered -- pfor then runs DlbridgeCall in its
+# while_loop fallback (correct, one kernel call per item; TensorFlow logs
+# why).
+
+_PFOR = None  # the pfor module, once the converter is registered
+
+
+def _register_pfor():
+    """Register _pfor_convert for DlbridgeCall (once per process: a second
+    registration of a type is an assertion in pfor)."""
+    global _PFOR
+    try:
+        from tensorflow.python.ops.parallel_for import pfor
+        registry = pfor._pfor_converter_registry
+        register = pfor.RegisterPFor
+        pfor.ConversionNotImplementedError, pfor.wrap  # noqa: B018
+    except (ImportError, AttributeError):
+        return
+    if _core._TF_OP not in registry:
+        register(_core._TF_OP)(_pfor_convert)
+    _PFOR = pfor
+
+
+class _Replaced:
+    """The control-flow context of a loop-body node that pfor has replaced
+    (see _retire): it says "inside a while loop", which is what
+    tf.function's automatic control dependencies skip."""
+
+    outer_context = None
+
+    def IsWhileContext(self):  # noqa: N802 (TensorFlow's name)
+        return True
+
+
+def _retire(op):
+    """pfor leaves the loop body it converted in the graph, its input the
+    loop index's default 0.  DlbridgeCall is stateful, so tf.function's
+    automatic control dependencies would make that original node run: the
+    kernel once more, on item 0, next to the converted call.  Once pfor
+    replaces the node, nothing reads it; marked as a while-loop node,
+    automatic control dependencies leave it out and TensorFlow prunes it.
+    TensorFlow-private (Operation._set_control_flow_context, used only on
+    a node with no control-flow context, i.e. TF2 control flow): if it has
+    moved, the item-0 run stays -- one more call, same results."""
+    try:
+        if op._get_control_flow_context() is None:
+            op._set_control_flow_context(_Replaced())
+    except AttributeError:
+        pass
+
+
+def _pfor_convert(pfor_input):
+    """pfor's converter for DlbridgeCall.  The inputs come stacked (the
+    loop axis first) or loop-invariant.  For a Function with `...`, the
+    loop axis becomes the leading batch axis: one node, one kernel call
+    for the whole loop.  Each stacked `...` input gets size-1 axes after
+    the loop axis up to the items' broadcast batch rank (so that the loop
+    axis lines up across inputs, NumPy's broadcasting being right-aligned);
+    a loop-invariant `...` input is left as it is (the run pads and
+    broadcasts it), and a loop-invariant `mut` one is tiled along the loop
+    (a `mut` argument has the full batch shape; its new value is an
+    output).  Where the loop cannot be batch dimensions -- a Function
+    without `...`, a stacked parameter without `...`, a `mut` parameter
+    without `...` or a result without `...` (one value per item) --
+    ConversionNotImplementedError sends the node to pfor's while_loop
+    fallback, which runs it per item (logged at debug level only)."""
+    import tensorflow as tf
+
+    pfor = _PFOR
+    refuse = pfor.ConversionNotImplementedError
+    op = pfor_input.op
+    identity = op.get_attr("function")
+    if isinstance(identity, bytes):
+        identity = identity.decode("utf-8", "replace")
+    fn = _core._ops_find(identity)
+    if fn is None:
+        raise refuse(f"no dlbridge Function {identity} is registered")
+    _retire(op)
+    wrapped = list(pfor_input.inputs)
+    if any(w.is_sparse_stacked for w in wrapped):
+        raise refuse(f"{fn.name}: sparsely stacked inputs")
+    params = fn._inputs
+    nin = len(params)
+    batch = fn._batch
+    stacked = [w.is_stacked for w in wrapped]
+    if not any(stacked):
+        # loop-invariant inputs (pfor converts a stateful op even then):
+        # the same value for every item, computed once
+        new_op, outs = _node(tf, fn, [w.t for w in wrapped])
+        return [pfor.wrap(o, False) for o in outs] if outs else new_op
+    if not any(batch):
+        raise refuse(f"{fn.name} has no batch dimensions ('...')")
+    for i, (name, _, _, mut) in enumerate(params):
+        if batch[i]:
+            continue
+        if stacked[i]:
+            raise refuse(f"{fn.name}: argument '{name}' has no '...' and "
+                         f"differs per item")
+        if mut:
+            raise refuse(f"{fn.name}: argument '{name}' is mut without '...'")
+    if not all(batch[nin:]):
+        raise refuse(f"{fn.name}: a result without '...'")
+    if any(w.t.shape.rank is None for w in wrapped):
+        raise refuse(f"{fn.name}: an input of unknown rank")
+    # the items' batch rank of each `...` input, and their broadcast rank
+    ranks = {i: w.t.shape.rank - int(w.is_stacked) - params[i][2]
+             for i, w in enumerate(wrapped) if batch[i]}
+    rank = max(ranks.values())
+    try:
+        loop_len = tf.cast(pfor_input.pfor.loop_len_vector, tf.int32)
+    except AttributeError as exc:  # pfor moved: its fallback still works
+        raise refuse(f"{fn.name}: {exc}") from exc
+    args = []
+    for i, w in enumerate(wrapped):
+        t = w.t
+        if batch[i] and w.is_stacked:
+            for _ in range(rank - ranks[i]):
+                t = tf.expand_dims(t, 1)
+        elif batch[i] and params[i][3]:
+            tile = tf.concat([loop_len, tf.ones([t.shape.rank], tf.int32)], 0)
+            t = tf.tile(tf.expand_dims(t, 0), tile)
+            for _ in range(rank - ranks[i]):
+                t = tf.expand_dims(t, 1)
+        args.append(t)
+    new_op, outs = _node(tf, fn, args)
+    return [pfor.wrap(o, True) for o in outs] if outs else new_op
 
 
 def _mixing_error(fn, name, arg):
@@ -242,12 +400,22 @@ def call(fn, args):
     None when there are none, the tensor itself when there is one.
     Eagerly (a tf.Variable argument, a tape recording): ``_eager``."""
     import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return _eager(tf, fn, args)
+    _, outs = _node(tf, fn, args)
+    if not outs:
+        return None
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _node(tf, fn, args):
+    """The DlbridgeCall node of ``fn`` on ``args`` in the graph being
+    built: (the node, its outputs as a list)."""
     from tensorflow.python.eager import execute
     from tensorflow.python.framework import op_def_library, ops
     from tensorflow.python.ops import control_flow_util
 
-    if tf.executing_eagerly():
-        return _eager(tf, fn, args)
     if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
         raise TypeError(
             f"{fn.name}(): a dlbridge Function cannot be compiled by XLA "
@@ -310,6 +478,4 @@ def call(fn, args):
             ("Tin", op.get_attr("Tin"), "Tout", op.get_attr("Tout"),
              "function", op.get_attr("function"),
              "result_shapes", op.get_attr("result_shapes")), outs)
-    if not outs:
-        return None
-    return outs[0] if len(outs) == 1 else tuple(outs)
+    return op, outs

@@ -179,6 +179,7 @@ def _define(fn, mask, nograd=False):
                                 lib=_library)
     found = getattr(getattr(getattr(torch.ops, NAMESPACE), fn._identity),
                     overload)
+    _register_vmap(torch, fn, qualname, found)
     if fn.nout == 0 and not any(item[3] for item in fn._inputs):
         # No result and nothing written: the call is there for what the
         # kernel does besides (an error it raises, say), which dead-code
@@ -464,7 +465,7 @@ class _Plan:
     bindings name, nothing else), which results are not differentiable."""
 
     __slots__ = ("saved_inputs", "saved_results", "nondiff_results",
-                 "diff_inputs", "nin")
+                 "diff_inputs", "nin", "batched")
 
     def __init__(self, fn):
         ins, outs = _autodiff.saved(fn)
@@ -478,6 +479,9 @@ class _Plan:
                                      if o not in diff)
         self.diff_inputs = tuple(fn._diff_inputs or ())
         self.nin = len(fn._inputs)
+        # `...` inputs with a cotangent: the vjp writes theirs at the
+        # call's broadcast batch shape, summed down to the input's.
+        self.batched = tuple(i for i in self.diff_inputs if fn._batch[i])
 
 
 _plans = weakref.WeakKeyDictionary()
@@ -512,6 +516,9 @@ def _save(ctx, fn, inputs, output):
         where["result", o] = len(tensors)
         tensors.append(outs[o])
     ctx.dlb_where = where
+    if plan.batched:
+        ctx.dlb_shapes = {i: tuple(inputs[i].shape) for i in plan.batched
+                          if isinstance(inputs[i], torch.Tensor)}
     ctx.save_for_backward(*tensors)
     if fn._jvp is not None:
         ctx.save_for_forward(*tensors)
@@ -567,10 +574,24 @@ def _backward(ctx, grads, needs):
     res = _derivative(fn, "vjp", args)
     if not isinstance(res, tuple):
         res = (res,)
+    shapes = ctx.dlb_shapes if plan.batched else {}
     for k, i in enumerate(fn._vjp_results):
         if needs[i]:
-            out[i] = _conj(torch, res[k])
+            g = res[k]
+            shape = shapes.get(i)
+            if shape is not None and tuple(g.shape) != shape:
+                g = _sum_down(g, shape)
+            out[i] = _conj(torch, g)
     return out
+
+
+def _sum_down(g, shape):
+    """Cotangent ``g``, written by the vjp kernel at the call's broadcast
+    batch shape, summed over the batch axes its input (of ``shape``) was
+    broadcast along (_autodiff.sum_down: one rule for every framework)."""
+    axes = _autodiff.sum_down(shape, tuple(g.shape))
+    return g.sum(dim=axes, keepdim=True).reshape(shape) if axes else \
+        g.reshape(shape)
 
 
 def _jvp(ctx, tangents):
@@ -822,8 +843,95 @@ def _define_derivative(fn, kind, mask):
     torch.library.register_fake(f"{NAMESPACE}::{qualname}",
                                 _fake_kernel(d, refuse_grad=False),
                                 lib=_library)
-    return getattr(getattr(getattr(torch.ops, NAMESPACE), fn._identity),
-                   overload)
+    found = getattr(getattr(getattr(torch.ops, NAMESPACE), fn._identity),
+                    overload)
+    _register_vmap(torch, d, qualname, found)
+    return found
+
+
+# ---- torch.vmap: the batching rule of every operator ------------------------------
+
+def _register_vmap(torch, fn, qualname, found):
+    """torch.library.register_vmap on operator ``found`` (overload
+    ``qualname``) of Function ``fn`` (the forward, or a derivative): the
+    rule of _vmap_rule.  It is a Python kernel on the FuncTorchBatched key
+    only: calls outside torch.vmap never reach it."""
+    torch.library.register_vmap(f"{NAMESPACE}::{qualname}",
+                                _vmap_rule(fn, found), lib=_library)
+
+
+def _vmap_rule(fn, found):
+    """The batching rule of ``found``, Function ``fn``'s operator
+    (docs/compiled.md, "torch.vmap").  Where every batched argument is a
+    `...` parameter, ONE call: each batched argument's vmap dim is moved
+    to the front (``movedim``, a view) and, when its own batch part is
+    shorter than the call's longest, size-1 dims are inserted after it so
+    that the vmap dim lines up with the first batch axis; unbatched
+    arguments are passed as they are (the eager call broadcasts them,
+    src/python/function_call.c); every result then carries the vmap dim
+    first.  Otherwise -- a batched parameter without `...`, or a Function
+    without `...` -- one call per item, stacked (the kernel never sees a
+    batch dim its signature lacks).  A `mut` argument not batched while
+    another is would be written once per item: refused, as torch refuses
+    an in-place op on an unbatched tensor."""
+    nin = len(fn._inputs)
+    batch = tuple(fn._batch[:nin])
+    core = tuple(item[2] for item in fn._inputs)
+    muts = tuple(i for i, item in enumerate(fn._inputs) if item[3])
+    nout = fn.nout
+    names = [item[0] for item in fn._inputs]
+
+    def rule(info, in_dims, *args):
+        torch = _torch()
+        batched = [i for i, d in enumerate(in_dims) if d is not None]
+        for i in muts:
+            if in_dims[i] is None:
+                j = batched[0]
+                raise RuntimeError(
+                    f"vmap: {fn.name}() writes its mut argument "
+                    f"'{names[i]}' in place, but '{names[i]}' is not "
+                    f"batched while '{names[j]}' is: each item would "
+                    f"write it (vmap over '{names[i]}' too)")
+        if all(batch[i] for i in batched):
+            return _vmap_once(torch, args, in_dims, batched)
+        return _vmap_loop(torch, info.batch_size, args, in_dims)
+
+    def _vmap_once(torch, args, in_dims, batched):
+        # The longest batch part among the `...` tensors (per item).
+        rank = 0
+        for i, a in enumerate(args):
+            if batch[i] and isinstance(a, torch.Tensor):
+                r = a.dim() - core[i] - (in_dims[i] is not None)
+                rank = max(rank, r)
+        new = list(args)
+        for i in batched:
+            a = args[i].movedim(in_dims[i], 0)
+            pad = rank - (a.dim() - 1 - core[i])
+            for _ in range(pad):
+                a = a.unsqueeze(1)   # a view, also of a `mut` argument
+            new[i] = a
+        out = found(*new)
+        return out, _out_dims(0)
+
+    def _vmap_loop(torch, size, args, in_dims):
+        items = []
+        for b in range(size):
+            items.append(found(*(a if d is None else a.select(d, b)
+                                 for a, d in zip(args, in_dims))))
+        if nout == 0:
+            return None, None
+        if nout == 1:
+            return torch.stack(items), 0
+        return (tuple(torch.stack([item[k] for item in items])
+                      for k in range(nout)), _out_dims(0))
+
+    def _out_dims(d):
+        if nout == 0:
+            return None
+        return d if nout == 1 else (d,) * nout
+
+    rule.__name__ = f"{fn.name}_vmap"
+    return rule
 
 
 # ---- Dynamo: Function.__call__ inlined as the operator ----------------------------
@@ -880,9 +988,12 @@ def _function_call(self, /, *args, **kwargs):
     Dynamo traces them at every call site."""
     values = args + tuple(kwargs.values()) if kwargs else args
     # Whether this call site needs a gradient: constants of the trace,
-    # guarded by Dynamo (grad mode, each tensor's requires_grad).
-    grad = _tm.is_grad_enabled() and any(
-        isinstance(v, _tm.Tensor) and v.requires_grad for v in values)
+    # guarded by Dynamo (grad mode, each tensor's requires_grad).  Under
+    # torch.vmap a BatchedTensor says False for a value that requires
+    # grad: a functorch transform keeps the overload with a backward.
+    grad = _tm.is_grad_enabled() and (
+        _tm._C._are_functorch_transforms_active() or any(
+            isinstance(v, _tm.Tensor) and v.requires_grad for v in values))
     plan = _plan(self, len(args), tuple(kwargs), tuple(map(type, values)),
                  grad)
     if isinstance(plan, str):

@@ -530,6 +530,23 @@ static int ambiguous(const dlb_signature *p, const dlb_signature *d,
   return fail(&m, err);
 }
 
+/* Derivative parameter or result j, found by name as entry k of t (other:
+ * a second entry of that name, or -1): refused when the name is ambiguous,
+ * names something not differentiable, or its type is not the primal's;
+ * else marked seen.  bind_params's and bind_results's common checks. */
+static int bind_entry(const dlb_signature *p, const dlb_signature *d,
+                      int kind, const name_table *t, int j, int k, int other,
+                      uint8_t *seen, dlb_error *err) {
+  const name_entry *e = &t->e[k];
+  if (other >= 0)
+    return ambiguous(p, d, d->param_name[j], d->param_name_len[j], e,
+                     &t->e[other], kind, err);
+  if (!e->live) return not_differentiable(p, d, e, kind, err);
+  if (!same_type(d, j, p, e->prim)) return type_mismatch(p, d, j, e, err);
+  seen[k] = 1;
+  return DLB_OK;
+}
+
 /* The derivative's parameters: each a primal input, result or derivative
  * (by name, of its type, not mut); then every live derivative taken. */
 static int bind_params(const dlb_signature *p, const dlb_signature *d,
@@ -565,11 +582,9 @@ static int bind_params(const dlb_signature *p, const dlb_signature *d,
       put_str(o, ")");
       return fail(&m, err);
     }
+    int rc = bind_entry(p, d, kind, t, j, k, other, seen, err);
+    if (rc != DLB_OK) return rc;
     const name_entry *e = &t->e[k];
-    if (other >= 0) return ambiguous(p, d, w, n, e, &t->e[other], kind, err);
-    if (!e->live) return not_differentiable(p, d, e, kind, err);
-    if (!same_type(d, j, p, e->prim)) return type_mismatch(p, d, j, e, err);
-    seen[k] = 1;
     out->arg[j].kind = e->kind;
     out->arg[j].index = e->index;
   }
@@ -624,13 +639,10 @@ static int bind_results(const dlb_signature *p, const dlb_signature *d,
       put_str(o, ")");
       return fail(&m, err);
     }
-    const name_entry *e = &t->e[k];
-    /* two results of one name cannot parse: other is always -1 here */
-    if (other >= 0) return ambiguous(p, d, w, n, e, &t->e[other], kind, err);
-    if (!e->live) return not_differentiable(p, d, e, kind, err);
-    if (!same_type(d, j, p, e->prim)) return type_mismatch(p, d, j, e, err);
-    seen[k] = 1;
-    out->result[j - d->nin] = e->index;
+    /* two results of one name cannot parse: other is always -1 there */
+    int rc = bind_entry(p, d, kind, t, j, k, other, seen, err);
+    if (rc != DLB_OK) return rc;
+    out->result[j - d->nin] = t->e[k].index;
   }
   int missing = 0;
   text_out *o = begin(&m, d);

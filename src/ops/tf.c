@@ -7,7 +7,9 @@
  *     Tin, Tout       list(type)
  *     function        string     the Function's identity (ops/registry.c)
  *     result_shapes   list(int)  the declared results' extents, flattened;
- *                                -1 for one not known when traced
+ *                                -1 for one not known when traced; a
+ *                                `...` result's batch extents first (every
+ *                                `...` result has the same number of them)
  *
  * python/dlbridge/_ops_tf.py builds the node while tf.function traces;
  * everything it writes into the node comes from Function._result_specs,
@@ -297,7 +299,10 @@ typedef struct {
   PyObject *fn; /* the registry's Function: alive until exit */
   const dlb_signature_param *params;
   int32_t nin, nout, nmut;
-  int32_t ndims;         /* the inputs' and results' ranks, summed */
+  int32_t ndims;         /* the inputs' and results' ranks, summed (a
+                            `...` input counted at DLB_MAX_NDIM) */
+  int32_t nbatch;        /* the batch rank of every `...` result, as
+                            traced (result_shapes says) */
   size_t scratch;        /* bytes a call needs for its arrays */
   const int32_t *muts;   /* [nmut] the `mut` inputs, in order */
   const int *out_types;  /* [nout] TensorFlow's dtype of each result */
@@ -438,11 +443,13 @@ static void *kernel_create(tf_kernel_construction *ctx) {
   }
   int32_t nin, nout;
   const dlb_signature_param *params = dlb__function_params(fn, &nin, &nout);
-  int32_t nmut = 0, ndims = 0, nshape = 0;
+  int32_t nmut = 0, ndims = 0, nshape = 0, nbres = 0, nbatch = 0;
   for (int32_t i = 0; i < nin + nout; i++) {
     ndims += params[i].ndim;
     if (i < nin) nmut += params[i].mut != 0;
     else nshape += params[i].ndim;
+    if (i < nin && params[i].batch) ndims += DLB_MAX_NDIM;
+    if (i >= nin) nbres += params[i].batch != 0;
   }
   /* What the node must say, from the signature: the inputs' dtypes, then
    * the results' and the `mut` inputs' (the outputs). */
@@ -465,9 +472,17 @@ static void *kernel_create(tf_kernel_construction *ctx) {
     types[i] = code;
     if (i < nin && params[i].mut) out_types[nout + k++] = code;
   }
+  /* result_shapes: the core extents, and the batch rank of the `...`
+   * results (the same for all of them) as many times over */
+  int32_t nlisted = attr_length(ctx, "result_shapes", status);
+  if (nbres > 0 && nlisted > nshape && (nlisted - nshape) % nbres == 0 &&
+      (nlisted - nshape) / nbres <= DLB_MAX_NDIM)
+    nbatch = (nlisted - nshape) / nbres;
+  nshape += nbatch * nbres;
+  ndims += nbatch * nbres;
   if (!types_match(ctx, "Tin", in_types, nin, status) ||
       !types_match(ctx, "Tout", out_types, nout + nmut, status) ||
-      attr_length(ctx, "result_shapes", status) != nshape) {
+      nlisted != nshape) {
     node_fail(ctx, status, TF_CODE_INVALID_ARGUMENT, identity,
               "the node's dtypes or result shapes are not those of the "
               "Function's signature");
@@ -496,12 +511,13 @@ static void *kernel_create(tf_kernel_construction *ctx) {
   /* Each result's bytes must be countable in int64 (checked again at run
    * time for extents the inputs give, -1 here). */
   for (int32_t o = 0, at = 0; o < nout; o++) {
-    if (extents_out_of_range(shapes + at, params[nin + o].ndim)) {
+    int32_t rank = params[nin + o].ndim + (params[nin + o].batch ? nbatch : 0);
+    if (extents_out_of_range(shapes + at, rank)) {
       node_fail(ctx, status, TF_CODE_INVALID_ARGUMENT, identity,
                 "result %d: an extent is out of range", (int)o);
       goto fail;
     }
-    at += params[nin + o].ndim;
+    at += rank;
   }
   memcpy(node_types, out_types, (size_t)nout * sizeof *node_types);
   for (int32_t i = 0, k = 0; i < nin; i++)
@@ -512,6 +528,7 @@ static void *kernel_create(tf_kernel_construction *ctx) {
   node->nout = nout;
   node->nmut = nmut;
   node->ndims = ndims;
+  node->nbatch = nbatch;
   node->scratch = frame_size(nin + nout, nin + nout + nmut, ndims);
   node->muts = muts;
   node->out_types = node_types;
@@ -549,17 +566,19 @@ static void *kernel_create_gpu(tf_kernel_construction *ctx) {
 
 /* Describe TensorFlow tensor t as the DLTensor *out of the parameter p,
  * its extents and strides written at dims.  -1 (status set) when its rank
- * is not the signature's: the node disagrees with the graph. */
+ * is not the signature's (at least its core rank for a `...` one, at most
+ * DLB_MAX_NDIM): the node disagrees with the graph. */
 static int describe(const tf_node *node, int32_t index, const tf_tensor *t,
                     DLTensor *out, int64_t *dims, tf_status *status) {
   const dlb_signature_param *p = &node->params[index];
   int ndim = tf.NumDims(t);
-  if (ndim != p->ndim) {
+  if (p->batch ? ndim < p->ndim || ndim > DLB_MAX_NDIM : ndim != p->ndim) {
     char message[256];
     snprintf(message, sizeof message,
              TF_OP_NAME ": argument %d of %s() has %d dimensions at run "
-             "time; the signature says %d",
-             (int)index, dlb__function_name(node->fn), ndim, (int)p->ndim);
+             "time; the signature says %s%d",
+             (int)index, dlb__function_name(node->fn), ndim,
+             p->batch ? "at least " : "", (int)p->ndim);
     tf_fail_with(status, TF_CODE_INVALID_ARGUMENT, message);
     return -1;
   }
@@ -588,6 +607,7 @@ static void kernel_compute(void *kernel, tf_kernel_context *ctx) {
   const int32_t nin = node->nin, nout = node->nout, nmut = node->nmut;
   const int32_t nargs = nin + nout;
   tf_status *status = tf.NewStatus();
+  dlb_error err;
   alignas(max_align_t) unsigned char stack[1024];
   void *block = node->scratch <= sizeof stack ? stack : malloc(node->scratch);
   int32_t nheld = 0;
@@ -640,32 +660,50 @@ static void kernel_compute(void *kernel, tf_kernel_context *ctx) {
   for (int32_t o = 0, at = 0; o < nout; o++) {
     DLTensor *t = &f.ts[nin + o];
     const dlb_signature_param *p = &node->params[nin + o];
+    const int32_t rank = p->ndim + (p->batch ? node->nbatch : 0);
     f.argv[nin + o] = t;
-    t->ndim = p->ndim;
+    t->ndim = rank;
     t->dtype = p->dtype;
     t->shape = dims;
-    t->strides = dims + p->ndim;
+    t->strides = dims + rank;
     t->byte_offset = 0;
     t->device.device_type = kDLCPU;
     t->device.device_id = 0;
-    memcpy(dims, node->shapes + at, (size_t)p->ndim * sizeof *dims);
-    for (int32_t a = 0; a < p->ndim; a++)
+    memcpy(dims, node->shapes + at, (size_t)rank * sizeof *dims);
+    for (int32_t a = 0; a < rank; a++)
       if (dims[a] < 0) {
-        /* traced as unknown: the signature's answer for these inputs */
-        dlb__function_result_shape(node->fn, f.argv, o, dims);
-        if (extents_out_of_range(dims, p->ndim)) {
-          char message[200];
+        /* traced as unknown: the signature's answer for these inputs (a
+         * `...` result's batch shape too, of the rank traced) */
+        int64_t shape[DLB_MAX_NDIM];
+        int32_t got = 0;
+        char message[DLB_ERROR_MESSAGE_SIZE + 64];
+        message[0] = '\0';
+        if (dlb__function_result_shape(node->fn, f.argv, o, shape, &got,
+                                       &err) != DLB_OK) {
+          err.message[sizeof err.message - 1] = '\0';
+          snprintf(message, sizeof message, "%s", err.message);
+        } else if (got != rank) {
+          snprintf(message, sizeof message,
+                   "%s: result %d was traced with %d dimensions; these "
+                   "inputs give it %d",
+                   dlb__function_name(node->fn), (int)o, (int)rank,
+                   (int)got);
+        } else if (extents_out_of_range(shape, rank)) {
           snprintf(message, sizeof message,
                    "%s: result %d: an extent is out of range",
                    dlb__function_name(node->fn), (int)o);
+        }
+        if (message[0] != '\0') {
           tf_fail_with(status, TF_CODE_INVALID_ARGUMENT, message);
           goto fail;
         }
+        for (int32_t k = 0; k < rank; k++)
+          if (dims[k] < 0) dims[k] = shape[k];
         break;
       }
     compact_strides(t);
-    at += p->ndim;
-    dims += 2 * p->ndim;
+    at += rank;
+    dims += 2 * rank;
     tf_tensor *out =
         tf.AllocateOutput(ctx, o, node->out_types[o], t->shape, t->ndim,
                           element_bytes(t), status);
@@ -673,7 +711,6 @@ static void kernel_compute(void *kernel, tf_kernel_context *ctx) {
     f.held[nheld++] = out;
     t->data = tf.TensorData(out);
   }
-  dlb_error err;
   int rc = dlb__function_run(node->fn, f.argv, nargs, NULL, &err);
   if (rc != DLB_OK) {
     err.message[sizeof err.message - 1] = '\0';

@@ -55,6 +55,15 @@
  *    "dlb_arg<i>" rather than an operand (what JAX would narrow without
  *    jax_enable_x64: scalar_inputs below); the kernel gets it as the eager
  *    call gives a number, a 0-d host tensor with NULL shape and strides.
+ *  - Batch dimensions: a Function with `...` gets the eager call's rule in
+ *    dlb__function_run (its results are traced with the broadcast batch
+ *    shape in front, _result_specs; the kernel sees every `...` tensor
+ *    padded to that rank).  Under a vmap its signature cannot batch, the
+ *    call carries an integer attribute "loop_rank": that many leading dims
+ *    of every operand and result are a loop, run in C, one kernel call per
+ *    item on an unbatched view (dlb__function_run_looped); an operand
+ *    without them (a number, one the vmap does not batch) is given whole
+ *    to every item.
  *  - Platforms: the host (DLDevice kDLCPU 0, stream NULL, as the kernel ABI
  *    says) and CUDA (kDLCUDA with XLA's device ordinal; the stream from
  *    Stream_Get, XLA's own, so the kernel is ordered with the graph's other
@@ -328,6 +337,12 @@ _Static_assert(offsetof(xffi_api, api_version) == 16 &&
  * x64 narrowing never reaches it): "dlb_arg<input index>". */
 #define XLA_SCALAR_ATTR "dlb_arg"
 
+/* The attribute of a call under a vmap whose signature cannot batch it:
+ * an integer, how many leading dims of every operand and result are loop
+ * dims; the handler runs the kernel once per item of them
+ * (dlb__function_run_looped).  Absent: 0. */
+#define XLA_LOOP_ATTR "loop_rank"
+
 /* Tensors and extents kept on the stack; a larger call allocates. */
 #define XLA_INLINE_TENSORS 8
 #define XLA_INLINE_EXTENTS 64
@@ -521,6 +536,41 @@ static int scalar_inputs(const xffi_attrs *attrs,
   return DLB_OK;
 }
 
+/* The loop_rank attribute (0 when the call has none) into *nloop.  Status;
+ * err says what is wrong with it (the caller names the Function). */
+static int loop_rank_attr(const xffi_attrs *attrs, int32_t *nloop,
+                          dlb_error *err) {
+  static const char name[] = XLA_LOOP_ATTR;
+  *nloop = 0;
+  for (int64_t a = 0; a < attrs->size; a++) {
+    const xffi_byte_span *key = attrs->names[a];
+    if (key->len != sizeof name - 1 || memcmp(key->ptr, name, key->len) != 0)
+      continue;
+    const xffi_scalar *v = (const xffi_scalar *)attrs->attrs[a];
+    int64_t rank = -1;
+    if (attrs->types[a] == XFFI_ATTR_SCALAR) {
+      switch (v->dtype) {
+        case XFFI_S64: memcpy(&rank, v->value, sizeof rank); break;
+        case XFFI_S32: {
+          int32_t r;
+          memcpy(&r, v->value, sizeof r);
+          rank = r;
+          break;
+        }
+        default: break;
+      }
+    }
+    if (rank < 0 || rank > DLB_MAX_NDIM)
+      return dlb_error_set(err, DLB_EINVAL,
+                           "attribute '" XLA_LOOP_ATTR "' must be an int32 "
+                           "or int64 scalar from 0 to %d (how many leading "
+                           "dims are loop dims)",
+                           DLB_MAX_NDIM);
+    *nloop = (int32_t)rank;
+  }
+  return DLB_OK;
+}
+
 /* The metadata query XLA makes once, at registration: the version we were
  * written against and no traits (see the header comment).  1 when cf was
  * the query. */
@@ -704,16 +754,18 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
   const char *fname = dlb__function_name(fn);
   int32_t nin, nout;
   const dlb_signature_param *params = dlb__function_params(fn, &nin, &nout);
-  int32_t nmut = 0, nscalar = 0;
+  int32_t nmut = 0, nscalar = 0, nloop = 0;
   for (int32_t i = 0; i < nin; i++) nmut += params[i].mut != 0;
   /* argv[i]: input i's scalar attribute, or NULL for an operand */
   if (nin <= nargs + nattr) { /* else too few operands: refused below */
     int src = DLB_OK;
-    if (nattr > 0)
+    if (nattr > 0) {
       src = scalar_inputs(&cf->attrs, params, nin, tensors + nargs + nrets,
                           argv, &nscalar, &err);
-    else
+      if (src == DLB_OK) src = loop_rank_attr(&cf->attrs, &nloop, &err);
+    } else {
       for (int32_t i = 0; i < nin; i++) argv[i] = NULL;
+    }
     if (src != DLB_OK) {
       rc = src;
       goto named;
@@ -772,7 +824,10 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
   }
   if (rc != DLB_OK) goto named;
   for (int32_t o = 0; o < nout; o++) argv[nin + o] = &tensors[nargs + o];
-  rc = dlb__function_run(fn, argv, nin + nout, stream, &err);
+  /* under a vmap the signature cannot batch: one run per loop item */
+  rc = nloop > 0 ? dlb__function_run_looped(fn, argv, nin + nout, nloop,
+                                             stream, &err)
+                 : dlb__function_run(fn, argv, nin + nout, stream, &err);
   if (rc != DLB_OK) {
     err.message[DLB_ERROR_MESSAGE_SIZE - 1] = '\0';
     result = xla_error(cf, xla_code(rc), err.message); /* named already */

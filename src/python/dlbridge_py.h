@@ -146,6 +146,7 @@ typedef struct {
   unsigned long torch_owner;
   int torch_impl_off, torch_flag_off, torch_key_off, torch_meta_off;
   uint64_t torch_neg_mask, torch_conj_mask;
+  uint64_t torch_wrap_mask; /* functorch wrappers' key bits (0: unknown) */
   /* torchbits.c: what asking calls (strong; NULL when torch has no such
    * thing): TensorBase's is_neg, is_conj and requires_grad descriptors,
    * and torch._C.DisableTorchFunction() with its __enter__ and __exit__
@@ -988,7 +989,26 @@ static inline int dlb__bits_maybe_set(const dlb_module_state *st,
   uint64_t key, meta;
   memcpy(&key, impl + st->torch_key_off, sizeof key);
   memcpy(&meta, impl + st->torch_meta_off, sizeof meta);
-  return (key & (st->torch_neg_mask | st->torch_conj_mask)) != 0 || meta != 0;
+  return (key & (st->torch_neg_mask | st->torch_conj_mask |
+                 st->torch_wrap_mask)) != 0 ||
+         meta != 0;
+}
+/* Whether obj, a torch tensor for which dlb__bits_maybe_set said 1, has a
+ * functorch wrapper's key bit (a BatchedTensor, a GradTrackingTensor,
+ * found by torchbits.c's experiment): ask dlb__torch_functorch_wrapped
+ * before reading it.  0 when the bits are not read from the TensorImpl. */
+static inline int dlb__torch_wrapper_bit(const dlb_module_state *st,
+                                         PyObject *obj) {
+  if (st->torch_wrap_mask == 0 ||
+      DLB_FT_LOAD_INT(&st->torch_bits) != DLB_TORCH_BITS_READ ||
+      (Py_TYPE(obj)->tp_base != st->torch_base &&
+       !PyObject_TypeCheck(obj, st->torch_base)))
+    return 0;
+  const char *impl = dlb__torch_impl(st, obj);
+  if (impl == NULL) return 0;
+  uint64_t key;
+  memcpy(&key, impl + st->torch_key_off, sizeof key);
+  return (key & st->torch_wrap_mask) != 0;
 }
 /* Whether obj is a torch tensor autograd may have touched (its
  * autograd_meta_ is set, or cannot be read): whether it requires grad is
@@ -1030,8 +1050,9 @@ int dlb__torch_forward_ad_on(dlb_module_state *st);
 /* After reading obj failed with an exception: whether obj is a tensor a
  * functorch transform wrapped (a BatchedTensor, a GradTrackingTensor: no
  * memory of its own to read) -- 1 with the exception cleared (the call is
- * torch's, _ops_torch), else 0 with the exception kept.  Error path only:
- * runs torch's C function. */
+ * torch's, _ops_torch), else 0 with the exception kept (also called with
+ * none pending, before reading a tensor dlb__torch_wrapper_bit points
+ * at).  Runs torch's C function. */
 int dlb__torch_functorch_wrapped(dlb_module_state *st, PyObject *obj);
 /* Tell autograd that the torch tensors among objs[0..n) were written in
  * place: their version counters move (views share their base's), so a
@@ -1193,16 +1214,36 @@ int dlb__function_force_identity(PyObject *fn, PyObject *identity);
 /* Run fn's kernel on argv: its nin inputs then nout results, in signature
  * order, each checked against the signature first (dtype, rank, extents;
  * a Python number arrives as the 0-d tensor it was made into); stream as
- * the kernel ABI says.  Needs neither Python nor the GIL, so a compiler
- * calls it from its own threads; the caller keeps fn alive.  DLB_OK, or a
- * negative status with err saying "<name>: ...". */
+ * the kernel ABI says.  A Function with `...` parameters gets the eager
+ * call's batch rule: B is the broadcast of its inputs' batch parts, every
+ * result and `mut` input must be all of B, and the kernel sees every
+ * `...` tensor left-padded to B's rank (extent 1, stride 0, strides
+ * written: dlb_signature_batch_pad).  Needs neither Python nor the GIL, so
+ * a compiler calls it from its own threads; the caller keeps fn alive.
+ * DLB_OK, or a negative status with err saying "<name>: ...". */
 int dlb__function_run(PyObject *fn, DLTensor *const *argv, int32_t nargs,
                       void *stream, dlb_error *err);
-/* Result o's extents into shape (its ndim of them), from the inputs in
- * argv that bound their names (not checked: dlb__function_run checks).
- * Needs no GIL. */
-void dlb__function_result_shape(PyObject *fn, DLTensor *const *argv,
-                                int32_t o, int64_t *shape);
+/* dlb__function_run once per item of a loop over the first nloop dims of
+ * the call (a Function under a vmap that its signature cannot batch): the
+ * results and every `...` tensor have them in front, a tensor of a
+ * parameter without `...` has them or not (then every item gets it whole:
+ * a number, an operand the vmap does not batch), all with the same
+ * extents.  Each item is a view (dims after the loop's, strides the
+ * tensor's, byte offset moved on; a 0-d parameter's item is 0-d), in
+ * row-major order; the first failing item's status ends the loop.  Needs
+ * no GIL; nloop 0 is dlb__function_run. */
+int dlb__function_run_looped(PyObject *fn, DLTensor *const *argv,
+                             int32_t nargs, int32_t nloop, void *stream,
+                             dlb_error *err);
+/* Result o's shape into shape (DLB_MAX_NDIM entries) and its rank into
+ * *ndim: a `...` result's batch shape (the broadcast of the inputs' batch
+ * parts) then its core extents from the inputs in argv that bound their
+ * names (not checked: dlb__function_run checks).  Only the inputs of argv
+ * are read.  DLB_OK, or DLB_EINVAL with err (the inputs' batch parts do not
+ * broadcast).  Needs no GIL. */
+int dlb__function_result_shape(PyObject *fn, DLTensor *const *argv,
+                               int32_t o, int64_t *shape, int32_t *ndim,
+                               dlb_error *err);
 /* Adds the dlbridge._C_API capsule (include/dlbridge/python.h). */
 int dlb__capi_init(PyObject *module, dlb_module_state *st);
 

@@ -161,11 +161,26 @@ static FN_HOT_INLINE void result_shape(const fn_object *fn, const fn_param *p,
                                  d->from_axis);
 }
 
+/* Result p's shape into shape[]: the call's batch shape (nb extents
+ * bshape, B; nb 0 at batch rank 0) first for a `...` result, then its
+ * core extents.  Returns its rank; the caller made sure it is at most
+ * DLB_MAX_NDIM (nb + p->ndim, checked when B was found). */
+static FN_HOT_INLINE int result_shape_batched(const fn_object *fn,
+                                              const fn_param *p,
+                                              DLTensor *const *argv, int nb,
+                                              const int64_t *bshape,
+                                              int64_t *shape) {
+  if (!p->batch) nb = 0;
+  for (int k = 0; k < nb; k++) shape[k] = bshape[k];
+  result_shape(fn, p, argv, shape + nb);
+  return nb + p->ndim;
+}
+
 /* The first of argv[0..n) (parameters then results) that has batch dims
- * (more axes than its parameter's core rank), or -1.  Until the calls
- * pad and broadcast batch parts (issue 25), a call that has some is
- * refused rather than handed to a kernel that would see unequal batch
- * ranks and results without them. */
+ * (more axes than its parameter's core rank), or -1.  The eager call pads
+ * and broadcasts batch parts (function_call.c); until the compiled runs
+ * do (issue 25), a run that has some is refused rather than handed to a
+ * kernel that would see unequal batch ranks and results without them. */
 static inline int first_with_batch_dims(const fn_object *fn,
                                         DLTensor *const *argv, int n) {
   for (int i = 0; i < n; i++)
@@ -235,6 +250,11 @@ typedef struct {
    * CPython's, of a framework's, of ours.  NULL: not read yet. */
   PyObject **tpins;
 #endif
+  /* A call of a Function with `...` whose batch rank is not 0: its batch
+   * shape and the padded headers of its `...` inputs (function_call.c's
+   * batch step), one heap block freed at the end of the call; NULL in
+   * every other call. */
+  struct fn_batch *batch;
 } fn_frame;
 
 /* ---- across the files (dlb__fn_: private to the Function's files) ------------ */

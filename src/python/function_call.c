@@ -10,7 +10,9 @@
  * of the arguments are borrowed (dlb__view_get_with) into per-call arrays
  * that live on the stack for up to FN_INLINE (8) parameters and results,
  * in one heap block beyond; Python numbers for 0-d parameters are stored
- * there too.  Nothing else is allocated unless the signature has outputs.
+ * there too.  Nothing else is allocated unless the signature has outputs,
+ * or the call has batch dims (`...`: one block for the padded headers of
+ * its `...` inputs, see "batch dimensions" below).
  *
  * A torch tensor is the case the call is tuned for (bench/bench_calls.py:
  * its overhead against the raw exchange-table loop, tvm-ffi and the
@@ -296,6 +298,16 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   switch (h->kind) {
     case DLB_KIND_EXCHANGE:
       if (h->api->dltensor_from_py_object_no_sync == NULL) break;
+      /* Before the read (which runs no Python code: the answer holds
+       * after it): a functorch wrapper's key bit makes it 1 too, and such
+       * a tensor is not read at all -- its failed read costs torch a C++
+       * exception with a symbolised backtrace, ~3 ms (torchbits.c). */
+      const int maybe = dlb__bits_maybe_set(st, obj);
+      if (maybe && dlb__torch_wrapper_bit(st, obj) &&
+          dlb__torch_functorch_wrapped(st, obj)) {
+        f->views[i].handler = h;
+        return 1;
+      }
       if (dlb__view_exchange_borrowed(h, obj, &f->views[i]) < 0) {
         /* A functorch transform's tensor has no memory to read: the call
          * is torch's (_ops_torch, by the hand-over), as a placeholder's. */
@@ -303,7 +315,7 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
         f->views[i].handler = h;
         return 1;
       }
-      if (dlb__bits_maybe_set(st, obj)) {
+      if (maybe) {
         /* Whether it requires grad is not asked here: only when it matters
          * -- grad mode on, or a write -- in step 3 (refuse_grad). */
         int ran = 0;
@@ -465,6 +477,104 @@ DLB__OUT_OF_LINE(int, read_again,
                  (fn_object *, fn_frame *, PyObject *const *, int,
                   PyObject **));
 
+/* ---- batch dimensions (`...`): off the fast path --------------------------------
+ *
+ * A call of a Function with `...` parameters whose arguments have batch
+ * dims: B is found after the per-argument checks (batch_shape), the
+ * `...` results are allocated at B + core (result_shape_batched), and
+ * after the copies of immutable `mut` arguments each `...` input is
+ * handed to the kernel as a header left-padded to B's rank (batch_pad:
+ * extent 1, stride 0; no copy) -- Python numbers for 0-d `...`
+ * parameters too.  The headers' shape and stride storage is one heap
+ * block (fn_frame.batch), freed in function_call's cleanup.  A call
+ * whose batch rank is 0 allocates nothing and runs as any other. */
+struct fn_batch {
+  int32_t ndim;    /* R = len(B), > 0 */
+  int64_t *shape;  /* [R]: B */
+  DLTensor *hdr;   /* [nin]: the padded headers (of `...` inputs) */
+  int64_t *dims;   /* per `...` input: shape then strides, R + core each */
+};
+
+/* B of the call (argv: the nin inputs, checked), into f->batch when its
+ * rank is not 0.  0, or -1 with ValueError (the batch parts do not
+ * broadcast, a `mut` input is not the whole of B, a result would have
+ * more than DLB_MAX_NDIM dims) or MemoryError. */
+static int batch_shape(const fn_object *fn, fn_frame *f,
+                       DLTensor *const *argv) {
+  dlb_signature_batch b;
+  dlb_error err;
+  const int nin = fn->nin;
+  if (dlb_signature_batch_shape(fn->params, nin, nin, argv, &b, &err) !=
+      DLB_OK)
+    return dlb__fn_batch_error(fn, &b, argv);
+  if (b.ndim == 0) return 0;
+  size_t ndims = 0;
+  for (int i = 0; i < nin + fn->nout; i++) {
+    const fn_param *p = &fn->params[i];
+    if (!p->batch) continue;
+    if (b.ndim + p->ndim > DLB_MAX_NDIM) {
+      PyErr_Format(PyExc_ValueError,
+                   "%U() %s '%U': %d batch and %d core dimensions; at most "
+                   "%d are supported",
+                   fn->name, i < nin ? "argument" : "result",
+                   i < nin ? pname(fn, i)
+                           : PyTuple_GET_ITEM(fn->result_names, i - nin),
+                   (int)b.ndim, (int)p->ndim, DLB_MAX_NDIM);
+      return -1;
+    }
+    if (i < nin) ndims += 2 * (size_t)(b.ndim + p->ndim);
+  }
+  /* the struct, B, the headers, then their extents: each part aligned
+   * for what follows it (DLTensor and int64_t both need 8 at most).  Only
+   * B's R extents are kept, not the whole dlb_signature_batch: a few
+   * hundred bytes, which pymalloc serves without malloc. */
+  size_t bytes = sizeof(struct fn_batch) + (size_t)b.ndim * sizeof(int64_t) +
+                 (size_t)nin * sizeof(DLTensor) + ndims * sizeof(int64_t);
+  struct fn_batch *blk = PyMem_Malloc(bytes);
+  if (blk == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  blk->ndim = b.ndim;
+  blk->shape = (int64_t *)(blk + 1);
+  memcpy(blk->shape, b.shape, (size_t)b.ndim * sizeof(int64_t));
+  blk->hdr = (DLTensor *)(blk->shape + b.ndim);
+  blk->dims = (int64_t *)(blk->hdr + nin);
+  f->batch = blk;
+  return 0;
+}
+
+/* Each `...` input in argv (a view, a Python number's 0-d tensor, or the
+ * copy of an immutable `mut` argument) replaced by its header padded to
+ * B's rank.  0, or -1 with an exception (a shape batch_shape accepted
+ * always pads: this is a broken invariant, said as one). */
+static int batch_pad(const fn_object *fn, fn_frame *f) {
+  struct fn_batch *blk = f->batch;
+  int64_t *dims = blk->dims;
+  dlb_signature_batch b;
+  b.ndim = blk->ndim;
+  memcpy(b.shape, blk->shape, (size_t)blk->ndim * sizeof(int64_t));
+  for (int i = 0; i < fn->nin; i++) {
+    const fn_param *p = &fn->params[i];
+    if (!p->batch) continue;
+    int n = b.ndim + p->ndim;
+    dlb_error err;
+    if (dlb_signature_batch_pad(p, f->argv[i], &b, dims, dims + n,
+                                &blk->hdr[i], &err) != DLB_OK) {
+      dlb__raise(&err);
+      dlb__fn_prefix_error(fn, i);
+      return -1;
+    }
+    f->argv[i] = &blk->hdr[i];
+    dims += 2 * n;
+  }
+  return 0;
+}
+
+DLB__OUT_OF_LINE(int, batch_shape,
+                 (const fn_object *, fn_frame *, DLTensor *const *));
+DLB__OUT_OF_LINE(int, batch_pad, (const fn_object *, fn_frame *));
+
 /* The call, with its arrays in f.  The order is what keeps borrowed views
  * valid (a NumPy array's data, a torch tensor's storage: Python code may
  * resize or free them, and a reassigned class may free the handler):
@@ -581,23 +691,16 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
     }
     int axis = dim_mismatch(fn, p, t, argv);
     if (axis >= 0) {
-      dlb__fn_dim_error(fn, i, axis, t->shape[axis],
-                            &fn->dims[p->dim0 + axis], argv);
+      /* axis counts core axes (a `...` argument's last p->ndim) */
+      dlb__fn_dim_error(fn, i, axis, core_extent(fn, i, t, axis),
+                        &fn->dims[p->dim0 + axis], argv);
       goto cleanup;
     }
   }
 
-  if (fn->nbatch > 0) {
-    int i = first_with_batch_dims(fn, argv, nin);
-    if (i >= 0) {
-      PyErr_Format(PyExc_NotImplementedError,
-                   "%U(): argument '%U' has batch dimensions; calls with "
-                   "batch dimensions ('...') are not implemented yet (the "
-                   "signature is accepted, call it per item)",
-                   fn->name, pname(fn, i));
-      goto cleanup;
-    }
-  }
+  /* B, when the Function has `...` (f->batch: NULL at batch rank 0) */
+  if (fn->nbatch > 0 && batch_shape_out_of_line(fn, f, argv) < 0)
+    goto cleanup;
 
   /* Where results live and which stream the kernel runs on: the first
    * tensor argument's framework and device decide both. */
@@ -618,9 +721,10 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
 
   for (int o = 0; o < nout; o++) {
     const fn_param *p = &fn->params[nin + o];
-    result_shape(fn, p, argv, shape);
+    const struct fn_batch *bt = f->batch;
+    proto.ndim = result_shape_batched(fn, p, argv, bt != NULL ? bt->ndim : 0,
+                                      bt != NULL ? bt->shape : NULL, shape);
     proto.data = NULL;
-    proto.ndim = p->ndim;
     proto.dtype = p->dtype;
     proto.shape = shape;
     proto.strides = NULL;
@@ -637,6 +741,9 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   if ((marked & MARK_COPY) &&
       dlb__fn_copy_immutable(fn, f, stream, &nalloc) < 0)
     goto cleanup;
+  /* After the copies (made at the argument's own shape): the `...` inputs
+   * padded to B's rank */
+  if (f->batch != NULL && batch_pad_out_of_line(fn, f) < 0) goto cleanup;
   /* After the copies: what the kernel gets is what is compared (a copy
    * overlaps nothing). */
   if (fn->nmut > 0 && dlb__fn_refuse_overlap(fn, argv, NULL) < 0)
@@ -676,6 +783,7 @@ cleanup:
   for (int o = 0; o < nalloc; o++)
     if (f->outs[o] != NULL) dlb_managed_delete(f->outs[o]);
   while (f->npins > 0) unpin(&f->pins[--f->npins]);
+  if (f->batch != NULL) PyMem_Free(f->batch);
 #ifdef Py_GIL_DISABLED
   for (int i = 0; i < nin; i++)
     if (f->tpins[i] != NULL) unpin(&f->tpins[i]);
@@ -745,10 +853,10 @@ PyObject *dlb__fn_vectorcall(PyObject *self, PyObject *const *args,
 #ifdef Py_GIL_DISABLED
   PyObject *tpins[FN_INLINE] = {NULL};
   fn_frame f = {views, scalars, ordered, state, marks, 0, argv, outs, pins,
-                0, 0, tpins};
+                0, 0, tpins, NULL};
 #else
   fn_frame f = {views, scalars, ordered, state, marks, 0, argv, outs, pins,
-                0, 0};
+                0, 0, NULL};
 #endif
   void *block = NULL;
   if (fn->nin + fn->nout > FN_INLINE) {

@@ -8,6 +8,7 @@
 #include "dlbridge_py.h"
 #include "function.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ---- what compilers ask of a Function (src/ops, python/dlbridge/_ops_*.py) -------- */
@@ -42,41 +43,10 @@ int dlb__function_same_kernel(PyObject *a, PyObject *b) {
   return 1;
 }
 
-int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
-                      void *stream, dlb_error *err) {
-  const fn_object *fn = (const fn_object *)self;
-  if (nargs != fn->nin + fn->nout)
-    return dlb_error_set(err, DLB_EINVAL,
-                         "%s(): called with %d tensors; the signature has %d "
-                         "parameters and %d results",
-                         fn->cname, (int)nargs, (int)fn->nin, (int)fn->nout);
-  for (int32_t i = 0; i < nargs; i++) {
-    const fn_param *p = &fn->params[i];
-    const DLTensor *t = argv[i];
-    int axis = -1;
-    if (!type_matches(p, t) || (axis = dim_mismatch(fn, p, t, argv)) >= 0) {
-      char want[DLB_DESCRIBE_MAX], got[DLB_DESCRIBE_MAX];
-      dlb__dtype_str(p->dtype, want, sizeof want);
-      dlb__dtype_str(t->dtype, got, sizeof got);
-      return dlb_error_set(
-          err, DLB_EINVAL,
-          "%s(): %s %d is a %s tensor of %d dimensions%s; the signature "
-          "says %s with %d",
-          fn->cname, i < fn->nin ? "argument" : "result",
-          (int)(i < fn->nin ? i : i - fn->nin), got, (int)t->ndim,
-          axis >= 0 ? " with another extent" : "", want, (int)p->ndim);
-    }
-  }
-  if (fn->nbatch > 0) {
-    int i = first_with_batch_dims(fn, argv, nargs);
-    if (i >= 0)
-      return dlb_error_set(
-          err, DLB_EUNSUPPORTED,
-          "%s(): %s %d has batch dimensions; calls with batch dimensions "
-          "('...') are not implemented yet",
-          fn->cname, i < fn->nin ? "argument" : "result",
-          (int)(i < fn->nin ? i : i - fn->nin));
-  }
+/* The kernel on argv as it is (checked already): DLB_OK, or its status
+ * with a message that names the Function. */
+static int call_kernel(const fn_object *fn, DLTensor *const *argv,
+                       int32_t nargs, void *stream, dlb_error *err) {
   err->code = DLB_OK;
   err->message[0] = '\0';
   int rc = fn->kernel(argv, nargs, stream, err);
@@ -98,10 +68,355 @@ int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
   return DLB_OK;
 }
 
-void dlb__function_result_shape(PyObject *self, DLTensor *const *argv,
-                                int32_t o, int64_t *shape) {
+/* "argument 2" / "result 0": tensor i of a call, for messages made without
+ * Python (the names are str objects). */
+static void tensor_what(const fn_object *fn, int i, char *out, size_t size) {
+  snprintf(out, size, "%s %d", i < fn->nin ? "argument" : "result",
+           i < fn->nin ? i : i - fn->nin);
+}
+
+/* t's batch part (its leading ndim - p->ndim extents) as "[2, 1, 3]". */
+static void batch_str(const fn_param *p, const DLTensor *t, char *out,
+                      size_t size) {
+  size_t n = 0;
+  int nb = t->ndim - p->ndim;
+  out[0] = '\0';
+  for (int a = 0; a < nb && n + 1 < size; a++) {
+    int w = snprintf(out + n, size - n, "%s%lld", a ? ", " : "[",
+                     (long long)t->shape[a]);
+    if (w < 0) break;
+    n += (size_t)w;
+  }
+  if (n + 1 < size) snprintf(out + n, size - n, "%s", nb > 0 ? "]" : "[]");
+}
+
+/* The refusal of dlb_signature_batch_shape (b) as a message by the
+ * Function's name and the tensors' positions, both batch parts shown (the
+ * eager call's dlb__fn_batch_error, without Python). */
+static int batch_refusal(const fn_object *fn, const dlb_signature_batch *b,
+                         DLTensor *const *argv, dlb_error *err) {
+  char what[32], other[32], mine[96], theirs[96];
+  int i = b->refused, j = b->other;
+  if (i < 0) return DLB_EINVAL; /* err says why: a call it cannot read */
+  tensor_what(fn, i, what, sizeof what);
+  batch_str(&fn->params[i], argv[i], mine, sizeof mine);
+  if (j >= 0) {
+    tensor_what(fn, j, other, sizeof other);
+    batch_str(&fn->params[j], argv[j], theirs, sizeof theirs);
+  }
+  switch (b->reason) {
+    case DLB_BATCH_BROADCAST:
+      return dlb_error_set(err, DLB_EINVAL,
+                           "%s(): batch dimensions of %s %s and %s %s do not "
+                           "broadcast",
+                           fn->cname, what, mine, other, theirs);
+    case DLB_BATCH_NOT_FULL:
+      if (j >= 0)
+        return dlb_error_set(
+            err, DLB_EINVAL,
+            "%s(): batch dimensions of %s%s %s must be the whole broadcast "
+            "batch shape, but %s %s broadcasts beyond them (it is written "
+            "whole)",
+            fn->cname, i < fn->nin ? "mut " : "", what, mine, other, theirs);
+      return dlb_error_set(err, DLB_EINVAL,
+                           "%s(): batch dimensions of %s%s %s are more than "
+                           "the inputs broadcast to",
+                           fn->cname, i < fn->nin ? "mut " : "", what, mine);
+    default:
+      return dlb_error_set(err, DLB_EINVAL,
+                           "%s(): %s has %d dimensions, which do not fit its "
+                           "'...' and %d core dimensions",
+                           fn->cname, what, (int)argv[i]->ndim,
+                           (int)fn->params[i].ndim);
+  }
+}
+
+/* A run's padded headers: on the stack for a call of up to RUN_INLINE
+ * tensors of up to RUN_INLINE_DIMS padded dims in all, else one block of
+ * the core's allocator (no Python: this runs without the GIL). */
+#define RUN_INLINE 8
+#define RUN_INLINE_DIMS 64
+
+/* The kernel on argv with batch dims (fn->nbatch > 0, argv checked against
+ * the core dims): B from the inputs, every result (and `mut` input) the
+ * whole of it, every `...` tensor left-padded to B's rank with strides
+ * written (dlb_signature_batch_pad), then the kernel. */
+static int run_batched(const fn_object *fn, DLTensor *const *argv,
+                       int32_t nargs, void *stream, dlb_error *err) {
+  dlb_signature_batch b;
+  DLTensor ts_inline[RUN_INLINE];
+  DLTensor *av_inline[RUN_INLINE];
+  int64_t dims_inline[2 * RUN_INLINE_DIMS];
+  DLTensor *ts = ts_inline, **av = av_inline;
+  int64_t *dims = dims_inline;
+  void *block = NULL;
+  const dlb_allocator *allocator = NULL;
+  int rc = dlb_signature_batch_shape(fn->params, fn->nin, nargs, argv, &b,
+                                     err);
+  if (rc != DLB_OK) {
+    rc = batch_refusal(fn, &b, argv, err);
+    goto cleanup;
+  }
+  /* what padding takes: the tensors that need it (fewer batch dims than
+   * B, or no strides) and their padded ranks */
+  int32_t npad = 0;
+  size_t ndims = 0;
+  for (int32_t i = 0; i < nargs; i++) {
+    const fn_param *p = &fn->params[i];
+    if (!p->batch) continue;
+    if (argv[i]->ndim == b.ndim + p->ndim && argv[i]->strides != NULL)
+      continue;
+    if (b.ndim + p->ndim > DLB_MAX_NDIM) {
+      char what[32];
+      tensor_what(fn, i, what, sizeof what);
+      rc = dlb_error_set(err, DLB_EINVAL,
+                         "%s(): %s: %d batch and %d core dimensions; at most "
+                         "%d are supported",
+                         fn->cname, what, (int)b.ndim, (int)p->ndim,
+                         DLB_MAX_NDIM);
+      goto cleanup;
+    }
+    npad++;
+    ndims += (size_t)(b.ndim + p->ndim);
+  }
+  if (npad == 0) {
+    rc = call_kernel(fn, argv, nargs, stream, err);
+    goto cleanup;
+  }
+  if (nargs > RUN_INLINE || ndims > RUN_INLINE_DIMS) {
+    allocator = dlb_get_allocator();
+    block = allocator->alloc((size_t)nargs * (sizeof *ts + sizeof *av) +
+                                 2 * ndims * sizeof *dims,
+                             allocator->ctx);
+    if (block == NULL) {
+      rc = dlb_error_set(err, DLB_ENOMEM,
+                         "%s(): out of memory for the batch dimensions of a "
+                         "call of %d tensors",
+                         fn->cname, (int)nargs);
+      goto cleanup;
+    }
+    ts = block;
+    av = (DLTensor **)(ts + nargs);
+    dims = (int64_t *)(av + nargs);
+  }
+  int64_t *next = dims;
+  for (int32_t i = 0; i < nargs; i++) {
+    const fn_param *p = &fn->params[i];
+    av[i] = argv[i];
+    if (!p->batch ||
+        (argv[i]->ndim == b.ndim + p->ndim && argv[i]->strides != NULL))
+      continue;
+    int32_t n = b.ndim + p->ndim;
+    rc = dlb_signature_batch_pad(p, argv[i], &b, next, next + n, &ts[i], err);
+    if (rc != DLB_OK) goto cleanup; /* checked above: cannot happen */
+    av[i] = &ts[i];
+    next += 2 * n;
+  }
+  rc = call_kernel(fn, av, nargs, stream, err);
+cleanup:
+  if (block != NULL) allocator->release(block, allocator->ctx);
+  return rc;
+}
+
+int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
+                      void *stream, dlb_error *err) {
   const fn_object *fn = (const fn_object *)self;
-  result_shape(fn, &fn->params[fn->nin + o], argv, shape);
+  if (nargs != fn->nin + fn->nout)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "%s(): called with %d tensors; the signature has %d "
+                         "parameters and %d results",
+                         fn->cname, (int)nargs, (int)fn->nin, (int)fn->nout);
+  for (int32_t i = 0; i < nargs; i++) {
+    const fn_param *p = &fn->params[i];
+    const DLTensor *t = argv[i];
+    int axis = -1;
+    if (!type_matches(p, t) || (axis = dim_mismatch(fn, p, t, argv)) >= 0) {
+      char want[DLB_DESCRIBE_MAX], got[DLB_DESCRIBE_MAX];
+      dlb__dtype_str(p->dtype, want, sizeof want);
+      dlb__dtype_str(t->dtype, got, sizeof got);
+      return dlb_error_set(
+          err, DLB_EINVAL,
+          "%s(): %s %d is a %s tensor of %d dimensions%s; the signature "
+          "says %s with %d%s",
+          fn->cname, i < fn->nin ? "argument" : "result",
+          (int)(i < fn->nin ? i : i - fn->nin), got, (int)t->ndim,
+          axis >= 0 ? " with another extent" : "", want, (int)p->ndim,
+          p->batch ? " core dimensions after '...'" : "");
+    }
+  }
+  if (fn->nbatch > 0) return run_batched(fn, argv, nargs, stream, err);
+  return call_kernel(fn, argv, nargs, stream, err);
+}
+
+int dlb__function_run_looped(PyObject *self, DLTensor *const *argv,
+                             int32_t nargs, int32_t nloop, void *stream,
+                             dlb_error *err) {
+  const fn_object *fn = (const fn_object *)self;
+  DLTensor ts_inline[RUN_INLINE];
+  DLTensor *av_inline[RUN_INLINE];
+  int64_t strides_inline[RUN_INLINE_DIMS];
+  const int64_t *whole_inline[RUN_INLINE];
+  DLTensor *ts = ts_inline, **av = av_inline;
+  const int64_t **whole = whole_inline;
+  int64_t *strides = strides_inline;
+  void *block = NULL;
+  const dlb_allocator *allocator = NULL;
+  int64_t loop[DLB_MAX_NDIM], index[DLB_MAX_NDIM];
+  int64_t count = 1;
+  int rc = DLB_OK;
+  if (nloop == 0) return dlb__function_run(self, argv, nargs, stream, err);
+  if (nargs != fn->nin + fn->nout)
+    return dlb__function_run(self, argv, nargs, stream, err); /* refuses */
+  if (nloop < 0 || nloop > DLB_MAX_NDIM)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "%s(): a loop over %d leading dimensions; 0 to %d "
+                         "are possible",
+                         fn->cname, (int)nloop, DLB_MAX_NDIM);
+  /* Which tensors carry the loop dims: results and `...` tensors always; a
+   * tensor of a parameter without `...` when it has nloop more dims than
+   * its core (else it is the same for every item: a number, an operand
+   * the loop does not batch).  They agree on the loop extents. */
+  int first = -1;
+  size_t nstrides = 0;
+  for (int32_t i = 0; i < nargs; i++) {
+    const fn_param *p = &fn->params[i];
+    const DLTensor *t = argv[i];
+    char what[32];
+    if (!p->batch && i < fn->nin && t->ndim == p->ndim) continue;
+    if (p->batch ? t->ndim < nloop + p->ndim : t->ndim != nloop + p->ndim) {
+      tensor_what(fn, i, what, sizeof what);
+      rc = dlb_error_set(err, DLB_EINVAL,
+                         "%s(): %s has %d dimension%s; in a loop over %d "
+                         "leading dimensions it needs %s%d (the loop's, then "
+                         "its parameter's %d)",
+                         fn->cname, what, (int)t->ndim,
+                         t->ndim == 1 ? "" : "s", (int)nloop,
+                         p->batch ? "at least " : "", (int)(nloop + p->ndim),
+                         (int)p->ndim);
+      goto cleanup;
+    }
+    if (first < 0) {
+      first = i;
+      for (int32_t k = 0; k < nloop; k++) {
+        loop[k] = t->shape[k];
+        count *= loop[k] > 0 ? loop[k] : 0;
+      }
+    } else if (memcmp(loop, t->shape, (size_t)nloop * sizeof *loop) != 0) {
+      char other[32];
+      tensor_what(fn, i, what, sizeof what);
+      tensor_what(fn, first, other, sizeof other);
+      rc = dlb_error_set(err, DLB_EINVAL,
+                         "%s(): the %d loop dimensions of %s are not those "
+                         "of %s",
+                         fn->cname, (int)nloop, what, other);
+      goto cleanup;
+    }
+    if (t->strides == NULL) nstrides += (size_t)t->ndim;
+  }
+  if (first < 0)
+    return dlb_error_set(err, DLB_EINVAL,
+                         "%s(): a loop over %d leading dimensions, but no "
+                         "tensor of the call has them",
+                         fn->cname, (int)nloop);
+  if (nargs > RUN_INLINE || nstrides > RUN_INLINE_DIMS) {
+    allocator = dlb_get_allocator();
+    block = allocator->alloc((size_t)nargs * (sizeof *ts + sizeof *av +
+                                              sizeof *whole) +
+                                 (nstrides + 1) * sizeof *strides,
+                             allocator->ctx);
+    if (block == NULL) {
+      rc = dlb_error_set(err, DLB_ENOMEM,
+                         "%s(): out of memory for a loop over a call of %d "
+                         "tensors",
+                         fn->cname, (int)nargs);
+      goto cleanup;
+    }
+    ts = block;
+    av = (DLTensor **)(ts + nargs);
+    whole = (const int64_t **)(av + nargs);
+    strides = (int64_t *)(whole + nargs);
+  }
+  /* Each looped tensor's item view: its dims after the loop's, the whole
+   * tensor's strides after the loop's (compact ones written out when it
+   * has none); av[i] is argv[i] itself for one the loop does not batch. */
+  int64_t *next = strides;
+  for (int32_t i = 0; i < nargs; i++) {
+    const DLTensor *t = argv[i];
+    const fn_param *p = &fn->params[i];
+    av[i] = argv[i];
+    whole[i] = NULL;
+    if (!p->batch && i < fn->nin && t->ndim == p->ndim) continue;
+    whole[i] = t->strides;
+    if (t->strides == NULL) {
+      int64_t step = 1;
+      for (int32_t a = t->ndim - 1; a >= 0; a--) {
+        next[a] = step;
+        step *= t->shape[a] > 0 ? t->shape[a] : 1;
+      }
+      whole[i] = next;
+      next += t->ndim;
+    }
+    ts[i] = *t;
+    ts[i].ndim = t->ndim - nloop;
+    ts[i].shape = t->shape + nloop;
+    ts[i].strides = (int64_t *)whole[i] + nloop;
+    av[i] = &ts[i];
+  }
+  for (int32_t k = 0; k < nloop; k++) index[k] = 0;
+  for (int64_t item = 0; item < count; item++) {
+    /* item index[] of every looped tensor: its byte offset moved on by
+     * the loop dims' strides (the data pointer, should a negative stride
+     * take the offset below 0) */
+    for (int32_t i = 0; i < nargs; i++) {
+      if (whole[i] == NULL) continue;
+      const DLTensor *t = argv[i];
+      int64_t elems = 0;
+      for (int32_t k = 0; k < nloop; k++) elems += index[k] * whole[i][k];
+      int64_t at = (int64_t)t->byte_offset +
+                   elems * (int64_t)(((size_t)t->dtype.bits * t->dtype.lanes +
+                                      7) / 8);
+      if (at >= 0) {
+        ts[i].data = t->data;
+        ts[i].byte_offset = (uint64_t)at;
+      } else {
+        ts[i].data = (char *)t->data + at;
+        ts[i].byte_offset = 0;
+      }
+    }
+    rc = dlb__function_run(self, av, nargs, stream, err);
+    if (rc != DLB_OK) goto cleanup;
+    for (int32_t k = nloop - 1; k >= 0; k--) {
+      if (++index[k] < loop[k]) break;
+      index[k] = 0;
+    }
+  }
+cleanup:
+  if (block != NULL) allocator->release(block, allocator->ctx);
+  return rc;
+}
+
+int dlb__function_result_shape(PyObject *self, DLTensor *const *argv,
+                               int32_t o, int64_t *shape, int32_t *ndim,
+                               dlb_error *err) {
+  const fn_object *fn = (const fn_object *)self;
+  const fn_param *p = &fn->params[fn->nin + o];
+  dlb_signature_batch b;
+  b.ndim = 0;
+  if (p->batch) {
+    int rc = dlb_signature_batch_shape(fn->params, fn->nin, fn->nin, argv, &b,
+                                       err);
+    if (rc != DLB_OK) return batch_refusal(fn, &b, argv, err);
+    if (b.ndim + p->ndim > DLB_MAX_NDIM)
+      return dlb_error_set(err, DLB_EINVAL,
+                           "%s(): result %d: %d batch and %d core "
+                           "dimensions; at most %d are supported",
+                           fn->cname, (int)o, (int)b.ndim, (int)p->ndim,
+                           DLB_MAX_NDIM);
+    memcpy(shape, b.shape, (size_t)b.ndim * sizeof *shape);
+  }
+  result_shape(fn, p, argv, shape + b.ndim);
+  *ndim = b.ndim + p->ndim;
+  return DLB_OK;
 }
 
 /* One tensor of specs for Function._result_specs: shape (a sequence of

@@ -119,7 +119,24 @@ static const char torch_samples[] =
     "k = torch.ones(2, dtype=torch.complex64).conj()\n"
     "g = torch.ones(2, requires_grad=True)\n"
     "q = torch.zeros(3)\n"
-    "set_neg, set_conj = torch._C._set_neg, torch._C._set_conj\n";
+    "set_neg, set_conj = torch._C._set_neg, torch._C._set_conj\n"
+    /* functorch's wrappers, made outside any transform (optional) */
+    "b = w = None\n"
+    "try:\n"
+    "    ft = torch._C._functorch\n"
+    "    z = torch.zeros(3)\n" /* made outside: inside grad it is wrapped */
+    "    lv = ft._vmap_increment_nesting(3, 'error')\n"
+    "    try:\n"
+    "        b = ft._add_batch_dim(z, 0, lv)\n"
+    "    finally:\n"
+    "        ft._vmap_decrement_nesting()\n"
+    "    lv = ft._grad_increment_nesting()\n"
+    "    try:\n"
+    "        w = ft._wrap_for_grad(z, lv)\n"
+    "    finally:\n"
+    "        ft._grad_decrement_nesting()\n"
+    "except Exception:\n"
+    "    b = w = None\n";
 
 static const char *torch_impl_of(const dlb_module_state *st, PyObject *obj) {
   return dlb__torch_impl(st, obj);
@@ -249,6 +266,34 @@ static int torch_calibrate(dlb_module_state *st, PyTypeObject *base,
           if (mg != 0 && mp == 0) st->torch_meta_off = found * 8;
         }
       }
+      PyErr_Clear();
+    }
+  }
+  /* functorch's wrappers (optional: without the mask a wrapper is found
+   * when its read fails, at the cost of torch's C++ exception): the key
+   * bits both samples have and no plain sample has, which
+   * is_functorch_wrapped_tensor must confirm on both -- a false positive
+   * only costs that question, never a wrong answer. */
+  st->torch_wrap_mask = 0;
+  {
+    PyObject *b = PyDict_GetItemString(g, "b"),
+             *w = PyDict_GetItemString(g, "w");
+    const char *ib = b && b != Py_None && PyObject_TypeCheck(b, base)
+                         ? torch_impl_of(st, b) : NULL;
+    const char *iw = w && w != Py_None && PyObject_TypeCheck(w, base)
+                         ? torch_impl_of(st, w) : NULL;
+    if (ib != NULL && iw != NULL && st->torch_wrapped != NULL) {
+      uint64_t kb, kw;
+      memcpy(&kb, ib + key_off, 8);
+      memcpy(&kw, iw + key_off, 8);
+      uint64_t plain = kp | kc | kn | kk;
+      uint64_t mb = kb & ~plain, mw = kw & ~plain;
+      PyObject *rb = PyObject_CallOneArg(st->torch_wrapped, b);
+      PyObject *rw = rb ? PyObject_CallOneArg(st->torch_wrapped, w) : NULL;
+      if (mb != 0 && mw != 0 && rb == Py_True && rw == Py_True)
+        st->torch_wrap_mask = mb | mw;
+      Py_XDECREF(rb);
+      Py_XDECREF(rw);
       PyErr_Clear();
     }
   }
@@ -518,12 +563,20 @@ int dlb__torch_forward_ad_on(dlb_module_state *st) {
 }
 
 int dlb__torch_functorch_wrapped(dlb_module_state *st, PyObject *obj) {
-  PyTypeObject *base = DLB_FT_LOAD_PTR(&st->torch_base);
-  if (st->torch_wrapped == NULL || base == NULL ||
-      !PyObject_TypeCheck(obj, base))
-    return 0;
   dlb__saved_error e;
   dlb__error_save(&e);
+  /* The first torch tensor dlbridge sees may be a transform's (torch.vmap
+   * of a Function before any eager call): its failed read is then what
+   * meets torch, which finds is_functorch_wrapped_tensor.  Python code
+   * runs, with the read's error kept aside; the caller hands the call
+   * over either way or raises that error. */
+  int ran = 0;
+  if (!is_torch(st, obj, &ran) || st->torch_wrapped == NULL) {
+    PyErr_Clear();
+    dlb__error_restore(&e);
+    return 0;
+  }
+  PyErr_Clear();
   PyObject *r = PyObject_CallOneArg(st->torch_wrapped, obj);
   int wrapped = r != NULL && PyObject_IsTrue(r) == 1;
   Py_XDECREF(r);

@@ -20,6 +20,16 @@
  * the primal itself, are bound too: refused with a message, or records
  * whose every index is in range and names something differentiable where
  * it must, with every differentiable derivative taken and returned once.
+ *
+ * Batch dimensions: when the input holds a NUL, the text is what precedes
+ * it and the bytes after it are shapes.  For a primal that parses, each
+ * parameter and result gets a tensor from them (a `...` one a batch part
+ * of 0 to 4 extents, 0 to 3 or unknown (-1); a result may be missing;
+ * strides compact, NULL or anything): dlb_signature_batch_shape must agree
+ * with NumPy's rule computed here independently (inputs broadcast, a `mut`
+ * input and a result are all of B), and dlb_signature_batch_pad must give
+ * every `...` tensor B's rank with 1 / stride 0 in front and its own dims
+ * and strides after, or refuse one longer than B.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +50,134 @@ static void check_message(const dlb_error *err) {
 
 /* Parse and check one signature's records; 1 when it parsed. */
 static int parse_checked(const char *text, size_t size, dlb_signature *s);
+
+/* The next shape byte, 0 once they are used up. */
+typedef struct {
+  const uint8_t *p;
+  size_t n;
+} cursor;
+
+static unsigned take(cursor *c) {
+  if (c->n == 0) return 0;
+  c->n--;
+  return *c->p++;
+}
+
+/* NumPy's broadcast of the batch parts of s's `...` tensors (NULL: not
+ * given), written plainly: DLB_BATCH_OK with B in *b, or the reason. */
+static int reference_batch(const dlb_signature *s, DLTensor *const *ts,
+                           dlb_signature_batch *b) {
+  int r = 0;
+  for (int i = 0; i < s->nin; i++)
+    if (s->params[i].batch && ts[i] != NULL &&
+        ts[i]->ndim - s->params[i].ndim > r)
+      r = ts[i]->ndim - s->params[i].ndim;
+  b->ndim = r;
+  for (int a = 0; a < r; a++) {
+    /* axis a of B, from the left; axis k = r - 1 - a from the right */
+    int64_t known = 1;
+    int unknown = 0;
+    for (int i = 0; i < s->nin; i++) {
+      const dlb_signature_param *p = &s->params[i];
+      if (!p->batch || ts[i] == NULL) continue;
+      int nb = ts[i]->ndim - p->ndim, at = nb - (r - a);
+      int64_t e = at >= 0 ? ts[i]->shape[at] : 1;
+      if (e < 0) unknown = 1;
+      else if (e != 1 && known != 1 && e != known) return DLB_BATCH_BROADCAST;
+      else if (e != 1) known = e;
+    }
+    b->shape[a] = known == 1 && unknown ? -1 : known;
+  }
+  for (int i = 0; i < s->nparams; i++) {
+    const dlb_signature_param *p = &s->params[i];
+    if (!p->batch || ts[i] == NULL || (i < s->nin && !p->mut)) continue;
+    int nb = ts[i]->ndim - p->ndim;
+    int m = nb > r ? nb : r;
+    for (int k = 0; k < m; k++) {
+      int64_t e = k < nb ? ts[i]->shape[nb - 1 - k] : 1;
+      int64_t f = k < r ? b->shape[r - 1 - k] : 1;
+      if (e >= 0 && f >= 0 && e != f) return DLB_BATCH_NOT_FULL;
+    }
+  }
+  return DLB_BATCH_OK;
+}
+
+/* Random tensors for s's parameters from c, then the batch shape and the
+ * padded headers checked (see the top of the file). */
+static void check_batch(const dlb_signature *s, cursor *c) {
+  static int64_t shapes[DLB_SIGNATURE_MAX_PARAMS][DLB_MAX_NDIM];
+  static int64_t strides[DLB_SIGNATURE_MAX_PARAMS][DLB_MAX_NDIM];
+  static int64_t pshape[DLB_MAX_NDIM], pstrides[DLB_MAX_NDIM];
+  static char data[1];
+  DLTensor t[DLB_SIGNATURE_MAX_PARAMS];
+  DLTensor *ts[DLB_SIGNATURE_MAX_PARAMS];
+  for (int i = 0; i < s->nparams; i++) {
+    const dlb_signature_param *p = &s->params[i];
+    unsigned u = take(c);
+    int nb = p->batch ? (int)(u % 5) : 0;
+    if (nb + p->ndim > DLB_MAX_NDIM) nb = DLB_MAX_NDIM - p->ndim;
+    ts[i] = &t[i];
+    if (i >= s->nin && (u & 0x80)) ts[i] = NULL; /* not allocated yet */
+    memset(&t[i], 0, sizeof t[i]);
+    t[i].data = data;
+    t[i].byte_offset = u & 0x40 ? 8 : 0;
+    t[i].dtype = p->dtype;
+    t[i].ndim = nb + p->ndim;
+    t[i].shape = shapes[i];
+    t[i].strides = u & 0x20 ? NULL : strides[i];
+    for (int a = 0; a < t[i].ndim; a++) {
+      unsigned v = take(c);
+      shapes[i][a] = a < nb ? (v % 5 == 4 ? -1 : (int64_t)(v % 5))
+                            : (int64_t)(v % 3);
+      strides[i][a] = (int64_t)(v >> 4) - 8;
+    }
+  }
+  dlb_signature_batch b, want;
+  dlb_error err;
+  int rc = dlb_signature_batch_shape(s->params, s->nin, s->nparams, ts, &b,
+                                     &err);
+  int reason = reference_batch(s, ts, &want);
+  if (reason != DLB_BATCH_OK) {
+    if (rc != DLB_EINVAL || b.reason != reason || b.ndim != 0 ||
+        b.refused < 0 || b.refused >= s->nparams || ts[b.refused] == NULL ||
+        !s->params[b.refused].batch || b.other >= s->nparams ||
+        (reason == DLB_BATCH_BROADCAST &&
+         (b.other < 0 || b.other >= s->nin || b.axis < 0)))
+      abort();
+    check_message(&err);
+    return;
+  }
+  if (rc != DLB_OK || b.reason != DLB_BATCH_OK || b.refused != -1 ||
+      b.other != -1 || b.axis != -1 || b.ndim != want.ndim ||
+      memcmp(b.shape, want.shape, (size_t)b.ndim * sizeof b.shape[0]) != 0)
+    abort();
+  for (int i = 0; i < s->nparams; i++) {
+    const dlb_signature_param *p = &s->params[i];
+    if (!p->batch || ts[i] == NULL) continue;
+    DLTensor out;
+    int pad = b.ndim + p->ndim - t[i].ndim;
+    rc = dlb_signature_batch_pad(p, &t[i], &b, pshape, pstrides, &out, &err);
+    if (pad < 0 || b.ndim + p->ndim > DLB_MAX_NDIM) {
+      /* a result with more (leading 1) batch dims than B, or too many */
+      if (rc != DLB_EINVAL) abort();
+      check_message(&err);
+      continue;
+    }
+    if (rc != DLB_OK || out.ndim != b.ndim + p->ndim || out.data != data ||
+        out.byte_offset != t[i].byte_offset || out.shape != pshape ||
+        out.strides != pstrides || out.dtype.code != p->dtype.code)
+      abort();
+    int64_t step = 1;
+    for (int a = t[i].ndim - 1; a >= 0; a--) {
+      int64_t st = t[i].strides ? t[i].strides[a] : step;
+      if (pshape[pad + a] != t[i].shape[a] || pstrides[pad + a] != st)
+        abort();
+      step *= t[i].shape[a] > 0 ? t[i].shape[a] : 1;
+    }
+    for (int a = 0; a < pad; a++)
+      if (pshape[a] != 1 || pstrides[a] != 0) abort();
+  }
+}
 
 /* A binding's records against primal p and derivative d of kind. */
 static void check_binding(const dlb_signature *p, const dlb_signature *d,
@@ -141,6 +279,13 @@ static void check_bound(const dlb_signature *p, const dlb_signature *d) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static dlb_signature sig, deriv; /* ~130 KB each: not on the stack */
+  const uint8_t *nul = memchr(data, '\0', size);
+  cursor shapes = {NULL, 0};
+  if (nul != NULL) {
+    shapes.p = nul + 1;
+    shapes.n = size - (size_t)(nul - data) - 1;
+    size = (size_t)(nul - data);
+  }
   const uint8_t *semi = memchr(data, ';', size);
   size_t n1 = semi ? (size_t)(semi - data) : size;
   char *text = malloc(n1 ? n1 : 1);
@@ -156,6 +301,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_derived(&sig, DLB_DERIVATIVE_VJP);
     check_derived(&sig, DLB_DERIVATIVE_JVP);
     check_bound(&sig, &sig);
+    if (nul != NULL) check_batch(&sig, &shapes);
     if (semi != NULL) {
       size_t n2 = size - n1 - 1;
       char *text2 = malloc(n2 ? n2 : 1);

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dlpack_ctypes import DLBError, DLTensor
+from _batch_counter import batch_counters
 
 DLB_OK, DLB_EINVAL = 0, -1
 KDLCPU, KDLFLOAT, KDLINT = 1, 2, 0
@@ -60,10 +61,7 @@ def call(so, name, *arrays, compact_null=False):
     return rc, err.message.decode()
 
 
-def counters(so):
-    calls = ctypes.c_int64.in_dll(so, "dlb_example_batch_calls").value
-    last = (ctypes.c_int64 * 17).in_dll(so, "dlb_example_batch_last")
-    return calls, tuple(last[1:1 + last[0]])
+counters = batch_counters
 
 
 def out(shape, dtype):

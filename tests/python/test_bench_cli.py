@@ -114,7 +114,8 @@ def test_pyarrow_importer_row(report):
 def test_absent_peers_are_a_note(report):
     assert not any(p["present"] for p in report["peers"].values())
     kinds = {r["reference"]["kind"] for r in report["rows"]
-             if r["call"] != "compiled" and r["call"] not in _bench.GRAD_CALLS}
+             if r["call"] != "compiled" and r["call"] not in _bench.GRAD_CALLS
+             and r["call"] not in _bench.BATCH_CALLS}
     assert kinds == {"own"}
     notes = "\n".join(report["notes"])
     assert "nanobind: absent" in notes and "tvm-ffi: absent" in notes
@@ -187,6 +188,68 @@ def test_gradient_rows(report):
                         r["reference"]["ns"] / r["dlbridge"]["ns"])
         # one dlbridge figure per framework and call
         assert len({json.dumps(r["dlbridge"]) for r in rows.values()}) == 1
+
+
+# The batch rows (issue 25 item 7): {(framework, call): reference kinds}.
+BATCH_ROWS = {("jax", "vmap-jit"): {"sequential", "jax-tvm-ffi"},
+              ("torch", "vmap 1024"): {"loop"},
+              ("torch", "vmap 64"): {"loop"}}
+
+
+def _vmap_is_one_call(fw, kernel):
+    """Whether a vmap of the `...` Function makes one kernel call in this
+    dlbridge (the batching rule of fw is in), by the kernel's counter."""
+    import numpy as np
+    import dlbridge as dlb
+    bb = _bench._bb
+    fn, counter = bb.function(dlb, kernel), bb.Counter(kernel)
+    a, x = bb.jax_inputs(np)
+    if fw == "jax":
+        import jax
+        return bb.probe_jax(jax, fn, counter, a, x) == 1
+    import torch
+    before = counter()
+    try:
+        torch.vmap(fn)(torch.from_numpy(a), torch.from_numpy(x))
+    except Exception:
+        return False
+    return counter() - before == 1
+
+
+def test_batch_rows(report):
+    """A vmap of a `...` Function: JAX inside one jax.jit against the
+    sequential route (measured without any peer) and jax-tvm-ffi (absent
+    here: says so); torch.vmap over 1,024 and 64 items against a loop of
+    eager calls.  dlbridge's side is measured exactly when the framework's
+    vmap makes one kernel call, and otherwise says it is not available."""
+    got = {}
+    for r in report["rows"]:
+        if r["call"] in _bench.BATCH_CALLS:
+            got.setdefault((r["framework"], r["call"]), {})[r["reference"]["kind"]] = r
+    want = {k: v for k, v in BATCH_ROWS.items() if k[0] in report["frameworks"]}
+    assert {k: set(v) for k, v in got.items()} == want
+    kernel = report["kernel"]
+    one_call = {fw: kernel is not None and _vmap_is_one_call(fw, kernel)
+                for fw, _ in got}
+    for (fw, call), rows in got.items():
+        # one dlbridge figure per framework and call
+        assert len({json.dumps(r["dlbridge"]) for r in rows.values()}) == 1
+        for kind, r in rows.items():
+            if kind == "jax-tvm-ffi":
+                assert "jax-tvm-ffi: absent" in r["reference"]["error"], r
+            elif kernel is not None:
+                assert r["reference"]["ns"] > 0, r
+            if one_call[fw]:
+                assert r["dlbridge"]["ns"] > 0, r
+                if r["reference"]["ns"] is not None:
+                    assert r["ratio"] == pytest.approx(
+                        r["reference"]["ns"] / r["dlbridge"]["ns"])
+            else:
+                assert r["dlbridge"]["ns"] is None and r["ratio"] is None, r
+                if kernel is not None:
+                    assert r["dlbridge"]["error"].startswith("not available"), r
+    # never a defect: a missing batching rule is a figure not taken
+    assert not [d for d in report["defects"] if d["call"] in _bench.BATCH_CALLS]
 
 
 def test_targets_section(report):
@@ -308,7 +371,7 @@ def test_present_peers_are_rows(tmp_path):
     (fake / "tvm_ffi" / "__init__.py").write_text(
         "def load_module(path):\n"
         "    return {'noop3': lambda a, b, c: None, 'step': None,\n"
-        "            'mul': None, 'mul_vjp': None}\n")
+        "            'mul': None, 'mul_vjp': None, 'bscale': None}\n")
     (fake / "jax_tvm_ffi").mkdir()
     (fake / "jax_tvm_ffi" / "__init__.py").write_text(
         "def register_ffi_target(name, fn, platform):\n"
@@ -351,6 +414,11 @@ def test_present_peers_are_rows(tmp_path):
         g = next(r for r in rep["rows"] if r["framework"] == "jax"
                  and r["call"] == "train-jit")
         assert g["reference"]["ns"] > 0 and g["dlbridge"]["ns"] > 0, g
+        # the batch row's: the stand-in's `bscale` target per item under
+        # vmap_method="broadcast_all", in the same run
+        b = next(r for r in rep["rows"] if r["framework"] == "jax"
+                 and r["call"] == "vmap-jit" and r["reference"]["kind"] == "jax-tvm-ffi")
+        assert b["reference"]["ns"] > 0 and b["reference"]["compile_s"] > 0, b
 
 
 def test_plain_table_fits_100_columns(report):
