@@ -896,7 +896,7 @@ static xffi_type_id *state_type(const xffi_api *api, int platform) {
     r.type_info = &xla_state_info;
     xffi_error *e = api->type_register(&r);
     if (e != NULL) {
-      destroy_error(api, e); /* not retried: calls decode per call */
+      destroy_error(api, e); /* decode per call; asked again next time */
     } else if (t->id.type_id != 0) {
       atomic_store_explicit(&t->api, api, memory_order_release);
       result = &t->id;
