@@ -192,8 +192,9 @@ def tensor(neg=False, conj=False, grad=False, fail=False, complex=False,
 
 
 def _torchlike_check(code):
-    pytest.importorskip("_dlb_torchlike", reason="the build's test modules "
-                        "are not on PYTHONPATH")
+    pytest.importorskip("_dlb_torchlike", reason="_dlb_torchlike is not "
+                        "importable: build it with `make build` and put "
+                        "build/src/python on PYTHONPATH")
     from _findings_util import check
     check(code, pre=TORCHLIKE)
 
