@@ -211,7 +211,7 @@ test-tsan:
 # tests/wheel/smoke.py there (JAX's jit route, and tf.function on cp311);
 # then the sdist, built by pip on 3.11.  Measured on 2 busy cores: wheel
 # 3m41s (6 wheels + sdist, interpreters cached), wheel-smoke 8m52s (pip
-# cache warm; the sdist's build and TensorFlow's import are 2m21s of it).
+# cache warm; 2m21s of it the sdist: a venv with TensorFlow, its build).
 wheel: bootstrap
 	@scripts/wheels
 
