@@ -305,3 +305,35 @@ def test_handlers_while_types_come_and_go(add3):
                 gc.collect()
 
     hammer(body)
+
+
+def test_dtype_cache_fills_and_collides_at_once(add3):
+    """The module's DType cache without the GIL: each slot is filled once by
+    whichever thread gets there first and read with no lock after (a
+    collision, or a lost race, gets a DType of its own).  Threads ask for
+    ~300 dtypes (codes x bits x lanes: more than its 64 slots), most of
+    them new to this process, in a different order each; every answer is
+    the DType asked for."""
+    specs = [f"{kind}{bits}" + (f"x{lanes}" if lanes > 1 else "")
+             for kind in ("int", "uint", "float")
+             for bits in (8, 16, 32, 64)
+             for lanes in range(1, 26)
+             if not (kind == "float" and bits == 8)]
+
+    def body(tid):
+        order = list(specs)
+        random.Random(tid).shuffle(order)
+        for _ in range(max(1, ITERATIONS // 100)):
+            for spec in order:
+                d = dlb.dtype(spec)
+                assert str(d) == spec and d == spec, (d, spec)
+                assert d.lanes == (int(spec.split("x")[1]) if "x" in spec else 1)
+        # t.dtype of per-thread tensors, and a Function given dlb.Tensors
+        # (their class is not held per argument: dlbridge_py.h / pins)
+        own = [dlb.from_dlpack(np.full(N, tid, np.float32)) for _ in range(3)]
+        for _ in range(ITERATIONS):
+            assert own[0].dtype == "float32" and own[0].dtype is own[1].dtype
+            add3(own[0], own[1], own[2])
+        assert own[2].tolist() == [2.0 * tid] * N
+
+    hammer(body)
