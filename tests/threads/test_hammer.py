@@ -337,3 +337,20 @@ def test_dtype_cache_fills_and_collides_at_once(add3):
         assert own[2].tolist() == [2.0 * tid] * N
 
     hammer(body)
+
+
+@pytest.mark.skipif(not FREE_THREADED, reason="free-threaded builds only")
+def test_objects_every_thread_uses_are_not_reference_counted():
+    """What every thread's t.dtype returns, and (on 3.13, which counts a
+    heap type's references in the type) the types whose instances every
+    thread makes, are immortal: reading or making them writes no shared
+    reference count (docs/bench.md, "Free-threaded scaling")."""
+    immortal = 2 ** 31   # sys.getrefcount of an immortal object: 2**32 - 1
+    t = dlb.from_dlpack(np.zeros(2, np.float32))
+    for name in ("float32", "float64", "int64", "int32", "uint8", "bool",
+                 "float16", "bfloat16", "complex64", "complex128"):
+        assert sys.getrefcount(dlb.dtype(name)) > immortal, name
+    assert sys.getrefcount(t.dtype) > immortal
+    if sys.version_info[:2] == (3, 13):
+        for tp in (dlb.Tensor, type(t.dtype), type(t.device)):
+            assert sys.getrefcount(tp) > immortal, tp
