@@ -243,6 +243,10 @@ DLB__OUT_OF_LINE(int, tf_recording, (const dlb_handler *));
  * 26 item 5).  The low bit marks the entry as not a reference; it is still
  * compared, so a class change is seen as for a held one. */
 #define TPIN_UNHELD(type) ((PyObject *)((uintptr_t)(type) | 1u))
+static inline int type_outlives_call(const dlb_module_state *st,
+                                     PyTypeObject *type) {
+  return type == st->TensorType || !PyType_HasFeature(type, Py_TPFLAGS_HEAPTYPE);
+}
 static inline int tpin_held(const PyObject *pin) {
   return ((uintptr_t)pin & 1u) == 0;
 }
@@ -254,7 +258,7 @@ static void pin_type(const dlb_module_state *st, fn_frame *f, int i,
                      PyObject *obj, int *python) {
   PyObject *old = f->tpins[i];
   PyTypeObject *type = Py_TYPE(obj);
-  if (type == st->TensorType || !PyType_HasFeature(type, Py_TPFLAGS_HEAPTYPE))
+  if (type_outlives_call(st, type))
     f->tpins[i] = TPIN_UNHELD(type);
   else
     f->tpins[i] = Py_NewRef((PyObject *)type);
@@ -727,7 +731,11 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   if (ifirst >= 0) {
     h = views[ifirst].handler;
     proto.device = views[ifirst].t.device;
-    if (nout > 0 || proto.device.device_type != kDLCPU)
+    if ((nout > 0 || proto.device.device_type != kDLCPU)
+#ifdef Py_GIL_DISABLED
+        && !type_outlives_call(st, h->type) /* no shared write (pin_type) */
+#endif
+    )
       f->pins[f->npins++] = Py_NewRef((PyObject *)h->type);
     if (proto.device.device_type != kDLCPU &&
         dlb__current_stream(st, h, proto.device, &stream) < 0)
