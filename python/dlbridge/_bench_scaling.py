@@ -305,12 +305,18 @@ def _row(call, kind, ns=None, ratio=None, baseline=None, cpu=None,
 #: of len(x)'s ratio beside it.
 TARGET_OF_N = 0.9
 TARGET_OF_LEN = 0.9
+#: Below this fraction of N, len(x)'s own ratio says the machine had no N
+#: cores to give (other load): the row cannot judge the target ("busy").
+BUSY_OF_N = 0.8
 
 
 def target(row, n):
-    """"met", "missed" or None (a shared row, or no figure)."""
+    """"met", "missed", "busy" (len(x) itself did not scale: the machine is
+    loaded) or None (a shared row, or no figure)."""
     if row["kind"] != "own" or row["ratio"] is None or row["of_len"] is None:
         return None
+    if row["len_ratio"] < BUSY_OF_N * n:
+        return "busy"
     ok = row["ratio"] >= TARGET_OF_N * n and row["of_len"] >= TARGET_OF_LEN
     return "met" if ok else "missed"
 
@@ -325,7 +331,8 @@ def lines(result):
            f"1-thread, {n}.00x is perfect; len: len(x)'s ratio measured just "
            f"before; of len: ratio / len; cpu: CPU time per call on {n} "
            f"threads / on 1, 1.00 is no contention; target on own objects: "
-           f">= {TARGET_OF_N * n:.2f}x and >= {TARGET_OF_LEN} of len)"]
+           f">= {TARGET_OF_N * n:.2f}x and >= {TARGET_OF_LEN} of len; busy: len "
+           f"below {BUSY_OF_N * n:.2f}x, the machine had no {n} cores to give)"]
     if result.get("note"):
         out.append("  " + result["note"])
     if not result["rows"] or all(r["ratio"] is None for r in result["rows"]):

@@ -89,9 +89,16 @@ def test_forced_run_arithmetic():
         status = bs.target(r, 2)
         if kind == "shared":
             assert status is None
+        elif r["len_ratio"] < 1.6:
+            assert status == "busy"
         else:
             want = r["ratio"] >= 1.8 and r["of_len"] >= 0.9
             assert status == ("met" if want else "missed")
+    row = dict(rows["tensor.dtype", "own"], ratio=1.9, len_ratio=2.0,
+               of_len=0.95)
+    assert bs.target(row, 2) == "met"
+    assert bs.target(dict(row, ratio=1.7, of_len=0.85), 2) == "missed"
+    assert bs.target(dict(row, len_ratio=1.5, of_len=1.27), 2) == "busy"
     assert all(len(line) <= 100 for line in bs.lines(got)[1:])
 
 
