@@ -320,6 +320,9 @@ def test_dtype_cache_fills_and_collides_at_once(add3):
              for lanes in range(1, 26)
              if not (kind == "float" and bits == 8)]
 
+    copy = dlb.load(_kernels(), "dlb_kernel_copy",
+                    "copy(x: float32[n]) -> (y: float32[n])")
+
     def body(tid):
         order = list(specs)
         random.Random(tid).shuffle(order)
@@ -328,12 +331,15 @@ def test_dtype_cache_fills_and_collides_at_once(add3):
                 d = dlb.dtype(spec)
                 assert str(d) == spec and d == spec, (d, spec)
                 assert d.lanes == (int(spec.split("x")[1]) if "x" in spec else 1)
-        # t.dtype of per-thread tensors, and a Function given dlb.Tensors
-        # (their class is not held per argument: dlbridge_py.h / pins)
+        # t.dtype of per-thread tensors, and Functions given dlb.Tensors
+        # (their class, and the results' handler type, are not held per
+        # call: function_call.c, type_outlives_call)
         own = [dlb.from_dlpack(np.full(N, tid, np.float32)) for _ in range(3)]
         for _ in range(ITERATIONS):
             assert own[0].dtype == "float32" and own[0].dtype is own[1].dtype
             add3(own[0], own[1], own[2])
+            y = copy(own[0])
+            assert type(y) is dlb.Tensor and y.tolist() == [float(tid)] * N
         assert own[2].tolist() == [2.0 * tid] * N
 
     hammer(body)
