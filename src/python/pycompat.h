@@ -379,6 +379,31 @@ static inline int dlb__dict_setdefault_ref(PyObject *dict, PyObject *key,
 
 /* ---- 3. free threading: atomics and a lock that cost nothing with a GIL ------- */
 
+/* Make op immortal on a free-threaded build: its reference count is never
+ * written again (Py_INCREF and Py_DECREF of it are a load and a compare),
+ * so threads that all use it do not fight over its cache line -- and it is
+ * never freed.  For objects shared by every thread for the life of the
+ * process (dlbridge's types on 3.13, its cached DType objects); CPython
+ * 3.13t does the same to its own functions, classes and code objects once
+ * a second thread starts (gh-117783).  op must be new, made by the calling
+ * thread (which owns its reference count), and not yet seen by any other.
+ * The collector untracks an immortal object at its next pass.  Nothing on
+ * GIL builds.
+ *   3.15+: PyUnstable_SetImmortal (public, unstable tier).
+ *   3.13/3.14: Py_SET_REFCNT past UINT32_MAX on an object the calling
+ *   thread owns, which those versions' object.h / refcount.h define as
+ *   "On overflow, make the object immortal" (public). */
+static inline void dlb__ft_immortalize(PyObject *op) {
+#if defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030F0000
+  (void)PyUnstable_SetImmortal(op);
+#elif defined(Py_GIL_DISABLED)
+  Py_SET_REFCNT(op, (Py_ssize_t)UINT32_MAX + 1);
+#else
+  (void)op;
+#endif
+}
+
+
 #ifdef Py_GIL_DISABLED
 #include <stdatomic.h>
 #define DLB__A(type, p) ((_Atomic(type) *)(p))
