@@ -715,6 +715,7 @@ class StatefulXla(cj.FakeXla):
     def __init__(self):
         super().__init__()
         self.states, self.types, self.destroyed = {}, [], 0
+        self.sites = []
         def type_register(p):
             a = p.contents
             self.types.append((a.name.ptr[:a.name.len], a.struct_size))
@@ -745,6 +746,7 @@ class StatefulXla(cj.FakeXla):
     def site(self, ctx, identity):
         # instantiate a call site: a frame with its attributes only
         self.ctx = C.c_int(ctx)            # later calls run this site
+        self.sites.append(self.ctx)        # each site's ctx address unique
         frame = cj._Frame()
         frame.struct_size = 168
         frame.api = C.pointer(self.api)
