@@ -14,8 +14,8 @@ TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
 .PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
         test-outside \
-        test-install sanitize-python demo bench bench-scaling clean test-py312 test-py313 test-ft \
-        test-tsan test-pycompat wheel wheel-smoke
+        test-install sanitize-python demo bench bench-scaling clean test-py312 test-py313 \
+        test-py314 test-py315 test-ft test-py315t test-tsan test-pycompat wheel wheel-smoke
 
 all: build
 
@@ -33,7 +33,7 @@ build: bootstrap
 # skip their own `build` prerequisite (STAGED=1): it has just run.
 TEST_STAGES := build test-layering test-c test-valgrind sanitize fuzz-short \
                test-install test-python test-outside test-py312 test-py313 \
-               test-ft test-tsan \
+               test-py314 test-py315 test-ft test-py315t test-tsan \
                sanitize-python
 BUILT_DEP := $(if $(STAGED),,build)
 test:
@@ -157,40 +157,61 @@ test-python: $(BUILT_DEP)
 test-outside: $(BUILT_DEP)
 	@PYTHONPATH=$(TESTPATH) $(PY) tests/outside/run.py
 
-# The Python suite on pyenv's 3.12 and 3.13 (scripts/python-suite: a venv,
-# a build dir and requirements/pyXY.txt each): NumPy, JAX 0.12 (the newest;
-# 3.11's .venv keeps 0.10.2), array-api-strict, ml-dtypes; the heavy peers'
-# tests skip there.
+# The Python suite on pyenv's 3.12 and 3.13, and on 3.14 and 3.15
+# (scripts/python-build: sid's binary packages in a private prefix, cached),
+# by scripts/python-suite (a venv, a build dir and requirements/pyXY.txt
+# each): NumPy 2.5.5, JAX 0.12 (3.11's .venv keeps 0.10.2), array-api-strict,
+# ml-dtypes 0.7; the heavy peers' tests skip there.  An interpreter this
+# machine cannot get prints `not run: <reason>`.
 test-py312:
 	@scripts/python-suite 3.12
 
 test-py313:
 	@scripts/python-suite 3.13
 
-# The free-threaded CPython 3.13 (scripts/python-ft builds it once and
-# caches it): the Python suite there with NumPy and JAX (cp313t wheels,
-# requirements/py313t.txt; the other peers' tests skip), then the thread
-# hammer (tests/threads, 8 threads) with the GIL off.  Importing dlbridge
-# must leave the GIL off: a module that does not declare Py_MOD_GIL_NOT_USED
-# turns it back on for the whole process, and this stage fails.
+test-py314:
+	@scripts/python-suite 3.14
+
+test-py315:
+	@scripts/python-suite 3.15
+
+# The newest free-threaded CPython this machine can get (3.14t where Debian
+# serves its source, else 3.13t: scripts/python-suite --newest-ft says which
+# and why): the Python suite there with the peers that have wheels for it,
+# after checking that the GIL stays off once dlbridge and each peer are
+# imported (a module without Py_MOD_GIL_NOT_USED turns it back on for the
+# whole process, and the stage fails), then the thread hammer (tests/threads,
+# 8 threads) with the GIL off.
 test-ft:
-	@scripts/python-suite 3.13t
-	@.venv313t/bin/python -W error::RuntimeWarning -c \
-	    'import sys, dlbridge; sys.exit("test-ft: importing dlbridge turned the GIL back on" if sys._is_gil_enabled() else 0)'
-	@echo "test-ft: the GIL stays off after importing dlbridge"
-	@scripts/thread-hammer
+	@ft=$$(scripts/python-suite --newest-ft) && scripts/python-suite $$ft \
+	    && DLB_FT_VERSION=$$ft scripts/thread-hammer
 
-# The thread hammer under ThreadSanitizer: the extension built with clang-14
-# and -fsanitize=thread, run by the ThreadSanitizer build of the
-# free-threaded CPython (scripts/python-ft --tsan) with only CPython's own
-# free-threading suppressions; any report fails the stage
-# (scripts/thread-hammer --tsan prints the count).
+# A smoke run on the free-threaded 3.15 (the GIL check and the export and
+# import suites), or `not run` with the reason while no source for it is
+# served.
+test-py315t:
+	@PYTEST_PATHS="tests/python/test_export.py tests/python/test_import.py" \
+	    scripts/python-suite 3.15t
+
+# The thread hammer under ThreadSanitizer, on test-ft's interpreter: the
+# extension built with clang-14 and -fsanitize=thread, run by the
+# ThreadSanitizer build of that free-threaded CPython (scripts/python-build
+# VERSION --tsan) with only CPython's own free-threading suppressions; any
+# report fails the stage (scripts/thread-hammer --tsan prints the count).
 test-tsan:
-	@scripts/thread-hammer --tsan
+	@ft=$$(scripts/python-suite --newest-ft) && DLB_FT_VERSION=$$ft scripts/thread-hammer --tsan
 
-# Binary wheels (cp311, cp312, cp313, cp313t; manylinux) and the sdist into
-# dist/ (scripts/wheels); wheel-smoke installs each into a fresh environment
-# with no compiler in reach and runs tests/wheel/smoke.py there.
+# Binary wheels and the sdist into dist/ (scripts/wheels): cp311-cp315 and
+# a free-threaded wheel for each of cp313t/cp314t/cp315t the machine can get
+# (scripts/python-build; one it cannot get prints `not built: <reason>`),
+# all manylinux_2_28: compiled by zig cc for a glibc 2.28 baseline, and
+# each .so's highest GLIBC_ symbol version checked.  wheel-smoke installs
+# each into a fresh venv of its interpreter, peers from wheels only, with no
+# compiler in reach (CC=false, compilers on PATH shadowed), and runs
+# tests/wheel/smoke.py there (JAX's jit route, and tf.function on cp311);
+# then the sdist, built by pip on 3.11.  Measured on 2 busy cores: wheel
+# 3m41s (6 wheels + sdist, interpreters cached), wheel-smoke 8m52s (pip
+# cache warm; 2m21s of it the sdist: a venv with TensorFlow, its build).
 wheel: bootstrap
 	@scripts/wheels
 

@@ -351,10 +351,14 @@ static inline bool byte_span_ok(const DLTensor *t, int64_t *lo, int64_t *hi,
   }
   int64_t elem_bits = (int64_t)t->dtype.bits * t->dtype.lanes;
   int64_t lo_b, hi_b;
-  if (elem_bits == 0 || elem_bits % 8 != 0 ||
-      (dlb__add_overflow(hi_e, 1, &hi_e) |
-       dlb__mul_overflow(lo_e, elem_bits / 8, &lo_b) |
-       dlb__mul_overflow(hi_e, elem_bits / 8, &hi_b)))
+  if (elem_bits == 0 || elem_bits % 8 != 0)
+    return false;
+  /* All three checked, no branch between them; the int accumulator keeps
+   * the order (hi_e + 1 first) that `a | b | c` on bools left unspecified. */
+  int ovf = (int)dlb__add_overflow(hi_e, 1, &hi_e);
+  ovf |= (int)dlb__mul_overflow(lo_e, elem_bits / 8, &lo_b);
+  ovf |= (int)dlb__mul_overflow(hi_e, elem_bits / 8, &hi_b);
+  if (ovf)
     return false;
   *lo = lo_b;
   *hi = hi_b;

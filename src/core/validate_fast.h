@@ -68,13 +68,17 @@ static inline bool dlb__validate_ok(const DLTensor *t, unsigned options,
     if (numel < small && lo_e > -small && hi_e < small &&
         itemsize < ((int64_t)1 << 22)) {
       hi_b = (hi_e + 1) * itemsize;
-    } else if (dlb__mul_overflow(numel, itemsize, &nbytes) |
-               dlb__add_overflow(hi_e, 1, &hi_e) |
-               dlb__mul_overflow(lo_e, itemsize, &lo_b) |
-               dlb__mul_overflow(hi_e, itemsize, &hi_b)) {
-      return false;
-    } else if (dlb__sub_overflow(hi_b, lo_b, &nbytes)) {
-      return false; /* a span longer than INT64_MAX bytes */
+    } else {
+      /* All four checked, no branch between them; the int accumulator
+       * keeps the order (hi_e + 1 before hi_e * itemsize). */
+      int ovf = (int)dlb__mul_overflow(numel, itemsize, &nbytes);
+      ovf |= (int)dlb__add_overflow(hi_e, 1, &hi_e);
+      ovf |= (int)dlb__mul_overflow(lo_e, itemsize, &lo_b);
+      ovf |= (int)dlb__mul_overflow(hi_e, itemsize, &hi_b);
+      if (ovf)
+        return false;
+      if (dlb__sub_overflow(hi_b, lo_b, &nbytes))
+        return false; /* a span longer than INT64_MAX bytes */
     }
   } else {
     /* Sub-byte: contiguous only, and the span is the packed storage. */

@@ -4,7 +4,8 @@ wheel and its peers but no compiler and no build tree:
 
     python -I smoke.py KERNELS_SO REPO_INCLUDE_DIR
 
-NumPy interop (zero copy both ways, convert), the C headers the wheel
+NumPy interop (zero copy both ways, convert), on a free-threaded
+interpreter the GIL still off after the import, the C headers the wheel
 ships, a Function running a C kernel eagerly on NumPy, dlbridge and JAX
 arrays, and the same Function under jax.jit and tf.function where those are
 installed (both routes are required: a failure there fails the smoke test).
@@ -29,8 +30,11 @@ def main(kernels, include):
     assert here.startswith(sys.prefix), (here, sys.prefix)
     ft = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
     say(f"import dlbridge {dlb.__version__} from {here}"
-        + (f" (free-threaded; GIL enabled after import: {sys._is_gil_enabled()})"
-           if ft else ""))
+        + (" (free-threaded CPython)" if ft else ""))
+    if ft:
+        # A module without Py_mod_gil turns the GIL back on for the process.
+        assert not sys._is_gil_enabled(), "importing dlbridge turned the GIL on"
+        say("the GIL stays off after import numpy, dlbridge")
 
     # NumPy interop: zero copy both ways.
     a = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
@@ -73,6 +77,8 @@ def main(kernels, include):
         r = jax.jit(lambda v: f(2.0, v))(xj)
         assert r.tolist() == [0, 2, 4, 6], r
         say("Function under jax.jit")
+        if ft:
+            say(f"GIL enabled after import jax: {sys._is_gil_enabled()}", "info")
 
     try:
         import tensorflow as tf
