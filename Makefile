@@ -14,7 +14,7 @@ TESTPATH := $(CURDIR)/$(BUILD)/src/python
 
 .PHONY: all bootstrap build test fuzz fuzz-short test-layering test-c test-valgrind test-python sanitize \
         test-outside \
-        test-install sanitize-python demo bench clean test-py312 test-py313 \
+        test-install sanitize-python demo bench bench-scaling clean test-py312 test-py313 \
         test-py314 test-py315 test-ft test-py315t test-tsan test-pycompat wheel wheel-smoke
 
 all: build
@@ -274,6 +274,19 @@ bench: build
 	@echo; echo "== scale-out: pickle-5, shared memory, multiprocessing, MPI (bench/bench_scaleout.py) =="; $(PY) bench/bench_scaleout.py
 	@echo; echo "== a Function as a torch operator, eager and compiled (bench/bench_torch_ops.py) =="; $(PY) bench/bench_torch_ops.py
 	@echo; echo "== compiled: a Function as a compiler's op (bench/bench_compiled.py) =="; $(PY) bench/bench_compiled.py
+	@echo; $(MAKE) --no-print-directory bench-scaling
+
+# The free-threaded scaling rows (docs/bench.md "Free-threaded scaling"): 1
+# thread against one per CPU, in .venv313t (scripts/python-suite 3.13t makes
+# it), the extension rebuilt there first.
+bench-scaling:
+	@echo "== free-threaded scaling: 1 thread against N (dlbridge bench --scaling, 3.13t) =="
+	@if [ -x .venv313t/bin/python ]; then \
+	   .venv313t/bin/python -m pip install -q --no-build-isolation --no-deps \
+	     -Cbuild-dir=build-py313t . 2>&1 | { grep -v '^$$' || true; }; \
+	   .venv313t/bin/python -m dlbridge bench --scaling --plain \
+	     --kernels build-py313t/libdlb_example_kernels.so; \
+	 else echo "bench-scaling: not run: no .venv313t (scripts/python-suite 3.13t makes it)"; fi
 
 clean:
 	rm -rf $(BUILD) $(ASAN) build-py3* build-wheel $(PCBUILD) build-tsan

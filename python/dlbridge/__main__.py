@@ -234,6 +234,12 @@ def main(argv=None):
                    help="nanobind/tvm-ffi peers built by bench/build_peers.sh "
                         "(default: $DLBRIDGE_BENCH_PEERS, then build/bench)")
     b.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
+    scale = b.add_mutually_exclusive_group()
+    scale.add_argument("--scaling", action="store_true",
+                       help="only the free-threaded scaling rows (1 thread "
+                            "against one per CPU; docs/bench.md)")
+    scale.add_argument("--no-scaling", action="store_true",
+                       help="leave the scaling rows out")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor(d, args)

@@ -20,7 +20,10 @@ dlbridge/_bench_compiled.py, the rules bench/bench_compiled.py and
 bench/bench_torch_ops.py use too; the gradient rows ("train", "train-jit",
 "vjp no-grad") with dlbridge/_bench_grad.py; the batch rows ("vmap-jit",
 "vmap 1024", "vmap 64": a vmap of a `...` Function) with
-dlbridge/_bench_batch.py.  The targets of issues 16, 17, 24 and 25 are
+dlbridge/_bench_batch.py; the free-threaded scaling rows (1 thread against
+N) with dlbridge/_bench_scaling.py, in a child of their own
+(`python -m dlbridge._bench scaling CONFIG`; "not run: GIL build" without
+a free-threaded interpreter).  The targets of issues 16, 17, 24 and 25 are
 judged in the parent from the rows (TARGETS, targets()); they are
 informational: the exit status never depends on a speed.
 """
@@ -37,10 +40,11 @@ import time
 from . import _bench_batch as _bb
 from . import _bench_compiled as _bc
 from . import _bench_grad as _bg
+from . import _bench_scaling as _bs
 from . import _measure
 from ._kits import kits, short_name, version_of
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # The kits the bench measures, in the registry's order.
 FRAMEWORKS = tuple(n for n, k in kits().items() if k.bench)
 # Calls every framework has a row of, against its own way ("own").
@@ -418,6 +422,16 @@ def _child_main(argv):
     print(MARK + json.dumps(out), flush=True)
 
 
+def _scaling_main(argv):
+    cfg = json.loads(argv[0])
+    try:
+        out = _bs.measure(cfg.get("kernel"), _bs.MODES[cfg["mode"]])
+    except Exception as e:  # the scaling rows could not be set up at all
+        out = _bs.not_run(_measure.why(e, 200))
+    sys.stdout.flush()
+    print(MARK + json.dumps(out), flush=True)
+
+
 # ------------------------------------------------------------ parent side
 
 def installed_frameworks():
@@ -531,19 +545,40 @@ def run_child(fw, cfg):
     return [], f"{fw}: not measured: its process died ({why}) {tail[-1] if tail else ''}"[:300]
 
 
+def run_scaling(cfg):
+    """The scaling section, measured in a child of its own (threads of no
+    framework beside it)."""
+    cmd = [sys.executable, "-m", "dlbridge._bench", "scaling", json.dumps(cfg)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True,
+                           env=_child_env(), timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return _bs.not_run(f"took over {CHILD_TIMEOUT_S} s")
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    rc = p.returncode
+    tail = [ln.strip() for ln in p.stderr.splitlines() if ln.strip()]
+    return _bs.not_run(f"its process died "
+                       f"({f'signal {-rc}' if rc < 0 else f'exit status {rc}'}) "
+                       f"{tail[-1] if tail else ''}"[:200])
+
+
 def _machine():
     return {"cpu": _measure.cpu_model(), "cpus": os.cpu_count() or 0,
             "python": platform.python_version(), "platform": platform.platform()}
 
 
 def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
-        progress=None):
+        progress=None, scaling=True):
     """The whole report (see SCHEMA); progress(fw) is called before each
-    framework is measured."""
+    framework is measured (and with "scaling" before the scaling rows).
+    frameworks=() measures none (the scaling rows only); scaling=False
+    leaves the scaling rows out (a note says so)."""
     import dlbridge
 
     t0 = time.perf_counter()
-    fws = list(frameworks or installed_frameworks())
+    fws = list(installed_frameworks() if frameworks is None else frameworks)
     d, peers = find_peers(peers_dir)
     settings = MODES[mode]
     cfg = {"mode": mode, "settings": settings._asdict(),
@@ -556,6 +591,12 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
         rows += got
         if note:
             notes.append(note)
+    if scaling:
+        if progress:
+            progress("scaling")
+        scale = run_scaling(cfg)
+    else:
+        scale = _bs.not_run("not asked for")
     notes += [p["note"] for p in peers.values() if not p["present"]]
     if cfg["kernel"] is None:
         notes.append(f"Function: not measured: no {KERNEL_LIB} (set "
@@ -566,7 +607,7 @@ def run(frameworks=None, mode="default", kernel=None, peers_dir=None,
               "machine": _machine(), "dlbridge": dlbridge.__version__,
               "versions": {f: version_of(f) for f in fws}, "frameworks": fws,
               "kernel": cfg["kernel"], "peers": peers, "rows": rows,
-              "notes": notes}
+              "scaling": scale, "notes": notes}
     report["defects"] = defects(report)
     report["targets"] = targets(report)
     return report
@@ -698,7 +739,7 @@ SCHEMA = {
     "type": "object",
     "required": ["schema_version", "mode", "settings", "machine", "dlbridge",
                  "versions", "frameworks", "kernel", "peers", "rows", "notes",
-                 "defects", "targets"],
+                 "defects", "targets", "scaling"],
     "properties": {
         "schema_version": {"enum": [SCHEMA_VERSION]},
         "mode": {"enum": list(MODES)},
@@ -736,6 +777,7 @@ SCHEMA = {
                                   properties=dict(_SIDE["properties"],
                                                   kind={"enum": list(REFERENCES)})),
                 "ratio": {"type": ["number", "null"]}}}},
+        "scaling": _bs.SCHEMA,
         "notes": {"type": "array", "items": {"type": "string"}},
         "defects": {"type": "array", "items": {
             "type": "object", "required": ["framework", "call", "error"],
@@ -811,6 +853,8 @@ def _wrap(text, width, indent="  "):
 
 
 def plain(report, width=100):
+    if not report["frameworks"]:   # --scaling: that section only
+        return "\n".join(_scaling_only(report, width))
     lines = [_wrap(_header(report), width)]
     rows, errors = table_rows(report)
     fmt = "  ".join(("{:<%d}" if i in (0, 1, 3) else "{:>%d}") % w
@@ -819,12 +863,26 @@ def plain(report, width=100):
     for r in rows:
         lines.append(fmt.format(*(v[:w] for v, (_, w) in zip(r, COLUMNS))).rstrip())
     lines.append("")
+    lines += _scaling_lines(report, width)
+    lines.append("")
     lines.append(TARGETS_TITLE)
     lines += [_wrap(f"  {status:<12} {text}", width, " " * 15)
               for status, text in target_lines(report)]
     lines.append("")
     lines += [_wrap(t, width) for t in _tail(report, errors)]
     return "\n".join(lines)
+
+
+def _scaling_lines(report, width=100):
+    out = _bs.lines(report["scaling"])
+    return [_wrap(out[0], width)] + [ln[:width] for ln in out[1:]]
+
+
+def _scaling_only(report, width=100):
+    m = report["machine"]
+    head = (f"dlbridge bench --scaling, {m['cpus']} CPUs, Python "
+            f"{m['python']}, dlbridge {report['dlbridge']}")
+    return [_wrap(head, width)] + _scaling_lines(report, width)
 
 
 TARGETS_TITLE = ("targets (issues 16, 17, 24 and 25; informational: the exit "
@@ -881,6 +939,10 @@ def _tail(report, errors):
 
 def rich_table(report, console):
     from rich.table import Table
+    if not report["frameworks"]:   # --scaling: that section only
+        for line in _scaling_only(report):
+            console.print(line, highlight=False, markup=False)
+        return
     console.print(f"[bold]{_header(report)}[/]")
     t = Table(padding=(0, 1), show_edge=False)
     for i, (name, _) in enumerate(COLUMNS):
@@ -892,6 +954,8 @@ def rich_table(report, console):
         style = "" if not ratio else "green" if float(ratio[:-1]) >= 1 else "yellow"
         t.add_row(*r[:5], f"[{style}]{ratio}[/]" if style else ratio)
     console.print(t)
+    for line in _scaling_lines(report):
+        console.print(line, highlight=False, markup=False)
     console.print(f"[bold]{TARGETS_TITLE}[/]")
     colour = {"met": "green", "missed": "yellow", "not measured": "dim"}
     for status, text in target_lines(report):
@@ -968,6 +1032,9 @@ def main(args):
             print(f"dlbridge bench: {e}", file=sys.stderr)
             return 2
     fws = args.frameworks or None    # checked by the command line
+    scaling = not getattr(args, "no_scaling", False)
+    if getattr(args, "scaling", False):
+        fws = ()                     # the scaling rows only
     mode = "full" if args.full else "quick" if args.quick else "default"
     to_stdout = args.json == "-"
     console = None if to_stdout else _console(args.plain)
@@ -978,9 +1045,11 @@ def main(args):
     if console is not None:
         with console.status("measuring") as status:
             report = run(fws, mode, args.kernels, args.peers,
-                         progress=lambda fw: status.update(f"measuring {fw} …"))
+                         progress=lambda fw: status.update(f"measuring {fw} …"),
+                         scaling=scaling)
     else:
-        report = run(fws, mode, args.kernels, args.peers, progress=progress)
+        report = run(fws, mode, args.kernels, args.peers, progress=progress,
+                     scaling=scaling)
     if args.json:
         text = json.dumps(report, indent=1)
         if to_stdout:
@@ -1005,6 +1074,8 @@ def main(args):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         _child_main(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "scaling":
+        _scaling_main(sys.argv[2:])
     else:
         sys.exit("usage: python -m dlbridge bench (this module's own entry "
                  "point is for its child processes)")

@@ -80,9 +80,11 @@ def _register_targets(jax):
     with _targets_lock:
         if _targets_registered:
             return
-        jax.ffi.register_ffi_target(TARGET, _core._xla_handler("cpu"),
+        # instantiate + execute: each call site's attributes are decoded
+        # once, when XLA instantiates it (src/ops/xla.c, xla_state)
+        jax.ffi.register_ffi_target(TARGET, _core._xla_handlers("cpu"),
                                     platform="cpu")
-        jax.ffi.register_ffi_target(TARGET, _core._xla_handler("cuda"),
+        jax.ffi.register_ffi_target(TARGET, _core._xla_handlers("cuda"),
                                     platform="CUDA")
         _targets_registered = True
 

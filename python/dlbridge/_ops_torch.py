@@ -187,7 +187,28 @@ def _define(fn, mask, nograd=False):
         # schema; one with results is dropped when they are unused, as any
         # torch operator.)
         torch.fx.node.has_side_effect(found)
+    if not nograd:
+        _define_derivatives(fn, mask)
     return found
+
+
+def _define_derivatives(fn, mask):
+    """The vjp and jvp operators a compiled graph of ``fn``'s operator
+    (overload ``mask``) may call, defined with it: a graph that inductor's
+    or AOTAutograd's cache hands a later process holds the backward's
+    ``<identity>.vjp`` call, and nothing traces the backward there to
+    define it first (seen: the second run of a script failing "has no
+    overload name 'vjp'").  Python numbers among the forward's inputs stay
+    numbers in the derivative's call (saved as they are; a number's
+    tangent is a zero number)."""
+    for kind, spelled in (("vjp", fn._vjp_args), ("jvp", fn._jvp_args)):
+        if _derivative_fn(fn, kind) is None or spelled is None:
+            continue
+        dmask = 0
+        for k, (what, i) in enumerate(spelled):
+            if what in ("input", "tangent") and mask >> i & 1:
+                dmask |= 1 << k
+        derivative_op(fn, kind, dmask)
 
 
 # ---- the fake kernel: shapes and dtypes from the signature ------------------------
@@ -914,6 +935,8 @@ def _vmap_rule(fn, found):
         return out, _out_dims(0)
 
     def _vmap_loop(torch, size, args, in_dims):
+        if size == 0:
+            return _vmap_empty(torch, args, in_dims)
         items = []
         for b in range(size):
             items.append(found(*(a if d is None else a.select(d, b)
@@ -924,6 +947,31 @@ def _vmap_rule(fn, found):
             return torch.stack(items), 0
         return (tuple(torch.stack([item[k] for item in items])
                       for k in range(nout)), _out_dims(0))
+
+    def _vmap_empty(torch, args, in_dims):
+        # No item to call the kernel on: the results' item shapes come
+        # from the signature (as the fake kernel's do), each with a
+        # leading 0.
+        specs = []
+        device = None
+        for a, d in zip(args, in_dims):
+            if isinstance(a, torch.Tensor):
+                shape = list(a.shape)
+                if d is not None:
+                    del shape[d]
+                specs.append((tuple(shape), _dtype_name(a.dtype)))
+                device = a.device if device is None else device
+            elif isinstance(a, (bool, int, float, complex)):
+                specs.append(a)
+            else:
+                specs.append(None)
+        outs = tuple(torch.empty((0,) + tuple(shape),
+                                 dtype=_torch_dtype(torch, dtype),
+                                 device=device)
+                     for shape, dtype in result_specs(fn, specs))
+        if nout == 0:
+            return None, None
+        return (outs[0] if nout == 1 else outs), _out_dims(0)
 
     def _out_dims(d):
         if nout == 0:

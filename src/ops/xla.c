@@ -3,14 +3,16 @@
  * when a graph that jax.jit built calls a Function (python/dlbridge/
  * _ops_jax.py makes the call; docs/compiled.md, "JAX").
  *
- * One handler per platform (host, CUDA), registered once under one target
- * name.  An XLA_FFI_Handler is a bare function pointer with no user data,
- * so the handler learns which Function it runs from the call's one string
- * attribute, the Function's identity, looked up in ops/registry.c: a name
- * that survives serialisation (jax.export) and means the same Function in
- * every process that made it.  No trampoline table, so no cap beyond the
- * registry's.  A per-thread memo of the last Functions found (compared byte
- * for byte) saves the registry's hash on the next call.
+ * One handler bundle per platform (host, CUDA), registered once under one
+ * target name.  An XLA_FFI_Handler is a bare function pointer with no user
+ * data, so the handler learns which Function it runs from the call's one
+ * string attribute, the Function's identity, looked up in ops/registry.c:
+ * a name that survives serialisation (jax.export) and means the same
+ * Function in every process that made it.  No trampoline table, so no cap
+ * beyond the registry's.  The lookup is made once per call site, at XLA's
+ * instantiate stage, and kept as the site's state (xla_state below); a
+ * call without a state looks it up itself, through a per-thread memo of
+ * the last Functions found (compared byte for byte).
  *
  * The C ABI is transcribed below from the facts of the XLA FFI C API
  * (shared/reference/compiled-graphs.md, section 1): the subset the handler
@@ -19,9 +21,12 @@
  *  - the metadata handshake declares API version 0.1, the lowest XLA
  *    accepts (XLA takes any version from 0.1 to its own; older XLA wanted
  *    an exact match and is not supported);
- *  - the only calls made -- Error_Create, Stream_Get, DeviceOrdinal_Get --
- *    have the same argument layout in every header version, and the
- *    function table only ever grew at its end, so their slots never moved;
+ *  - the calls made on every XLA -- Error_Create, Stream_Get,
+ *    DeviceOrdinal_Get -- have the same argument layout in every header
+ *    version, and the function table only ever grew at its end, so their
+ *    slots never moved; the state calls (Type_Register, State_Set,
+ *    State_Get, Error_Destroy) are made only on an XLA whose table says
+ *    0.3 or later, the layout transcribed (call_state_supported);
  *  - the structs XLA hands us (call frame, buffers, attributes) are read
  *    only after their struct_size says the fields are there;
  *  - every offset is pinned by a _Static_assert on LP64, and
@@ -29,9 +34,11 @@
  *    jaxlib's own header (_core._xla_ffi_layout).
  *
  * Decisions:
- *  - Stages: only `execute` is registered, so XLA calls the handler once at
- *    registration (the metadata query) and once per run; the stage field,
- *    whose numbering changed between versions, is never read.
+ *  - Stages: `instantiate` and `execute` are registered, each its own
+ *    function, so the stage field, whose numbering changed between
+ *    versions, is never read (XLA asks both for their metadata at
+ *    registration).  Instantiate never fails: what it cannot do is left to
+ *    execute, which then behaves as it did before there were states.
  *  - Buffers are dense and row-major (ffi_call's default layouts; XLA
  *    relayouts operands before the call), so each DLTensor gets compact
  *    row-major strides, never NULL (kernels may index strides[] directly),
@@ -71,7 +78,9 @@
  */
 #include "../python/dlbridge_py.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -234,8 +243,55 @@ typedef struct {
   xffi_metadata *metadata;
 } xffi_metadata_extension;
 
+/* ---- per-call-site state (used only from API version 0.3 on: see
+ * call_state_supported) ----
+ * A user type is registered once per XLA instance (Type_Register, with the
+ * deleter XLA calls when an executable is destroyed); the instantiate stage
+ * sets a state of that type for its call site (State_Set), every execute
+ * call of the site gets it back (State_Get with the INSTANTIATE stage).
+ * In the 0.1 header State_Set took {ctx, type_id, state, deleter} with no
+ * stage, and slot 5 was TypeId_Register (no type info): not called there. */
+typedef struct {
+  int64_t type_id;
+} xffi_type_id; /* XLA_FFI_TypeId; 0: unknown */
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  void (*deleter)(void *object);
+} xffi_type_info;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  xffi_byte_span name;
+  xffi_type_id *type_id; /* in-out: 0 asks XLA to assign one */
+  const xffi_type_info *type_info;
+} xffi_type_register_args;
+
+enum { XFFI_STAGE_INSTANTIATE = 0 }; /* in every version with the stage */
+
+/* XLA_FFI_State_Set_Args and XLA_FFI_State_Get_Args: one layout. */
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  void *ctx;
+  int stage;
+  xffi_type_id *type_id;
+  void *state; /* in for Set, out for Get */
+} xffi_state_args;
+
+typedef struct {
+  size_t struct_size;
+  xffi_extension *extension_start;
+  xffi_error *error;
+} xffi_error_destroy_args;
+
 typedef xffi_error *xffi_error_create_fn(xffi_error_create_args *);
+typedef void xffi_error_destroy_fn(xffi_error_destroy_args *);
 typedef xffi_error *xffi_stream_get_fn(xffi_stream_get_args *);
+typedef xffi_error *xffi_type_register_fn(xffi_type_register_args *);
+typedef xffi_error *xffi_state_fn(xffi_state_args *);
 typedef xffi_error *xffi_device_ordinal_get_fn(xffi_device_ordinal_get_args *);
 typedef void xffi_unused_fn(void);
 
@@ -249,13 +305,13 @@ struct xffi_api {
   const void *internal_api;
   xffi_error_create_fn *error_create;   /* slot 0 */
   xffi_unused_fn *error_get_details;
-  xffi_unused_fn *error_destroy;
+  xffi_error_destroy_fn *error_destroy; /* slot 2 */
   xffi_unused_fn *handler_register;
   xffi_stream_get_fn *stream_get;       /* slot 4 */
-  xffi_unused_fn *type_register;
+  xffi_type_register_fn *type_register; /* slot 5, from 0.3 on (above) */
   xffi_unused_fn *context_get;
-  xffi_unused_fn *state_set;
-  xffi_unused_fn *state_get;
+  xffi_state_fn *state_set;             /* slot 7 */
+  xffi_state_fn *state_get;             /* slot 8 */
   xffi_unused_fn *memory_allocate;
   xffi_unused_fn *memory_free;
   xffi_unused_fn *thread_pool_schedule;
@@ -323,9 +379,25 @@ _Static_assert(offsetof(xffi_metadata, api_version) == 8 &&
                    offsetof(xffi_metadata, traits) == 32 &&
                    offsetof(xffi_metadata_extension, metadata) == 24,
                "XLA_FFI_Metadata, XLA_FFI_Metadata_Extension");
+_Static_assert(XFFI_SIZE(xffi_type_info, deleter) == 24 &&
+                   offsetof(xffi_type_register_args, name) == 16 &&
+                   offsetof(xffi_type_register_args, type_id) == 32 &&
+                   XFFI_SIZE(xffi_type_register_args, type_info) == 48,
+               "XLA_FFI_TypeInfo, XLA_FFI_Type_Register_Args");
+_Static_assert(offsetof(xffi_state_args, ctx) == 16 &&
+                   offsetof(xffi_state_args, stage) == 24 &&
+                   offsetof(xffi_state_args, type_id) == 32 &&
+                   XFFI_SIZE(xffi_state_args, state) == 48 &&
+                   XFFI_SIZE(xffi_error_destroy_args, error) == 24,
+               "XLA_FFI_State_Set_Args, XLA_FFI_State_Get_Args, "
+               "XLA_FFI_Error_Destroy_Args");
 _Static_assert(offsetof(xffi_api, api_version) == 16 &&
                    offsetof(xffi_api, error_create) == 48 &&
+                   offsetof(xffi_api, error_destroy) == 64 &&
                    offsetof(xffi_api, stream_get) == 80 &&
+                   offsetof(xffi_api, type_register) == 88 &&
+                   offsetof(xffi_api, state_set) == 104 &&
+                   offsetof(xffi_api, state_get) == 112 &&
                    offsetof(xffi_api, device_ordinal_get) == 184,
                "XLA_FFI_Api");
 #endif
@@ -383,39 +455,42 @@ static xffi_error_code xla_code(int status) {
   }
 }
 
+/* The DLPack dtype of each XLA element type it can describe the same way;
+ * bits 0 for the others (sub-byte types XLA packs, tokens).  A table, not
+ * a switch: it is read for every buffer of every call. */
+#define XLA_DTYPE(x, c, b) [x] = {(uint8_t)(c), (uint8_t)(b), 1}
+static const DLDataType xla_dtypes[XFFI_F8E8M0FNU + 1] = {
+    XLA_DTYPE(XFFI_PRED, kDLBool, 8),
+    XLA_DTYPE(XFFI_S8, kDLInt, 8),
+    XLA_DTYPE(XFFI_S16, kDLInt, 16),
+    XLA_DTYPE(XFFI_S32, kDLInt, 32),
+    XLA_DTYPE(XFFI_S64, kDLInt, 64),
+    XLA_DTYPE(XFFI_U8, kDLUInt, 8),
+    XLA_DTYPE(XFFI_U16, kDLUInt, 16),
+    XLA_DTYPE(XFFI_U32, kDLUInt, 32),
+    XLA_DTYPE(XFFI_U64, kDLUInt, 64),
+    XLA_DTYPE(XFFI_F16, kDLFloat, 16),
+    XLA_DTYPE(XFFI_F32, kDLFloat, 32),
+    XLA_DTYPE(XFFI_F64, kDLFloat, 64),
+    XLA_DTYPE(XFFI_BF16, kDLBfloat, 16),
+    XLA_DTYPE(XFFI_C64, kDLComplex, 64),
+    XLA_DTYPE(XFFI_C128, kDLComplex, 128),
+    XLA_DTYPE(XFFI_F8E5M2, kDLFloat8_e5m2, 8),
+    XLA_DTYPE(XFFI_F8E4M3FN, kDLFloat8_e4m3fn, 8),
+    XLA_DTYPE(XFFI_F8E4M3B11FNUZ, kDLFloat8_e4m3b11fnuz, 8),
+    XLA_DTYPE(XFFI_F8E5M2FNUZ, kDLFloat8_e5m2fnuz, 8),
+    XLA_DTYPE(XFFI_F8E4M3FNUZ, kDLFloat8_e4m3fnuz, 8),
+    XLA_DTYPE(XFFI_F8E4M3, kDLFloat8_e4m3, 8),
+    XLA_DTYPE(XFFI_F8E3M4, kDLFloat8_e3m4, 8),
+    XLA_DTYPE(XFFI_F8E8M0FNU, kDLFloat8_e8m0fnu, 8),
+};
+#undef XLA_DTYPE
+
 /* The DLPack dtype of an XLA element type; 0, or -1 for one a DLTensor
- * cannot describe the same way (sub-byte types XLA packs, tokens). */
-static int xla_dtype(int xla, DLDataType *out) {
-  uint8_t code, bits;
-  switch (xla) {
-    case XFFI_PRED: code = kDLBool; bits = 8; break;
-    case XFFI_S8: code = kDLInt; bits = 8; break;
-    case XFFI_S16: code = kDLInt; bits = 16; break;
-    case XFFI_S32: code = kDLInt; bits = 32; break;
-    case XFFI_S64: code = kDLInt; bits = 64; break;
-    case XFFI_U8: code = kDLUInt; bits = 8; break;
-    case XFFI_U16: code = kDLUInt; bits = 16; break;
-    case XFFI_U32: code = kDLUInt; bits = 32; break;
-    case XFFI_U64: code = kDLUInt; bits = 64; break;
-    case XFFI_F16: code = kDLFloat; bits = 16; break;
-    case XFFI_F32: code = kDLFloat; bits = 32; break;
-    case XFFI_F64: code = kDLFloat; bits = 64; break;
-    case XFFI_BF16: code = kDLBfloat; bits = 16; break;
-    case XFFI_C64: code = kDLComplex; bits = 64; break;
-    case XFFI_C128: code = kDLComplex; bits = 128; break;
-    case XFFI_F8E5M2: code = kDLFloat8_e5m2; bits = 8; break;
-    case XFFI_F8E4M3FN: code = kDLFloat8_e4m3fn; bits = 8; break;
-    case XFFI_F8E4M3B11FNUZ: code = kDLFloat8_e4m3b11fnuz; bits = 8; break;
-    case XFFI_F8E5M2FNUZ: code = kDLFloat8_e5m2fnuz; bits = 8; break;
-    case XFFI_F8E4M3FNUZ: code = kDLFloat8_e4m3fnuz; bits = 8; break;
-    case XFFI_F8E4M3: code = kDLFloat8_e4m3; bits = 8; break;
-    case XFFI_F8E3M4: code = kDLFloat8_e3m4; bits = 8; break;
-    case XFFI_F8E8M0FNU: code = kDLFloat8_e8m0fnu; bits = 8; break;
-    default: return -1;
-  }
-  out->code = code;
-  out->bits = bits;
-  out->lanes = 1;
+ * cannot describe the same way. */
+static inline int xla_dtype(int xla, DLDataType *out) {
+  if (xla < 0 || xla > XFFI_F8E8M0FNU || xla_dtypes[xla].bits == 0) return -1;
+  *out = xla_dtypes[xla];
   return 0;
 }
 
@@ -663,16 +738,294 @@ static xffi_error *cuda_context(const xffi_call_frame *cf, const char *fname,
   return NULL;
 }
 
+/* ---- the call site's state: its attributes decoded once ------------------
+ *
+ * What a call's attributes say is the same on every run of one call site:
+ * which Function, its 0-d inputs given as numbers, the loop rank.  The
+ * instantiate stage (run_instantiate, once per call site when XLA builds
+ * an executable) decodes them into an xla_state that XLA keeps for the
+ * site; each execute call gets it back with one State_Get and reads no
+ * attribute at all.  Where there is no state -- an XLA older than 0.3, an
+ * executable made before the instantiate handler was registered, a
+ * refused allocation, a call XLA makes another way -- execute decodes the
+ * attributes itself, as it did before states existed, so every behaviour
+ * and every error is the same either way.
+ *
+ * The Function: a state holds the pointer that the registry's entry owns
+ * (a strong reference the registry keeps until exit: ops/registry.c never
+ * clears an entry), so the Function outlives every state and a state takes
+ * no reference of its own.  That keeps the GIL out of both stages and out
+ * of the deleter, which XLA may call on any thread, at any time, also
+ * while the interpreter finalises.  A call site whose identity is not
+ * registered when it is instantiated gets a state without a Function, and
+ * each of its calls looks the identity up again: registered by then, it
+ * runs; else the call fails with today's NOT_FOUND error. */
+
+typedef struct {
+  int32_t input; /* the parameter it is */
+  DLDataType dtype;
+  union {
+    int64_t align; /* as a number of any type needs */
+    unsigned char bytes[16]; /* a copy: the widest type is 16 bytes */
+  } value;
+} xla_number;
+
+typedef struct xla_state {
+  /* what execute reads, first (one cache line) */
+  PyObject *fn; /* the registry's (see above); NULL: look it up per call */
+  const char *fname;
+  const dlb_signature_param *params;
+  int32_t nin, nout, nmut, nloop, nscalar;
+  /* the interning, under intern_lock */
+  int64_t users;          /* call sites XLA keeps it for */
+  struct xla_state *next; /* in interned */
+  const dlb_allocator *allocator; /* made this block; releases it */
+  xla_number numbers[]; /* nscalar of them */
+} xla_state;
+
+/* States are interned: call sites that decode to the same state (same
+ * Function, numbers and loop rank: a graph of many calls of one Function)
+ * share one block, which stays in cache from one call to the next, where
+ * a block per site would be one more cold read per call.  XLA calls the
+ * deleter once per site; the last one frees the block. */
+static pthread_mutex_t intern_lock = PTHREAD_MUTEX_INITIALIZER;
+static xla_state *interned;
+
+/* The state of a site whose Function is not known yet (or whose state
+ * could not be allocated): decode per call.  Shared, never freed. */
+static xla_state decode_per_call;
+
+static int same_state(const xla_state *a, const xla_state *b) {
+  if (a->fn != b->fn || a->nloop != b->nloop || a->nscalar != b->nscalar)
+    return 0;
+  for (int32_t k = 0; k < a->nscalar; k++) {
+    const xla_number *x = &a->numbers[k], *y = &b->numbers[k];
+    if (x->input != y->input || x->dtype.code != y->dtype.code ||
+        x->dtype.bits != y->dtype.bits || x->dtype.lanes != y->dtype.lanes ||
+        memcmp(x->value.bytes, y->value.bytes, sizeof x->value.bytes) != 0)
+      return 0;
+  }
+  return 1;
+}
+
+/* st itself, interned, or the equal state interned already (st freed). */
+static xla_state *intern_state(xla_state *st) {
+  pthread_mutex_lock(&intern_lock);
+  xla_state *found = interned;
+  while (found != NULL && !same_state(found, st)) found = found->next;
+  if (found != NULL) {
+    found->users++;
+  } else {
+    st->users = 1;
+    st->next = interned;
+    interned = st;
+  }
+  pthread_mutex_unlock(&intern_lock);
+  if (found == NULL) return st;
+  st->allocator->release(st, st->allocator->ctx);
+  return found;
+}
+
+/* XLA's deleter of a state, once per call site: any thread, no GIL. */
+static void xla_state_delete(void *object) {
+  xla_state *st = (xla_state *)object;
+  if (st == NULL || st == &decode_per_call) return;
+  pthread_mutex_lock(&intern_lock);
+  int last = --st->users == 0;
+  if (last) {
+    xla_state **at = &interned;
+    while (*at != NULL && *at != st) at = &(*at)->next;
+    if (*at == st) *at = st->next;
+  }
+  pthread_mutex_unlock(&intern_lock);
+  if (last) st->allocator->release(st, st->allocator->ctx);
+}
+
+static const xffi_type_info xla_state_info = {
+    XFFI_SIZE(xffi_type_info, deleter), NULL, xla_state_delete};
+
+/* The state type as registered with one XLA per platform handler (the host
+ * and CUDA can be two XLA instances: jaxlib's, a GPU plugin's, each with
+ * its own type registry).  api is published (release) after id is set and
+ * never changes again; a call from another XLA runs without a state. */
+typedef struct {
+  _Atomic(const xffi_api *) api;
+  xffi_type_id id;
+} xla_state_type;
+
+static xla_state_type state_types[2]; /* [0] host, [1] CUDA */
+static pthread_mutex_t state_types_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void destroy_error(const xffi_api *api, xffi_error *e) {
+  xffi_error_destroy_args d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = XFFI_SIZE(xffi_error_destroy_args, error);
+  d.error = e;
+  api->error_destroy(&d);
+}
+
+/* Whether api has the state calls with the layout above: 0.3 and later
+ * (0.1 had another State_Set and TypeId_Register; 0.2 is not known). */
+static int call_state_supported(const xffi_api *api) {
+  return api != NULL && api->struct_size >= XFFI_SIZE(xffi_api, state_get) &&
+         api->api_version.major_version == 0 &&
+         api->api_version.minor_version >= 3 && api->error_destroy != NULL &&
+         api->type_register != NULL && api->state_set != NULL &&
+         api->state_get != NULL;
+}
+
+/* The state type of platform (0 host, 1 CUDA) in api's XLA, registered on
+ * first use; NULL when it is registered with another XLA or XLA refused
+ * it (execute then decodes per call). */
+static xffi_type_id *state_type(const xffi_api *api, int platform) {
+  xla_state_type *t = &state_types[platform];
+  const xffi_api *known = atomic_load_explicit(&t->api, memory_order_acquire);
+  if (known != NULL) return known == api ? &t->id : NULL;
+  static const char *const names[2] = {"dlbridge.xla_call_state.host",
+                                       "dlbridge.xla_call_state.cuda"};
+  xffi_type_id *result = NULL;
+  pthread_mutex_lock(&state_types_lock);
+  known = atomic_load_explicit(&t->api, memory_order_relaxed);
+  if (known != NULL) {
+    result = known == api ? &t->id : NULL;
+  } else {
+    xffi_type_register_args r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = XFFI_SIZE(xffi_type_register_args, type_info);
+    r.name.ptr = names[platform];
+    r.name.len = strlen(names[platform]);
+    t->id.type_id = 0; /* XLA assigns one */
+    r.type_id = &t->id;
+    r.type_info = &xla_state_info;
+    xffi_error *e = api->type_register(&r);
+    if (e != NULL) {
+      destroy_error(api, e); /* decode per call; asked again next time */
+    } else if (t->id.type_id != 0) {
+      atomic_store_explicit(&t->api, api, memory_order_release);
+      result = &t->id;
+    }
+  }
+  pthread_mutex_unlock(&state_types_lock);
+  return result;
+}
+
+/* The state of a call site with attributes attrs: an interned one, or
+ * &decode_per_call when the Function is not registered, an attribute does
+ * not decode (execute then says what is wrong in its own words) or the
+ * core's allocator refuses the block. */
+static xla_state *make_state(const xffi_attrs *attrs) {
+  const xffi_byte_span *id = find_identity(attrs);
+  PyObject *fn = id != NULL ? dlb__ops_find(id->ptr, id->len) : NULL;
+  if (fn == NULL) return &decode_per_call;
+  const dlb_allocator *allocator = dlb_get_allocator();
+  const int64_t nattr = attrs->size > 1 ? attrs->size - 1 : 0;
+  xla_state *st = (xla_state *)allocator->alloc(
+      sizeof *st + (size_t)nattr * sizeof(xla_number), allocator->ctx);
+  if (st == NULL) return &decode_per_call;
+  memset(st, 0, sizeof *st + (size_t)nattr * sizeof(xla_number));
+  st->allocator = allocator;
+  int32_t nin, nout, nmut = 0, nscalar = 0, nloop = 0;
+  const dlb_signature_param *params = dlb__function_params(fn, &nin, &nout);
+  for (int32_t i = 0; i < nin; i++) nmut += params[i].mut != 0;
+  if (nattr > 0) {
+    /* the decoders execute uses, on scratch space, then the numbers
+     * copied: XLA's attribute storage is not promised to stay put */
+    void *scratch = allocator->alloc(
+        (size_t)nattr * sizeof(DLTensor) + (size_t)nin * sizeof(DLTensor *) + 1,
+        allocator->ctx);
+    if (scratch == NULL) {
+      allocator->release(st, allocator->ctx);
+      return &decode_per_call;
+    }
+    DLTensor *scalars = (DLTensor *)scratch;
+    DLTensor **slot = (DLTensor **)(scalars + nattr);
+    dlb_error err;
+    err.code = DLB_OK;
+    int rc = scalar_inputs(attrs, params, nin, scalars, slot, &nscalar, &err);
+    if (rc == DLB_OK) rc = loop_rank_attr(attrs, &nloop, &err);
+    for (int32_t i = 0, k = 0; rc == DLB_OK && i < nin; i++) {
+      if (slot[i] == NULL) continue;
+      xla_number *n = &st->numbers[k++];
+      n->input = i;
+      n->dtype = slot[i]->dtype;
+      memcpy(n->value.bytes, slot[i]->data,
+             ((size_t)slot[i]->dtype.bits + 7) / 8);
+    }
+    allocator->release(scratch, allocator->ctx);
+    if (rc != DLB_OK) {
+      allocator->release(st, allocator->ctx);
+      return &decode_per_call;
+    }
+  }
+  st->fname = dlb__function_name(fn);
+  st->params = params;
+  st->nin = nin;
+  st->nout = nout;
+  st->nmut = nmut;
+  st->nloop = nloop;
+  st->nscalar = nscalar;
+  st->fn = fn;
+  return intern_state(st);
+}
+
+/* The instantiate stage, once per call site: the site's state, set for
+ * XLA to keep.  Never an error: whatever does not work here is left to
+ * execute, which decodes per call (see above). */
+static xffi_error *run_instantiate(xffi_call_frame *cf, int platform) {
+  if (answer_metadata(cf)) return NULL;
+  if (cf->struct_size < XFFI_SIZE(xffi_call_frame, attrs) ||
+      !call_state_supported(cf->api))
+    return NULL;
+  xffi_type_id *type = state_type(cf->api, platform);
+  if (type == NULL) return NULL;
+  xla_state *st = make_state(&cf->attrs);
+  xffi_state_args a;
+  memset(&a, 0, sizeof a);
+  a.struct_size = XFFI_SIZE(xffi_state_args, state);
+  a.ctx = cf->ctx;
+  a.stage = XFFI_STAGE_INSTANTIATE;
+  a.type_id = type;
+  a.state = st;
+  xffi_error *e = cf->api->state_set(&a);
+  if (e != NULL) { /* XLA did not take it */
+    destroy_error(cf->api, e);
+    xla_state_delete(st);
+  }
+  return NULL;
+}
+
+/* The state of the call site cf runs, or NULL (decode per call). */
+static const xla_state *call_state(const xffi_call_frame *cf, int platform) {
+  xla_state_type *t = &state_types[platform];
+  const xffi_api *api = atomic_load_explicit(&t->api, memory_order_acquire);
+  if (api == NULL || api != cf->api) return NULL;
+  xffi_state_args a;
+  a.struct_size = XFFI_SIZE(xffi_state_args, state);
+  a.extension_start = NULL;
+  a.ctx = cf->ctx;
+  a.stage = XFFI_STAGE_INSTANTIATE;
+  a.type_id = &t->id;
+  a.state = NULL;
+  xffi_error *e = api->state_get(&a);
+  if (e != NULL) { /* an executable made before instantiate was known */
+    destroy_error(api, e);
+    return NULL;
+  }
+  return (const xla_state *)a.state;
+}
+
 /* The execute call, on one platform (device type kDLCPU or kDLCUDA).
  *
- * The order is for speed: XLA keeps a call's attributes and buffers per
- * call site, memory that a graph of many calls finds cold, and the
- * Function is reached through the identity attribute, a chain of
- * dependent reads.  So the chain is started first and the buffers are
- * read while it is in flight; the bytes of the identity are read last.
- * (With find_function's memo, in a graph of 1,000 calls, this took the
- * handler from about 95 to about 75 ns a call over a handler that does
- * nothing: bench/bench_compiled.py.) */
+ * With the call site's state (call_state), the Function and what the
+ * attributes say come from one block made at instantiation, and no
+ * attribute is read.  Without it the order is for speed: XLA keeps a
+ * call's attributes and buffers per call site, memory that a graph of
+ * many calls finds cold, and the Function is reached through the identity
+ * attribute, a chain of dependent reads.  So the chain is started first
+ * and the buffers are read while it is in flight; the bytes of the
+ * identity are read last.  (With find_function's memo, in a graph of
+ * 1,000 calls, this took the handler from about 95 to about 75 ns a call
+ * over a handler that does nothing: bench/bench_compiled.py.) */
 static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
   if (answer_metadata(cf)) return NULL;
   xffi_error *result = NULL;
@@ -688,13 +1041,16 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
                       "dlbridge: XLA's call frame has %zu bytes; dlbridge "
                       "reads %zu (an XLA older than dlbridge supports)",
                       cf->struct_size, XFFI_SIZE(xffi_call_frame, attrs));
-  const xffi_byte_span *id = find_identity(&cf->attrs);
-
-  /* Every operand then every result as a DLTensor, on the host for now. */
-  const int64_t nargs = cf->args.size, nrets = cf->rets.size;
   /* at most this many 0-d inputs come as scalar attributes (all but the
    * identity); the usual call has none and reads no attribute for them */
   const int64_t nattr = cf->attrs.size > 1 ? cf->attrs.size - 1 : 0;
+  const xla_state *st = call_state(cf, device_type == kDLCUDA);
+  if (st != NULL && (st->fn == NULL || st->nscalar > nattr))
+    st = NULL; /* decode per call */
+  const xffi_byte_span *id = st == NULL ? find_identity(&cf->attrs) : NULL;
+
+  /* Every operand then every result as a DLTensor, on the host for now. */
+  const int64_t nargs = cf->args.size, nrets = cf->rets.size;
   int64_t extents = 0;
   for (int64_t i = 0; i < nargs + nrets; i++) {
     const xffi_buffer *b = (const xffi_buffer *)(
@@ -733,6 +1089,37 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
                         tensors + nargs, &next_strides, &err);
 
   /* The Function. */
+  PyObject *fn;
+  const char *fname;
+  int32_t nin, nout, nmut = 0, nscalar = 0, nloop = 0;
+  const dlb_signature_param *params;
+  if (st != NULL) {
+    fn = st->fn;
+    fname = st->fname;
+    params = st->params;
+    nin = st->nin;
+    nout = st->nout;
+    nmut = st->nmut;
+    if (nin <= nargs + nattr) { /* else too few operands: refused below */
+      for (int32_t i = 0; i < nin; i++) argv[i] = NULL;
+      for (int32_t k = 0; k < st->nscalar; k++) {
+        const xla_number *n = &st->numbers[k];
+        DLTensor *t = &tensors[nargs + nrets + k];
+        t->data = (void *)n->value.bytes; /* never written: not `mut` */
+        t->device.device_type = kDLCPU; /* as scalar_inputs gives it */
+        t->device.device_id = 0;
+        t->dtype = n->dtype;
+        t->ndim = 0;
+        t->shape = NULL;
+        t->strides = NULL;
+        t->byte_offset = 0;
+        argv[n->input] = t;
+      }
+      nscalar = st->nscalar;
+      nloop = st->nloop;
+    }
+    goto counted;
+  }
   if (id == NULL) {
     result = xla_error(cf, XFFI_INVALID_ARGUMENT,
                        "dlbridge: a custom call to dlbridge's XLA target "
@@ -740,7 +1127,7 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
                        "calls made by a dlbridge.Function can run it");
     goto cleanup;
   }
-  PyObject *fn = find_function(id->ptr, id->len);
+  fn = find_function(id->ptr, id->len);
   if (fn == NULL) {
     result = xla_errorf(
         cf, XFFI_NOT_FOUND,
@@ -751,10 +1138,8 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
         (int)(id->len < 200 ? id->len : 200), id->ptr);
     goto cleanup;
   }
-  const char *fname = dlb__function_name(fn);
-  int32_t nin, nout;
-  const dlb_signature_param *params = dlb__function_params(fn, &nin, &nout);
-  int32_t nmut = 0, nscalar = 0, nloop = 0;
+  fname = dlb__function_name(fn);
+  params = dlb__function_params(fn, &nin, &nout);
   for (int32_t i = 0; i < nin; i++) nmut += params[i].mut != 0;
   /* argv[i]: input i's scalar attribute, or NULL for an operand */
   if (nin <= nargs + nattr) { /* else too few operands: refused below */
@@ -771,6 +1156,7 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
       goto named;
     }
   }
+counted:
   if (nargs + nscalar != nin || nrets != (int64_t)nout + nmut) {
     char numbers[48] = "";
     if (nscalar > 0)
@@ -849,6 +1235,14 @@ static xffi_error *xla_cuda_handler(xffi_call_frame *cf) {
   return run_call(cf, kDLCUDA);
 }
 
+static xffi_error *xla_cpu_instantiate(xffi_call_frame *cf) {
+  return run_instantiate(cf, 0);
+}
+
+static xffi_error *xla_cuda_instantiate(xffi_call_frame *cf) {
+  return run_instantiate(cf, 1);
+}
+
 /* The floor the benchmarks subtract (bench/bench_compiled.py): the
  * metadata answer, then nothing. */
 static xffi_error *xla_noop_handler(xffi_call_frame *cf) {
@@ -886,6 +1280,51 @@ static PyObject *py_xla_handler(PyObject *module, PyObject *platform) {
   memcpy(&ptr, &handler, sizeof ptr);
   /* Unnamed: older jaxlib reads the pointer with a NULL name. */
   return PyCapsule_New(ptr, NULL, NULL);
+}
+
+static PyObject *handler_capsule(xffi_handler *handler) {
+  void *ptr;
+  memcpy(&ptr, &handler, sizeof ptr);
+  return PyCapsule_New(ptr, NULL, NULL);
+}
+
+/* _core._xla_handlers(platform) -> {"instantiate": capsule, "execute":
+ * capsule}: the bundle jax.ffi.register_ffi_target takes as a dict, for
+ * platform "cpu" or "cuda" (the instantiate stage decodes each call
+ * site's attributes once: xla_state). */
+static PyObject *py_xla_handlers(PyObject *module, PyObject *platform) {
+  (void)module;
+  xffi_handler *instantiate, *execute;
+  if (PyUnicode_Check(platform) &&
+      PyUnicode_CompareWithASCIIString(platform, "cpu") == 0) {
+    instantiate = xla_cpu_instantiate;
+    execute = xla_cpu_handler;
+  } else if (PyUnicode_Check(platform) &&
+             PyUnicode_CompareWithASCIIString(platform, "cuda") == 0) {
+    instantiate = xla_cuda_instantiate;
+    execute = xla_cuda_handler;
+  } else {
+    PyErr_Format(PyExc_ValueError,
+                 "_xla_handlers(): no handlers for platform %R (\"cpu\" or "
+                 "\"cuda\")",
+                 platform);
+    return NULL;
+  }
+  PyObject *d = PyDict_New(), *cap = NULL;
+  if (d == NULL) return NULL;
+  if ((cap = handler_capsule(instantiate)) == NULL ||
+      PyDict_SetItemString(d, "instantiate", cap) < 0)
+    goto fail;
+  Py_DECREF(cap);
+  if ((cap = handler_capsule(execute)) == NULL ||
+      PyDict_SetItemString(d, "execute", cap) < 0)
+    goto fail;
+  Py_DECREF(cap);
+  return d;
+fail:
+  Py_XDECREF(cap);
+  Py_DECREF(d);
+  return NULL;
 }
 
 /* _core._xla_ffi_layout() -> {C expression in jaxlib's c_api.h: value in
@@ -971,6 +1410,51 @@ static PyObject *py_xla_ffi_layout(PyObject *module, PyObject *unused) {
                 offsetof(xffi_api, stream_get)),
       XFFI_ITEM("offsetof(XLA_FFI_Api, XLA_FFI_DeviceOrdinal_Get)",
                 offsetof(xffi_api, device_ordinal_get)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api, XLA_FFI_Error_Destroy)",
+                offsetof(xffi_api, error_destroy)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api, XLA_FFI_Type_Register)",
+                offsetof(xffi_api, type_register)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api, XLA_FFI_State_Set)",
+                offsetof(xffi_api, state_set)),
+      XFFI_ITEM("offsetof(XLA_FFI_Api, XLA_FFI_State_Get)",
+                offsetof(xffi_api, state_get)),
+      XFFI_ITEM("offsetof(XLA_FFI_Error_Destroy_Args, error)",
+                offsetof(xffi_error_destroy_args, error)),
+      XFFI_ITEM("XLA_FFI_Error_Destroy_Args_STRUCT_SIZE",
+                XFFI_SIZE(xffi_error_destroy_args, error)),
+      XFFI_ITEM("offsetof(XLA_FFI_TypeInfo, deleter)",
+                offsetof(xffi_type_info, deleter)),
+      XFFI_ITEM("XLA_FFI_TypeInfo_STRUCT_SIZE",
+                XFFI_SIZE(xffi_type_info, deleter)),
+      XFFI_ITEM("offsetof(XLA_FFI_Type_Register_Args, name)",
+                offsetof(xffi_type_register_args, name)),
+      XFFI_ITEM("offsetof(XLA_FFI_Type_Register_Args, type_id)",
+                offsetof(xffi_type_register_args, type_id)),
+      XFFI_ITEM("offsetof(XLA_FFI_Type_Register_Args, type_info)",
+                offsetof(xffi_type_register_args, type_info)),
+      XFFI_ITEM("sizeof(XLA_FFI_TypeId)", sizeof(xffi_type_id)),
+      XFFI_ITEM("sizeof(XLA_FFI_ExecutionStage)", sizeof(int)),
+      XFFI_ITEM("XLA_FFI_ExecutionStage_INSTANTIATE", XFFI_STAGE_INSTANTIATE),
+      XFFI_ITEM("offsetof(XLA_FFI_State_Set_Args, ctx)",
+                offsetof(xffi_state_args, ctx)),
+      XFFI_ITEM("offsetof(XLA_FFI_State_Set_Args, stage)",
+                offsetof(xffi_state_args, stage)),
+      XFFI_ITEM("offsetof(XLA_FFI_State_Set_Args, type_id)",
+                offsetof(xffi_state_args, type_id)),
+      XFFI_ITEM("offsetof(XLA_FFI_State_Set_Args, state)",
+                offsetof(xffi_state_args, state)),
+      XFFI_ITEM("XLA_FFI_State_Set_Args_STRUCT_SIZE",
+                XFFI_SIZE(xffi_state_args, state)),
+      XFFI_ITEM("offsetof(XLA_FFI_State_Get_Args, ctx)",
+                offsetof(xffi_state_args, ctx)),
+      XFFI_ITEM("offsetof(XLA_FFI_State_Get_Args, stage)",
+                offsetof(xffi_state_args, stage)),
+      XFFI_ITEM("offsetof(XLA_FFI_State_Get_Args, type_id)",
+                offsetof(xffi_state_args, type_id)),
+      XFFI_ITEM("offsetof(XLA_FFI_State_Get_Args, state)",
+                offsetof(xffi_state_args, state)),
+      XFFI_ITEM("XLA_FFI_State_Get_Args_STRUCT_SIZE",
+                XFFI_SIZE(xffi_state_args, state)),
       XFFI_ITEM("XLA_FFI_Error_Code_INVALID_ARGUMENT", XFFI_INVALID_ARGUMENT),
       XFFI_ITEM("XLA_FFI_Error_Code_NOT_FOUND", XFFI_NOT_FOUND),
       XFFI_ITEM("XLA_FFI_Error_Code_PERMISSION_DENIED", XFFI_PERMISSION_DENIED),
@@ -1023,6 +1507,10 @@ static PyMethodDef xla_methods[] = {
      "dlbridge Functions in XLA graphs on platform \"cpu\" or \"cuda\", as "
      "an unnamed capsule for jax.ffi.register_ffi_target (\"noop\": one "
      "that does nothing, the benchmarks' floor)."},
+    {"_xla_handlers", py_xla_handlers, METH_O,
+     "_xla_handlers(platform) -> dict\n\nThe instantiate and execute "
+     "handlers for platform \"cpu\" or \"cuda\", as the dict of capsules "
+     "jax.ffi.register_ffi_target takes (what dlbridge registers)."},
     {"_xla_ffi_layout", py_xla_ffi_layout, METH_NOARGS,
      "_xla_ffi_layout() -> dict\n\nThe transcribed XLA FFI C ABI: each C "
      "expression of jaxlib's c_api.h that the handler relies on, with the "

@@ -468,13 +468,67 @@ static PyObject *resolve_target_slow(dlb_module_state *st, PyObject *to);
  * and replaced under c->lock (a few loads and stores; the references let
  * go of are dropped after it), so no thread pairs one call's key with
  * another's target or takes a reference to a target being freed. */
+#ifdef Py_GIL_DISABLED
+/* Without the GIL, each thread also remembers the last target it resolved
+ * from a name, so that convert(x, "numpy") in many threads writes nothing
+ * shared: neither c->lock (whose cache line every handler lookup reads)
+ * nor the capsule's reference count (issue 26 item 5).  The capsule is
+ * borrowed: it lives in c->targets, which only grows until the cache is
+ * freed with the module (cache_id tells a later cache at the same address
+ * apart), and the key is remembered only when it is the target's own
+ * interned name -- the object a literal name is -- which the target holds,
+ * so no other object can take its address while the memo can match. */
+static _Thread_local struct {
+  const struct dlb_handler_cache *cache;
+  uint64_t cache_id;
+  PyObject *key, *cap;
+  convert_target *target;
+} thread_target;
+
+static uint64_t cache_id(const struct dlb_handler_cache *c) {
+  return DLB_FT_LOAD_U64(&c->generation) >> 40; /* handlers.c: its origin */
+}
+
+/* cap (target t), resolved from to, remembered for this thread when to is
+ * t's own name and cap the one c->targets keeps for it. */
+static void remember_thread_target(const struct dlb_handler_cache *c,
+                                   PyObject *to, PyObject *cap,
+                                   convert_target *t) {
+  PyObject *kept = NULL;
+  if (to != t->name ||
+      dlb__dict_get_ref(c->targets, to, &kept) != 1 || kept != cap) {
+    PyErr_Clear(); /* no memo is no error */
+    Py_XDECREF(kept);
+    return;
+  }
+  Py_DECREF(kept); /* c->targets holds it */
+  thread_target.cache = c;
+  thread_target.cache_id = cache_id(c);
+  thread_target.key = to;
+  thread_target.cap = cap;
+  thread_target.target = t;
+}
+#endif
+
+/* resolve_target's answer, *borrowed set when cap is borrowed (the
+ * caller's thread memo, free-threaded builds only) rather than a new
+ * reference. */
 static PyObject *resolve_target(dlb_module_state *st, PyObject *to,
-                                convert_target **target) {
+                                convert_target **target, int *borrowed) {
   struct dlb_handler_cache *c = st->handlers;
+  *borrowed = 0;
   if (c == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "dlbridge._core has been cleared");
     return NULL;
   }
+#ifdef Py_GIL_DISABLED
+  if (to == thread_target.key && to != NULL && thread_target.cache == c &&
+      thread_target.cache_id == cache_id(c)) {
+    *target = thread_target.target;
+    *borrowed = 1;
+    return thread_target.cap;
+  }
+#endif
   PyObject *cap = NULL;
   DLB_FT_LOCK(&c->lock);
   if (to == c->target_memo_key && to != NULL) {
@@ -482,7 +536,12 @@ static PyObject *resolve_target(dlb_module_state *st, PyObject *to,
     *target = c->target_memo_pointer;
   }
   DLB_FT_UNLOCK(&c->lock);
-  if (cap != NULL) return cap;
+  if (cap != NULL) {
+#ifdef Py_GIL_DISABLED
+    remember_thread_target(c, to, cap, *target);
+#endif
+    return cap;
+  }
   cap = resolve_target_slow(st, to);
   if (cap == NULL) return NULL;
   *target = target_of(cap);
@@ -490,6 +549,9 @@ static PyObject *resolve_target(dlb_module_state *st, PyObject *to,
     Py_DECREF(cap);
     return NULL;
   }
+#ifdef Py_GIL_DISABLED
+  if (st->handlers == c) remember_thread_target(c, to, cap, *target);
+#endif
   if (st->handlers == c && (PyUnicode_CheckExact(to) || PyType_Check(to))) {
     Py_INCREF(cap);
     Py_INCREF(to);
@@ -1013,7 +1075,8 @@ static PyObject *import_source(dlb_module_state *st, PyObject *obj,
 PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
                        const DLDevice *device, int copy) {
   convert_target *tg = NULL;
-  PyObject *cap = resolve_target(st, to, &tg), *res = NULL;
+  int borrowed = 0;
+  PyObject *cap = resolve_target(st, to, &tg, &borrowed), *res = NULL;
   dlb_TensorObject *self = NULL;
   PyTypeObject *type = NULL;
   const dlb_handler *h = NULL;
@@ -1094,7 +1157,7 @@ PyObject *dlb__convert(dlb_module_state *st, PyObject *obj, PyObject *to,
 done:
   Py_XDECREF(self);
   Py_XDECREF(type);
-  Py_DECREF(cap);
+  if (!borrowed) Py_DECREF(cap);
   return res;
 }
 

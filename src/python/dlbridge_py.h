@@ -175,11 +175,31 @@ typedef struct {
   /* types.c: DType objects already made, direct-mapped by a hash of
    * (code, bits, lanes).  Reading t.dtype is common and a DType is
    * immutable, so handing out the same object saves an allocation and a
-   * name lookup each time.  Free-threaded builds read and write it under
-   * dtype_lock (an entry replaced by a collision is freed). */
+   * name lookup each time.  With the GIL a collision replaces the entry.
+   * Free-threaded builds fill each slot once (under dtype_lock) with an
+   * immortal DType and never replace it, so a hit is one acquire load and
+   * writes nothing shared: no lock, no reference count (issue 26 item 5);
+   * a colliding dtype gets a new DType each time. */
   PyObject *dtype_cache[64];
   dlb_ft_mutex dtype_lock;
 } dlb_module_state;
+
+/* Free-threaded CPython 3.13: type, one of ours whose instances every
+ * thread makes and frees (Tensor, DType, Device), made immortal at module
+ * init.  Every instance holds a reference to its heap type, and 3.13
+ * counts those in the type's one shared reference count: threads making
+ * Tensors on their own arrays would all write that cache line
+ * (from_dlpack, convert).  3.14 counts heap types' references per thread;
+ * GIL builds have no such cost.  The types live as long as the process
+ * then, as CPython 3.13t's own classes do once a second thread starts
+ * (gh-117783). */
+static inline void dlb__ft_share_type(PyTypeObject *type) {
+#if defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x030E0000
+  dlb__ft_immortalize((PyObject *)type);
+#else
+  (void)type;
+#endif
+}
 
 extern PyModuleDef dlb__module_def;
 
@@ -773,8 +793,17 @@ struct dlb_handler_cache {
   /* Free-threaded builds: guards slots, mask, count and the entries'
    * versions; generation is also read without it (atomically).  Held for
    * a few loads and stores, never while Python code runs, and waited for
-   * attached (pycompat.h: dlb_ft_lock).  Nothing on GIL builds. */
+   * attached (pycompat.h: dlb_ft_lock).  Nothing on GIL builds.  A cache
+   * line of its own on free-threaded builds: every handler lookup of every
+   * thread reads generation, and a lock taken beside it would make each
+   * of them miss (issue 26 item 5). */
+#ifdef Py_GIL_DISABLED
+  char lock_pad_before[64];
   dlb_ft_lock lock;
+  char lock_pad_after[64];
+#else
+  dlb_ft_lock lock;
+#endif
   PyObject *callback; /* weakref callback; self = cache_capsule */
   PyObject *cache_capsule;
   int skip_exchange;  /* DLBRIDGE_SKIP_EXCHANGE_API */

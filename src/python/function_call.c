@@ -235,18 +235,41 @@ static int tf_recording(const dlb_handler *h) {
 DLB__OUT_OF_LINE(int, tf_recording, (const dlb_handler *));
 
 #ifdef Py_GIL_DISABLED
+/* fn_frame.tpins[i] of a class that needs no reference to outlive the
+ * call: a static type (never freed) or dlbridge's own Tensor type (held by
+ * the module state, which the Function holds; it cannot be subclassed).
+ * Held, its reference count would be written twice per argument by every
+ * thread calling with dlb.Tensors -- one cache line for all of them (issue
+ * 26 item 5).  The low bit marks the entry as not a reference; it is still
+ * compared, so a class change is seen as for a held one. */
+#define TPIN_UNHELD(type) ((PyObject *)((uintptr_t)(type) | 1u))
+static inline int type_outlives_call(const dlb_module_state *st,
+                                     PyTypeObject *type) {
+  return type == st->TensorType || !PyType_HasFeature(type, Py_TPFLAGS_HEAPTYPE);
+}
+static inline int tpin_held(const PyObject *pin) {
+  return ((uintptr_t)pin & 1u) == 0;
+}
+
 /* Hold obj's class as argument i's type for the rest of the call
  * (fn_frame.tpins), letting go of the one held before: obj's class changed
  * since its last reading, so Python code ran (*python is set). */
-static void pin_type(fn_frame *f, int i, PyObject *obj, int *python) {
+static void pin_type(const dlb_module_state *st, fn_frame *f, int i,
+                     PyObject *obj, int *python) {
   PyObject *old = f->tpins[i];
-  f->tpins[i] = Py_NewRef((PyObject *)Py_TYPE(obj));
+  PyTypeObject *type = Py_TYPE(obj);
+  if (type_outlives_call(st, type))
+    f->tpins[i] = TPIN_UNHELD(type);
+  else
+    f->tpins[i] = Py_NewRef((PyObject *)type);
   if (old != NULL) {
     *python = 1;
-    unpin(&old);
+    if (tpin_held(old)) unpin(&old);
   }
 }
-DLB__OUT_OF_LINE(void, pin_type, (fn_frame *, int, PyObject *, int *));
+DLB__OUT_OF_LINE(void, pin_type,
+                 (const dlb_module_state *, fn_frame *, int, PyObject *,
+                  int *));
 #endif
 
 /* Read argument i (not a number), looking its handler up.  A NumPy array,
@@ -268,8 +291,9 @@ static FN_HOT_INLINE int read_arg(fn_object *fn, fn_frame *f, PyObject *obj,
   unsigned opts = 0;
   f->marks[i] = 0;
 #ifdef Py_GIL_DISABLED
-  if (f->tpins[i] != (PyObject *)Py_TYPE(obj))
-    pin_type_out_of_line(f, i, obj, python);
+  if (f->tpins[i] != (PyObject *)Py_TYPE(obj) &&
+      f->tpins[i] != TPIN_UNHELD(Py_TYPE(obj)))
+    pin_type_out_of_line(st, f, i, obj, python);
 #endif
   const dlb_handler *h =
       dlb__handler_memo_get(st, &fn->memos[i], Py_TYPE(obj));
@@ -707,7 +731,11 @@ static inline PyObject *function_call(fn_object *fn, PyObject *const *args,
   if (ifirst >= 0) {
     h = views[ifirst].handler;
     proto.device = views[ifirst].t.device;
-    if (nout > 0 || proto.device.device_type != kDLCPU)
+    if ((nout > 0 || proto.device.device_type != kDLCPU)
+#ifdef Py_GIL_DISABLED
+        && !type_outlives_call(st, h->type) /* no shared write (pin_type) */
+#endif
+    )
       f->pins[f->npins++] = Py_NewRef((PyObject *)h->type);
     if (proto.device.device_type != kDLCPU &&
         dlb__current_stream(st, h, proto.device, &stream) < 0)
@@ -786,7 +814,7 @@ cleanup:
   if (f->batch != NULL) PyMem_Free(f->batch);
 #ifdef Py_GIL_DISABLED
   for (int i = 0; i < nin; i++)
-    if (f->tpins[i] != NULL) unpin(&f->tpins[i]);
+    if (f->tpins[i] != NULL && tpin_held(f->tpins[i])) unpin(&f->tpins[i]);
 #endif
   if (traced != NULL) {
     /* What was read is let go of; the compiler gets the whole call. */

@@ -8,8 +8,12 @@
  *    else in src/python and src/ops.  Building with DLB_PYCOMPAT_PUBLIC_ONLY
  *    defined (meson -Dpycompat_public_only=true; `make test-pycompat`) uses
  *    the public fallbacks everywhere, so they are tested and ready for a
- *    CPython that renames or removes the private names.  What was checked
- *    for 3.14 and 3.15 is written down in docs/python-versions.md.
+ *    CPython that renames or removes the private names.  Each function
+ *    says what it uses on each version and, on a "3.14/3.15:" line, what
+ *    those versions' headers say of it (checked against sid's 3.14.10 and
+ *    3.15.2 -dev packages and the free-threaded 3.13.5t build; the table
+ *    is in docs/python-versions.md).  A CPython newer than the last one
+ *    checked (DLB_PYCOMPAT_CHECKED_BELOW) gets the public fallbacks.
  *
  * 2. Strong references from shared containers: the *Ref functions of 3.13
  *    (PyDict_GetItemRef, ...), with the borrow-then-incref fallback 3.11 and
@@ -32,11 +36,20 @@
 #include <Python.h>
 
 #include <stdint.h>
+#ifdef Py_GIL_DISABLED
+#include <stdatomic.h>
+#endif
 
-/* Private names are used only where they are known to exist: before the
- * version that made them public, and not when the public fallbacks are
- * forced. */
-#if defined(DLB_PYCOMPAT_PUBLIC_ONLY)
+/* Private and unstable names are used only where they are known to exist:
+ * before the version that made them public, not when the public fallbacks
+ * are forced, and not on a CPython newer than the last one whose headers
+ * were checked for them (the first version not checked: raise it after
+ * checking the next one's headers and adding its line to each function
+ * below).  Such a CPython builds with the fallbacks -- a rename or a
+ * removal there cannot break the build -- and runs what `make
+ * test-pycompat` tests. */
+#define DLB_PYCOMPAT_CHECKED_BELOW 0x03100000 /* 3.16: checked up to 3.15 */
+#if defined(DLB_PYCOMPAT_PUBLIC_ONLY) || PY_VERSION_HEX >= DLB_PYCOMPAT_CHECKED_BELOW
 #define DLB_PYCOMPAT_PRIVATE 0
 #else
 #define DLB_PYCOMPAT_PRIVATE 1
@@ -54,7 +67,10 @@
  *          this thread's only when it equals this thread's own state.
  *   Public fallback before 3.13: PyGILState_Check().  Weaker: on 3.11 it
  *   answers 1 for every thread once a sub-interpreter was made (dlbridge
- *   refuses to be imported in one, but another module may make one). */
+ *   refuses to be imported in one, but another module may make one).
+ *   3.14/3.15: PyThreadState_GetUnchecked unchanged (pystate.h);
+ *   _PyThreadState_UncheckedGet is a Py_DEPRECATED(3.14) inline alias of
+ *   it there (not used: -Werror would refuse it). */
 static inline int dlb__py_attached(void) {
 #if PY_VERSION_HEX >= 0x030D0000
   return PyThreadState_GetUnchecked() != NULL;
@@ -75,7 +91,9 @@ static inline int dlb__py_attached(void) {
  *   "initialized" at the moment it marks the runtime finalizing, after the
  *   threading module's shutdown, so the two answers differ only for a
  *   process that never initialised Python at all (where both mean "do not
- *   touch Python"). */
+ *   touch Python").
+ *   3.14/3.15: Py_IsFinalizing unchanged (pylifecycle.h); _Py_IsFinalizing
+ *   is gone from their headers (as from 3.13's). */
 static inline int dlb__py_finalizing(void) {
 #if PY_VERSION_HEX >= 0x030D0000
   return !Py_IsInitialized() || Py_IsFinalizing();
@@ -92,7 +110,9 @@ static inline int dlb__py_finalizing(void) {
  *   3.11/3.12: _PyObject_LookupAttr (private; the same function): it does
  *   not create the AttributeError of a miss, which matters because most
  *   objects miss several of the attributes dlbridge probes.
- *   Public fallback: PyObject_GetAttr, an AttributeError cleared. */
+ *   Public fallback: PyObject_GetAttr, an AttributeError cleared.
+ *   3.14/3.15: PyObject_GetOptionalAttr unchanged (abstract.h);
+ *   _PyObject_LookupAttr is gone from their headers (as from 3.13's). */
 static inline int dlb__py_get_optional_attr(PyObject *obj, PyObject *name,
                                             PyObject **out) {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -121,7 +141,13 @@ static inline int dlb__py_get_optional_attr(PyObject *obj, PyObject *name,
  *   reference to the tuple, which a concurrent __bases__ assignment may
  *   replace) and each class's own dict (PyType_GetDict on 3.12+, tp_dict
  *   on 3.11), looked up with a strong reference.  Slower (no method
- *   cache), same answers. */
+ *   cache), same answers.
+ *   3.14/3.15: _PyType_LookupRef still private and unchanged
+ *   (cpython/object.h, same signature, not deprecated), and neither has a
+ *   public replacement: PyObject_GetOptionalAttr on the type consults the
+ *   metaclass and binds descriptors.  _PyType_Lookup is still there too,
+ *   borrowed: used only before 3.13, where no build is free-threaded.
+ *   PyType_GetDict unchanged. */
 static inline PyObject *dlb__py_type_lookup(PyTypeObject *type,
                                             PyObject *name) {
 #if DLB_PYCOMPAT_PRIVATE && PY_VERSION_HEX >= 0x030D0000
@@ -166,15 +192,21 @@ static inline PyObject *dlb__py_type_lookup(PyTypeObject *type,
 
 /* Give type a version tag if it has none; 1 when it has one, 0 when
  * CPython will not tag it (after very many modifications).
- *   3.12+: PyUnstable_Type_AssignVersionTag (public, unstable tier).
+ *   3.12+: PyUnstable_Type_AssignVersionTag (public, unstable tier: it
+ *          may change in any minor release).
  *   3.11:  a _PyType_Lookup of an interned name tags the type through the
  *          method cache (3.11 has no call for it).
- *   Public fallback on 3.11: an attribute lookup on the type of an
- *   interned name that no metaclass defines (probe) does the same
- *   _PyType_Lookup inside type.__getattribute__; its AttributeError is
- *   cleared. */
+ *   Public fallback: an attribute lookup on the type of an interned name
+ *   that no metaclass defines (probe) does the same _PyType_Lookup inside
+ *   type.__getattribute__ (its AttributeError cleared); whether a tag came
+ *   of it is Py_TPFLAGS_VALID_VERSION_TAG on 3.11, a non-zero
+ *   tp_version_tag on 3.12+ (where that flag is "Unused. Legacy flag").
+ *   3.14/3.15: PyUnstable_Type_AssignVersionTag unchanged
+ *   (cpython/object.h); tp_version_tag still an unsigned int, 0 meaning
+ *   none ("the cache is invalid"); free-threaded builds write it
+ *   atomically, so it is read with an atomic load (DLB_FT_LOAD_UINT). */
 static inline int dlb__py_type_tag(PyTypeObject *type, PyObject *probe) {
-#if PY_VERSION_HEX >= 0x030C0000
+#if DLB_PYCOMPAT_PRIVATE && PY_VERSION_HEX >= 0x030C0000
   (void)probe;
   return PyUnstable_Type_AssignVersionTag(type);
 #else
@@ -185,7 +217,16 @@ static inline int dlb__py_type_tag(PyTypeObject *type, PyObject *probe) {
   Py_XDECREF(r);
   PyErr_Clear();
 #endif
+#if PY_VERSION_HEX >= 0x030C0000
+#ifdef Py_GIL_DISABLED
+  return atomic_load_explicit((_Atomic(unsigned int) *)&type->tp_version_tag,
+                              memory_order_relaxed) != 0;
+#else
+  return type->tp_version_tag != 0;
+#endif
+#else
   return PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG);
+#endif
 #endif
 }
 
@@ -199,7 +240,15 @@ static inline int dlb__py_type_tag(PyTypeObject *type, PyObject *probe) {
  *   Public fallback: the descriptor's own tp_descr_get for a getter (the
  *   type slot every descriptor has), a vectorcall of the method
  *   descriptor with obj as self otherwise -- the same C function, reached
- *   through the descriptor protocol.  NULL with an exception. */
+ *   through the descriptor protocol.  NULL with an exception.
+ *   3.14/3.15: cpython/descrobject.h is byte for byte 3.13's
+ *   (PyDescrObject's d_type, PyMethodDescrObject's d_method,
+ *   PyGetSetDescrObject's d_getset, PyDescr_TYPE), and a descriptor's
+ *   fields are set once when it is made, so reading them takes no lock on
+ *   a free-threaded build.  No public call reads a method's ml_flags or
+ *   calls its C function without a bound method.  Exercised on every
+ *   interpreter with a stand-in C type (test_pycompat.py's torch-like
+ *   tests; torch itself is on 3.11 only). */
 static inline PyObject *dlb__py_c_descr_call(PyObject *descr, PyObject *obj) {
 #if DLB_PYCOMPAT_PRIVATE
   if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
@@ -254,7 +303,27 @@ static inline int dlb__py_c_descr_usable(PyObject *descr, PyTypeObject *type) {
 #endif
 }
 
+/* Not here, being the full (non-limited) API rather than private names:
+ * the other files read PyTypeObject fields (tp_mro, tp_version_tag,
+ * tp_flags, tp_base, tp_basicsize, tp_as_buffer, tp_vectorcall, tp_name,
+ * tp_alloc/tp_free, and tp_dict of dlbridge's own types at creation) and
+ * use sizeof(PyObject) for the object header, never a fixed size (it is
+ * larger on free-threaded builds).
+ *   3.14/3.15: every one of those fields is still there with its type;
+ *   3.14 added tp_versions_used, 3.15 _tp_iteritem after them.  One
+ *   free-threading caveat, unchanged: tp_mro is read borrowed
+ *   (handlers.c, types.c, torchbits.c), and a concurrent assignment to the
+ *   class's __bases__ replaces it and drops the old tuple at once (3.13t's
+ *   typeobject.c; 3.14t's source is not served here), with no public
+ *   strong getter but type.__mro__.  The trashcan macros are not used:
+ *   3.14 and 3.15 define Py_TRASHCAN_BEGIN/END empty (the trashcan moved
+ *   into _Py_Dealloc and bounds by C stack left, not by depth); tensor.c
+ *   bounds its own chains (its comment on destruction). */
+
 /* ---- 2. strong references from containers another thread may change ----------- */
+
+/* 3.14/3.15: PyDict_GetItemRef, PyDict_GetItemStringRef and
+ * PyDict_SetDefaultRef unchanged (public since 3.13). */
 
 /* PyDict_GetItemRef: 1 found (*out new reference), 0 missing, -1 error. */
 static inline int dlb__dict_get_ref(PyObject *dict, PyObject *key,
@@ -310,6 +379,31 @@ static inline int dlb__dict_setdefault_ref(PyObject *dict, PyObject *key,
 
 /* ---- 3. free threading: atomics and a lock that cost nothing with a GIL ------- */
 
+/* Make op immortal on a free-threaded build: its reference count is never
+ * written again (Py_INCREF and Py_DECREF of it are a load and a compare),
+ * so threads that all use it do not fight over its cache line -- and it is
+ * never freed.  For objects shared by every thread for the life of the
+ * process (dlbridge's types on 3.13, its cached DType objects); CPython
+ * 3.13t does the same to its own functions, classes and code objects once
+ * a second thread starts (gh-117783).  op must be new, made by the calling
+ * thread (which owns its reference count), and not yet seen by any other.
+ * The collector untracks an immortal object at its next pass.  Nothing on
+ * GIL builds.
+ *   3.15+: PyUnstable_SetImmortal (public, unstable tier).
+ *   3.13/3.14: Py_SET_REFCNT past UINT32_MAX on an object the calling
+ *   thread owns, which those versions' object.h / refcount.h define as
+ *   "On overflow, make the object immortal" (public). */
+static inline void dlb__ft_immortalize(PyObject *op) {
+#if defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030F0000
+  (void)PyUnstable_SetImmortal(op);
+#elif defined(Py_GIL_DISABLED)
+  Py_SET_REFCNT(op, (Py_ssize_t)UINT32_MAX + 1);
+#else
+  (void)op;
+#endif
+}
+
+
 #ifdef Py_GIL_DISABLED
 #include <stdatomic.h>
 #define DLB__A(type, p) ((_Atomic(type) *)(p))
@@ -361,6 +455,9 @@ static inline int dlb__ft_set_once(void *slot, void *v) {
  * not detach (an object's class changes only while every thread is
  * stopped), keeps them valid across it.  Initialised and destroyed
  * explicitly (DLB_FT_LOCK_INIT), or statically (DLB_FT_LOCK_STATIC). */
+/* 3.14/3.15: PyMutex, PyMutex_Lock and PyMutex_Unlock unchanged; 3.15
+ * moved them from cpython/lock.h to cpython/pylock.h, which Python.h
+ * includes either way. */
 typedef PyMutex dlb_ft_mutex;
 #define DLB_FT_MUTEX_LOCK(m) PyMutex_Lock(m)
 #define DLB_FT_MUTEX_UNLOCK(m) PyMutex_Unlock(m)

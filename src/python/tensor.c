@@ -1311,6 +1311,7 @@ int dlb__tensor_init(PyObject *module, dlb_module_state *st,
   st->TensorType =
       (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, NULL);
   if (st->TensorType == NULL) return -1;
+  dlb__ft_share_type(st->TensorType);
   if (PyModule_AddType(module, st->TensorType) < 0) return -1;
   return 0;
 }

@@ -65,32 +65,9 @@ static void dtype_dealloc(PyObject *self) {
   Py_DECREF(tp); /* instances of heap types own a reference to the type */
 }
 
-static size_t dtype_cache_slot(dlb_module_state *st, DLDataType dtype) {
-  size_t h = (size_t)dtype.code * 131u + (size_t)dtype.bits * 7u +
-             (size_t)dtype.lanes;
-  return h % (sizeof st->dtype_cache / sizeof *st->dtype_cache);
-}
-
-/* The cached DType for dtype (a new reference), or NULL.  Without the GIL
- * the slot is read and its reference taken under st->dtype_lock: another
- * thread may replace the entry (a collision) and free it in between. */
-static PyObject *dtype_cached(dlb_module_state *st, size_t slot,
-                              DLDataType dtype) {
-  DLB_FT_MUTEX_LOCK(&st->dtype_lock);
-  dlb_DTypeObject *cached = (dlb_DTypeObject *)st->dtype_cache[slot];
-  if (cached != NULL && cached->dtype.code == dtype.code &&
-      cached->dtype.bits == dtype.bits && cached->dtype.lanes == dtype.lanes)
-    Py_INCREF(cached);
-  else
-    cached = NULL;
-  DLB_FT_MUTEX_UNLOCK(&st->dtype_lock);
-  return (PyObject *)cached;
-}
-
-PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
-  size_t slot = dtype_cache_slot(st, dtype);
-  PyObject *cached = dtype_cached(st, slot, dtype);
-  if (cached != NULL) return cached;
+/* A new DType for dtype (its canonical name interned), or NULL with an
+ * exception. */
+static PyObject *dtype_make(dlb_module_state *st, DLDataType dtype) {
   char buf[48];
   dlb_error err;
   if (dlb_dtype_name(dtype, buf, sizeof buf, &err) != DLB_OK)
@@ -104,16 +81,82 @@ PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
     Py_DECREF(self);
     return NULL;
   }
-  /* A collision just replaces the older entry: the cache is a shortcut,
-   * never the only reference anyone holds.  The old one is let go of after
-   * the lock (its dealloc may run code). */
-  DLB_FT_MUTEX_LOCK(&st->dtype_lock);
-  PyObject *old = st->dtype_cache[slot];
-  st->dtype_cache[slot] = Py_NewRef((PyObject *)self);
-  DLB_FT_MUTEX_UNLOCK(&st->dtype_lock);
-  Py_XDECREF(old);
   return (PyObject *)self;
 }
+
+static size_t dtype_cache_slot(dlb_module_state *st, DLDataType dtype) {
+  size_t h = (size_t)dtype.code * 131u + (size_t)dtype.bits * 7u +
+             (size_t)dtype.lanes;
+  return h % (sizeof st->dtype_cache / sizeof *st->dtype_cache);
+}
+
+static int same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+#ifndef Py_GIL_DISABLED
+PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
+  size_t slot = dtype_cache_slot(st, dtype);
+  dlb_DTypeObject *cached = (dlb_DTypeObject *)st->dtype_cache[slot];
+  if (cached != NULL && same_dtype(cached->dtype, dtype))
+    return Py_NewRef((PyObject *)cached);
+  PyObject *self = dtype_make(st, dtype);
+  /* A collision just replaces the older entry: the cache is a shortcut,
+   * never the only reference anyone holds. */
+  if (self != NULL) Py_XSETREF(st->dtype_cache[slot], Py_NewRef(self));
+  return self;
+}
+#else
+/* Without the GIL (dlbridge_py.h, dtype_cache): a slot, once filled, holds
+ * the same immortal DType until the module goes, so a hit is a few
+ * acquire loads and takes its reference without a write.  A dtype lives
+ * in the first empty slot of the DTYPE_PROBES from its home; the first
+ * thread to miss fills it under dtype_lock, with a DType made immortal
+ * before it is published.  When those slots hold other dtypes, every call
+ * gets a new DType.  The common dtypes are put in at module init
+ * (dlb__types_init), so a program's first dtypes cannot crowd them out. */
+#define DTYPE_PROBES 8
+#define DTYPE_SLOTS (sizeof st->dtype_cache / sizeof *st->dtype_cache)
+
+/* The cached DType of dtype (borrowed: immortal), or NULL; *free_slot is
+ * the first empty slot of its run, or -1 when the run is full. */
+static PyObject *dtype_probe(dlb_module_state *st, DLDataType dtype,
+                             size_t home, long *free_slot) {
+  *free_slot = -1;
+  for (size_t k = 0; k < DTYPE_PROBES; k++) {
+    size_t i = (home + k) % DTYPE_SLOTS;
+    dlb_DTypeObject *d = DLB_FT_LOAD_PTR(&st->dtype_cache[i]);
+    if (d == NULL) {
+      *free_slot = (long)i;
+      return NULL;
+    }
+    if (same_dtype(d->dtype, dtype)) return (PyObject *)d;
+  }
+  return NULL;
+}
+
+PyObject *dlb__dtype_new(dlb_module_state *st, DLDataType dtype) {
+  size_t home = dtype_cache_slot(st, dtype);
+  long free_slot;
+  PyObject *d = dtype_probe(st, dtype, home, &free_slot);
+  if (d != NULL) return Py_NewRef(d); /* immortal: nothing written */
+  if (free_slot < 0) return dtype_make(st, dtype);
+  PyObject *self = NULL;
+  DLB_FT_MUTEX_LOCK(&st->dtype_lock);
+  d = dtype_probe(st, dtype, home, &free_slot); /* another thread's, now? */
+  if (d == NULL && free_slot >= 0) {
+    self = dtype_make(st, dtype); /* runs no Python code */
+    if (self != NULL) {
+      dlb__ft_immortalize(self);
+      DLB_FT_STORE_PTR(&st->dtype_cache[free_slot], self);
+    }
+  }
+  DLB_FT_MUTEX_UNLOCK(&st->dtype_lock);
+  if (d != NULL) return Py_NewRef(d);
+  if (free_slot < 0) return dtype_make(st, dtype);
+  return self;
+}
+#endif
 
 static PyObject *dtype_get_code(PyObject *self, void *closure) {
   (void)closure;
@@ -676,10 +719,26 @@ int dlb__types_init(PyObject *module, dlb_module_state *st) {
   st->DTypeType =
       (PyTypeObject *)PyType_FromModuleAndSpec(module, &dtype_spec, NULL);
   if (st->DTypeType == NULL) return -1;
+  dlb__ft_share_type(st->DTypeType);
   if (PyModule_AddType(module, st->DTypeType) < 0) return -1;
+#ifdef Py_GIL_DISABLED
+  /* The dtypes programs use most, cached first (dlb__dtype_new). */
+  static const DLDataType common[] = {
+      {kDLFloat, 32, 1}, {kDLFloat, 64, 1},   {kDLInt, 64, 1},
+      {kDLInt, 32, 1},   {kDLFloat, 16, 1},   {kDLBfloat, 16, 1},
+      {kDLUInt, 8, 1},   {kDLInt, 8, 1},      {kDLBool, 8, 1},
+      {kDLInt, 16, 1},   {kDLUInt, 16, 1},    {kDLUInt, 32, 1},
+      {kDLUInt, 64, 1},  {kDLComplex, 64, 1}, {kDLComplex, 128, 1}};
+  for (size_t i = 0; i < sizeof common / sizeof *common; i++) {
+    PyObject *d = dlb__dtype_new(st, common[i]);
+    if (d == NULL) return -1;
+    Py_DECREF(d);
+  }
+#endif
   st->DeviceType =
       (PyTypeObject *)PyType_FromModuleAndSpec(module, &device_spec, NULL);
   if (st->DeviceType == NULL) return -1;
+  dlb__ft_share_type(st->DeviceType);
   if (PyModule_AddType(module, st->DeviceType) < 0) return -1;
   return 0;
 }

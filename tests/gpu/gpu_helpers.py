@@ -8,10 +8,14 @@ Every framework is reached through a pytest fixture (conftest.py) that
 skips when it is missing; an adapter is built from the fixture's module.
 """
 
+import glob
 import os
+import pathlib
 
 import numpy as np
 import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # scripts/gpu-check sets this: no GPU is then a failure, not a skip.
 REQUIRED = os.environ.get("DLB_GPU_REQUIRED") == "1"
@@ -32,6 +36,22 @@ def _probe_gpu():
 
 
 TORCH, NO_GPU = _probe_gpu()
+
+
+def kernels_lib():
+    """libdlb_example_kernels.so (the examples' host kernels: saxpy, matmul,
+    batch.c's, dlb_kernel_record): $DLB_EXAMPLE_KERNELS (set by
+    scripts/gpu-check), else build/'s, else another build-*/'s; skips when
+    none is built."""
+    path = os.environ.get("DLB_EXAMPLE_KERNELS")
+    if path and os.path.exists(path):
+        return path
+    hits = [str(ROOT / "build" / "libdlb_example_kernels.so")]
+    hits += sorted(glob.glob(str(ROOT / "build-*" / "libdlb_example_kernels.so")))
+    hits = [h for h in hits if os.path.exists(h)]
+    if not hits:
+        pytest.skip("libdlb_example_kernels.so not built")
+    return hits[0]
 
 # torch.cuda._sleep(cycles) spins one thread on the GPU: at ~2 GHz this is
 # ~0.1 s, far longer than any launch or driver call the tests make, so a

@@ -19,37 +19,17 @@ tests/gpu.
 """
 
 import ctypes
-import glob
-import os
-import pathlib
 
 import numpy as np
 import pytest
 
-from gpu_helpers import SLEEP_CYCLES
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from gpu_helpers import SLEEP_CYCLES, kernels_lib
 
 BSCALE = "bscale(a: float32[...], x: float32[..., n]) -> (y: float32[..., n])"
 VSCALE = "vscale(a: float32, x: float32[n]) -> (y: float32[n])"
 B, B2, N = 64, 3, 37
 # What a call fails with while the batch routes are not in this tree.
 PENDING = ("are not implemented yet", "Cannot access data pointer")
-
-
-def _kernels_lib():
-    """libdlb_example_kernels.so (batch.c's CPU kernels):
-    $DLB_EXAMPLE_KERNELS (set by scripts/gpu-check), else build/'s, else
-    another build-*/'s."""
-    path = os.environ.get("DLB_EXAMPLE_KERNELS")
-    if path and os.path.exists(path):
-        return path
-    hits = [str(ROOT / "build" / "libdlb_example_kernels.so")]
-    hits += sorted(glob.glob(str(ROOT / "build-*" / "libdlb_example_kernels.so")))
-    hits = [h for h in hits if os.path.exists(h)]
-    if not hits:
-        pytest.skip("libdlb_example_kernels.so not built")
-    return hits[0]
 
 
 class Kernels:
@@ -82,7 +62,7 @@ def cuda_kernels(dlb, lib):
 
 
 def host_kernels(dlb):
-    return Kernels(dlb, _kernels_lib(), "dlb_kernel_", "dlb_example_batch")
+    return Kernels(dlb, kernels_lib(), "dlb_kernel_", "dlb_example_batch")
 
 
 def pending(exc):

@@ -13,14 +13,11 @@ tests/python/test_compiled_jax.py, through a fake XLA.
 """
 
 import ctypes
-import glob
-import os
-import pathlib
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from gpu_helpers import kernels_lib
 
 SAXPY = "saxpy(a: float32, x: float32[n], y: mut float32[n])"
 SAXPY_OUT = "saxpy(a: float32, x: float32[n], y: float32[n]) -> float32[n]"
@@ -28,21 +25,6 @@ MATMUL = "matmul(a: float32[m, k], b: float32[k, n]) -> float32[m, n]"
 # a result, to wait for: the handler has run once it is ready
 RECORD = "record(x: float32[n]) -> float32[n]"
 N = 1000
-
-
-def _kernels_lib():
-    """libdlb_example_kernels.so: $DLB_EXAMPLE_KERNELS (set by
-    scripts/gpu-check), else build/'s, else another build-*/'s: the host
-    kernels and dlb_kernel_record."""
-    path = os.environ.get("DLB_EXAMPLE_KERNELS")
-    if path and os.path.exists(path):
-        return path
-    hits = [str(ROOT / "build" / "libdlb_example_kernels.so")]
-    hits += sorted(glob.glob(str(ROOT / "build-*" / "libdlb_example_kernels.so")))
-    hits = [h for h in hits if os.path.exists(h)]
-    if not hits:
-        pytest.skip("libdlb_example_kernels.so not built")
-    return hits[0]
 
 
 class Kernels:
@@ -62,14 +44,14 @@ class Kernels:
 def on_gpu(request, jax):
     dlb = request.getfixturevalue("dlb")
     cuda_lib = request.getfixturevalue("cuda_kernels_lib")
-    k = Kernels(dlb, cuda_lib, "dlb_kernel_cuda_", _kernels_lib())
+    k = Kernels(dlb, cuda_lib, "dlb_kernel_cuda_", kernels_lib())
     return jax, k, jax.devices("gpu")[0]
 
 
 @pytest.fixture(scope="module")
 def on_host(dlb):
     jax = pytest.importorskip("jax")
-    k = Kernels(dlb, _kernels_lib(), "dlb_kernel_", _kernels_lib())
+    k = Kernels(dlb, kernels_lib(), "dlb_kernel_", kernels_lib())
     return jax, k, jax.devices("cpu")[0]
 
 

@@ -226,6 +226,20 @@ def test_vmap_function_without_batch_dims_loops(k):
     assert calls == 6
 
 
+@pytest.mark.parametrize("fname", ["vscale", "bscale", "bdot"])
+def test_vmap_over_zero_items(k, fname):
+    # No item to call the kernel on: the loop route (vscale; bdot with w
+    # batched) takes the results' shapes from the signature, the `...`
+    # route hands the kernel an empty batch.
+    x = rnd(0, 4)
+    second = rnd(0, 4, seed=1) if fname == "bdot" else rnd(0)
+    f = getattr(k, fname)
+    got = torch.vmap(f)(x, second) if fname == "bdot" else \
+        torch.vmap(f)(second, x)
+    assert got.shape == ((0,) if fname == "bdot" else (0, 4))
+    assert got.dtype == F64
+
+
 # ---- gradients ---------------------------------------------------------------
 
 def loss(f):

@@ -685,6 +685,149 @@ def registered(lib):
     return make
 
 
+# The instantiate stage's state, through a fake XLA that keeps states per
+# call site (ctx).  In a subprocess: the state type is registered once per
+# process with the first XLA that instantiates a call (in this process
+# that is jaxlib's, which a fake cannot stand in for).
+_STATE_SCRIPT = r"""
+import ctypes as C, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import test_compiled_jax as cj
+import dlbridge as dlb
+from dlbridge import _core
+
+class Span(C.Structure):
+    _fields_ = [("ptr", C.c_char_p), ("len", C.c_size_t)]
+class TypeInfo(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p),
+                ("deleter", C.CFUNCTYPE(None, C.c_void_p))]
+class TypeArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p),
+                ("name", Span), ("type_id", C.POINTER(C.c_int64)),
+                ("type_info", C.POINTER(TypeInfo))]
+class StateArgs(C.Structure):
+    _fields_ = [("struct_size", C.c_size_t), ("ext", C.c_void_p),
+                ("ctx", C.c_void_p), ("stage", C.c_int),
+                ("type_id", C.POINTER(C.c_int64)), ("state", C.c_void_p)]
+
+class StatefulXla(cj.FakeXla):
+    def __init__(self):
+        super().__init__()
+        self.states, self.types, self.destroyed = {}, [], 0
+        self.sites = []
+        def type_register(p):
+            a = p.contents
+            self.types.append((a.name.ptr[:a.name.len], a.struct_size))
+            self.deleter = a.type_info.contents.deleter
+            a.type_id[0] = 42
+        def state_set(p):
+            a = p.contents
+            assert (a.struct_size, a.stage, a.type_id[0]) == (48, 0, 42)
+            assert a.ctx not in self.states
+            self.states[a.ctx] = a.state
+        def state_get(p):
+            a = p.contents
+            if a.ctx not in self.states:
+                return 0x3000
+            a.state = self.states[a.ctx]
+        def error_destroy(p):
+            self.destroyed += 1
+        self._more = [C.CFUNCTYPE(None, C.c_void_p)(
+                          lambda p: error_destroy(None)),
+                      C.CFUNCTYPE(C.c_void_p, C.POINTER(TypeArgs))(type_register),
+                      C.CFUNCTYPE(C.c_void_p, C.POINTER(StateArgs))(state_set),
+                      C.CFUNCTYPE(C.c_void_p, C.POINTER(StateArgs))(state_get)]
+        for slot, cb in zip((2, 5, 7, 8), self._more):
+            self.api.slots[slot] = C.cast(cb, C.c_void_p).value
+        stages = _core._xla_handlers("cpu")
+        self.instantiate = cj._HANDLER(cj._capsule_pointer(stages["instantiate"], None))
+
+    def site(self, ctx, identity):
+        # instantiate a call site: a frame with its attributes only
+        self.ctx = C.c_int(ctx)            # later calls run this site
+        self.sites.append(self.ctx)        # each site's ctx address unique
+        frame = cj._Frame()
+        frame.struct_size = 168
+        frame.api = C.pointer(self.api)
+        frame.ctx = C.addressof(self.ctx)
+        keep = []
+        frame.args = self._buffers([], keep)
+        frame.rets = self._buffers([], keep)
+        k = cj._Span(b"dlb_identity", 12)
+        v = cj._Span(identity.encode(), len(identity))
+        names = (C.POINTER(cj._Span) * 1)(C.pointer(k))
+        values = (C.c_void_p * 1)(C.addressof(v))
+        types = (C.c_int * 1)(4)
+        frame.attrs = cj._Attrs(48, None, 1, types, names, values)
+        assert self.instantiate(C.byref(frame)) is None
+        return self.states[C.addressof(self.ctx)]
+
+lib = sys.argv[2]
+mm = dlb.load(lib, "dlb_kernel_matmul", cj.MATMUL)
+_core._ops_register(mm)
+xla = StatefulXla()
+a, b = cj.f32(2, 3), cj.f32(3, 4, start=1.0)
+live = _core._allocation_stats()["live"]
+_core._fail_allocations(-1)                 # count, refuse nothing
+one = xla.site(1, mm._identity)
+ctx_one = xla.ctx
+assert xla.types == [(b"dlbridge.xla_call_state.host", 48)], xla.types
+# its calls read no attribute: one without any runs the site's Function
+c = np.zeros((2, 4), np.float32)
+xla.errors.clear()
+assert xla.call("cpu", [a, b], [c]) is None, xla.errors
+np.testing.assert_allclose(c, a @ b, rtol=1e-6)
+# another site of the same Function shares the block; the type is
+# registered once
+two = xla.site(2, mm._identity)
+assert two == one and len(xla.types) == 1
+# a site whose Function is not registered yet: decoded per call, so it
+# runs once the Function is registered (and fails as before until then)
+late = dlb.load(lib, "dlb_kernel_matmul",
+                "late(a: float32[m, k], b: float32[k, n]) -> float32[m, n]")
+three = xla.site(3, late._identity)
+assert three != one
+xla.errors.clear()
+assert xla.call("cpu", [a, b], [c], late._identity) is not None
+assert xla.errors[-1][0] == cj._NOT_FOUND, xla.errors
+_core._ops_register(late)
+c[:] = 0
+assert xla.call("cpu", [a, b], [c], late._identity) is None, xla.errors
+np.testing.assert_allclose(c, a @ b, rtol=1e-6)
+# a refused block: that site decodes per call too
+_core._fail_allocations(0)
+four = xla.site(4, mm._identity)
+_core._fail_allocations(-1)
+assert four == three                        # the shared "decode" state
+c[:] = 0
+assert xla.call("cpu", [a, b], [c], mm._identity) is None, xla.errors
+np.testing.assert_allclose(c, a @ b, rtol=1e-6)
+# XLA deletes each site's state once: the shared block goes with the last
+for state in (one, two, three, four):
+    xla.deleter(state)
+stats = _core._reset_allocations()
+assert stats["live"] == live, (stats, live)
+# a call site XLA never instantiated: decoded per call, XLA's error freed
+xla.ctx = C.c_int(9)
+c[:] = 0
+assert xla.call("cpu", [a, b], [c], mm._identity) is None, xla.errors
+np.testing.assert_allclose(c, a @ b, rtol=1e-6)
+assert xla.destroyed == 1
+print("ok")
+"""
+
+
+def test_instantiate_stage_decodes_each_call_site_once(lib):
+    here = pathlib.Path(__file__).resolve().parent
+    out = subprocess.run([sys.executable, "-c", _STATE_SCRIPT, str(here), lib],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
+        out.stdout + out.stderr
+    with pytest.raises(ValueError, match="platform"):
+        _core._xla_handlers("noop")
+
+
 def test_handler_answers_the_metadata_query():
     xla = FakeXla()
     for platform in ("cpu", "cuda", "noop"):

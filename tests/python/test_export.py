@@ -238,6 +238,8 @@ def test_capsule_keeps_tensor_alive():
 
 
 def test_destructor_preserves_exception():
+    """The capsule's destructor, run while an exception is being handled,
+    keeps it and drops the capsule's reference to the tensor."""
     t = dlb.zeros(2)
     try:
         cap = t.__dlpack__(max_version=(1, 0))

@@ -7,6 +7,11 @@ graph break), in torch.func (grad, jacrev, vmap(grad), jvp, jacfwd) and
 forward AD -- and every derivative that was not declared is a
 RuntimeError, never a None or a zero.  Expected values are analytic
 (NumPy) or torch's own autograd of the same function."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -306,6 +311,40 @@ def test_backward_graph_holds_the_vjp_operator(k):
     bw = [n.target for gm in backend.bw_graphs for n in gm.graph.nodes]
     assert _ops_torch.op(k.scale) in fw
     assert vjp_op in bw
+
+
+def test_compiled_backward_from_a_warm_inductor_cache(lib, tmp_path):
+    """The second process gets its forward and backward graphs from
+    inductor's cache, with nothing traced that would define the vjp
+    operator the backward graph calls: the forward's operator defines its
+    derivatives with it (a 0-d parameter given a Python number, so the
+    vjp's own number overload too; and under torch.vmap)."""
+    script = textwrap.dedent(f"""
+        import torch, dlbridge as dlb
+        from torch._dynamo.utils import counters
+        scale = dlb.load({lib!r}, "dlb_kernel_scale", {SCALE!r},
+                         vjp="dlb_kernel_scale_vjp")
+        x = torch.arange(4.0, dtype=torch.float64, requires_grad=True)
+        g = torch.compile(lambda x: (scale(3.0, x) ** 2).sum(),
+                          backend="inductor", fullgraph=True)
+        g(x).backward()
+        assert torch.equal(x.grad, 18 * x.detach()), x.grad
+        x.grad = None
+        v = torch.compile(lambda x: (torch.vmap(scale, in_dims=(None, 0))(
+            3.0, x.reshape(2, 2)) ** 2).sum(), backend="inductor",
+            fullgraph=True)
+        v(x).backward()
+        assert torch.equal(x.grad, 18 * x.detach()), x.grad
+        print(counters["inductor"]["fxgraph_cache_hit"])
+        """)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    hits = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", script], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        hits.append(int(run.stdout.split()[-1]))
+    assert hits[0] == 0 and hits[1] > 0   # the second run was served warm
 
 
 # ---- opcheck -------------------------------------------------------------------

@@ -305,3 +305,58 @@ def test_handlers_while_types_come_and_go(add3):
                 gc.collect()
 
     hammer(body)
+
+
+def test_dtype_cache_fills_and_collides_at_once(add3):
+    """The module's DType cache without the GIL: each slot is filled once by
+    whichever thread gets there first and read with no lock after (a
+    collision, or a lost race, gets a DType of its own).  Threads ask for
+    ~300 dtypes (codes x bits x lanes: more than its 64 slots), most of
+    them new to this process, in a different order each; every answer is
+    the DType asked for."""
+    specs = [f"{kind}{bits}" + (f"x{lanes}" if lanes > 1 else "")
+             for kind in ("int", "uint", "float")
+             for bits in (8, 16, 32, 64)
+             for lanes in range(1, 26)
+             if not (kind == "float" and bits == 8)]
+
+    copy = dlb.load(_kernels(), "dlb_kernel_copy",
+                    "copy(x: float32[n]) -> (y: float32[n])")
+
+    def body(tid):
+        order = list(specs)
+        random.Random(tid).shuffle(order)
+        for _ in range(max(1, ITERATIONS // 100)):
+            for spec in order:
+                d = dlb.dtype(spec)
+                assert str(d) == spec and d == spec, (d, spec)
+                assert d.lanes == (int(spec.split("x")[1]) if "x" in spec else 1)
+        # t.dtype of per-thread tensors, and Functions given dlb.Tensors
+        # (their class, and the results' handler type, are not held per
+        # call: function_call.c, type_outlives_call)
+        own = [dlb.from_dlpack(np.full(N, tid, np.float32)) for _ in range(3)]
+        for _ in range(ITERATIONS):
+            assert own[0].dtype == "float32" and own[0].dtype is own[1].dtype
+            add3(own[0], own[1], own[2])
+            y = copy(own[0])
+            assert type(y) is dlb.Tensor and y.tolist() == [float(tid)] * N
+        assert own[2].tolist() == [2.0 * tid] * N
+
+    hammer(body)
+
+
+@pytest.mark.skipif(not FREE_THREADED, reason="free-threaded builds only")
+def test_objects_every_thread_uses_are_not_reference_counted():
+    """What every thread's t.dtype returns, and (on 3.13, which counts a
+    heap type's references in the type) the types whose instances every
+    thread makes, are immortal: reading or making them writes no shared
+    reference count (docs/bench.md, "Free-threaded scaling")."""
+    immortal = 2 ** 31   # sys.getrefcount of an immortal object: 2**32 - 1
+    t = dlb.from_dlpack(np.zeros(2, np.float32))
+    for name in ("float32", "float64", "int64", "int32", "uint8", "bool",
+                 "float16", "bfloat16", "complex64", "complex128"):
+        assert sys.getrefcount(dlb.dtype(name)) > immortal, name
+    assert sys.getrefcount(t.dtype) > immortal
+    if sys.version_info[:2] == (3, 13):
+        for tp in (dlb.Tensor, type(t.dtype), type(t.device)):
+            assert sys.getrefcount(tp) > immortal, tp
