@@ -21,8 +21,8 @@ threads on 2 cores, on per-thread arrays).
 
 How a figure is taken: each thread runs its own copy of the timed loop (a
 function compiled for it, so no code object is shared), all released by one
-barrier; the time is from the barrier to the last thread's end.  The loop
-count is calibrated on one thread so that a run lasts about target_s; the
+barrier; the time is from the first thread's start to the last thread's
+end.  The loop count is calibrated on one thread so that a run lasts about target_s; the
 N-thread run does the same count on each thread.  The garbage collector is
 off while timing (a collection stops every thread).  Rounds interleave the
 rows, and the best 1-thread and best N-thread run of each row are kept
@@ -153,11 +153,12 @@ def _tokens(stmt):
 
 def _run(call, kind, shared, nthreads, number):
     """(seconds, CPU seconds) for nthreads threads each running call's loop
-    number times: from the barrier to the last thread's end, and the CPU
-    time the threads spent in their loops, all together."""
+    number times: from the first thread's start to the last one's end, and
+    the CPU time the threads spent in their loops, all together."""
     stmt = ROWS[call][0]
     barrier = threading.Barrier(nthreads + 1)
-    ends, cpus, errors = [None] * nthreads, [0.0] * nthreads, []
+    starts, ends = [0.0] * nthreads, [0.0] * nthreads
+    cpus, errors = [0.0] * nthreads, []
 
     def work(i):
         try:
@@ -172,8 +173,12 @@ def _run(call, kind, shared, nthreads, number):
             barrier.wait()
             return
         barrier.wait()
+        starts[i] = time.perf_counter()
         c0 = time.thread_time()
-        loop(number, *args)
+        try:
+            loop(number, *args)
+        except Exception as e:  # reported by the caller
+            errors.append(e)
         ends[i] = time.perf_counter()
         cpus[i] = time.thread_time() - c0
 
@@ -181,12 +186,14 @@ def _run(call, kind, shared, nthreads, number):
     for t in ts:
         t.start()
     barrier.wait()
-    start = time.perf_counter()
     for t in ts:
         t.join()
     if errors:
         raise errors[0]
-    return max(ends) - start, sum(cpus)
+    # From the first thread's start to the last one's end, as the threads
+    # saw them (this thread may run late after the barrier on a busy
+    # machine: its own clock would miss the start).
+    return max(ends) - min(starts), sum(cpus)
 
 
 def _calibrate(call, kind, shared, target_s):

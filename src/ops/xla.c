@@ -455,39 +455,42 @@ static xffi_error_code xla_code(int status) {
   }
 }
 
+/* The DLPack dtype of each XLA element type it can describe the same way;
+ * bits 0 for the others (sub-byte types XLA packs, tokens).  A table, not
+ * a switch: it is read for every buffer of every call. */
+#define XLA_DTYPE(x, c, b) [x] = {(uint8_t)(c), (uint8_t)(b), 1}
+static const DLDataType xla_dtypes[XFFI_F8E8M0FNU + 1] = {
+    XLA_DTYPE(XFFI_PRED, kDLBool, 8),
+    XLA_DTYPE(XFFI_S8, kDLInt, 8),
+    XLA_DTYPE(XFFI_S16, kDLInt, 16),
+    XLA_DTYPE(XFFI_S32, kDLInt, 32),
+    XLA_DTYPE(XFFI_S64, kDLInt, 64),
+    XLA_DTYPE(XFFI_U8, kDLUInt, 8),
+    XLA_DTYPE(XFFI_U16, kDLUInt, 16),
+    XLA_DTYPE(XFFI_U32, kDLUInt, 32),
+    XLA_DTYPE(XFFI_U64, kDLUInt, 64),
+    XLA_DTYPE(XFFI_F16, kDLFloat, 16),
+    XLA_DTYPE(XFFI_F32, kDLFloat, 32),
+    XLA_DTYPE(XFFI_F64, kDLFloat, 64),
+    XLA_DTYPE(XFFI_BF16, kDLBfloat, 16),
+    XLA_DTYPE(XFFI_C64, kDLComplex, 64),
+    XLA_DTYPE(XFFI_C128, kDLComplex, 128),
+    XLA_DTYPE(XFFI_F8E5M2, kDLFloat8_e5m2, 8),
+    XLA_DTYPE(XFFI_F8E4M3FN, kDLFloat8_e4m3fn, 8),
+    XLA_DTYPE(XFFI_F8E4M3B11FNUZ, kDLFloat8_e4m3b11fnuz, 8),
+    XLA_DTYPE(XFFI_F8E5M2FNUZ, kDLFloat8_e5m2fnuz, 8),
+    XLA_DTYPE(XFFI_F8E4M3FNUZ, kDLFloat8_e4m3fnuz, 8),
+    XLA_DTYPE(XFFI_F8E4M3, kDLFloat8_e4m3, 8),
+    XLA_DTYPE(XFFI_F8E3M4, kDLFloat8_e3m4, 8),
+    XLA_DTYPE(XFFI_F8E8M0FNU, kDLFloat8_e8m0fnu, 8),
+};
+#undef XLA_DTYPE
+
 /* The DLPack dtype of an XLA element type; 0, or -1 for one a DLTensor
- * cannot describe the same way (sub-byte types XLA packs, tokens). */
-static int xla_dtype(int xla, DLDataType *out) {
-  uint8_t code, bits;
-  switch (xla) {
-    case XFFI_PRED: code = kDLBool; bits = 8; break;
-    case XFFI_S8: code = kDLInt; bits = 8; break;
-    case XFFI_S16: code = kDLInt; bits = 16; break;
-    case XFFI_S32: code = kDLInt; bits = 32; break;
-    case XFFI_S64: code = kDLInt; bits = 64; break;
-    case XFFI_U8: code = kDLUInt; bits = 8; break;
-    case XFFI_U16: code = kDLUInt; bits = 16; break;
-    case XFFI_U32: code = kDLUInt; bits = 32; break;
-    case XFFI_U64: code = kDLUInt; bits = 64; break;
-    case XFFI_F16: code = kDLFloat; bits = 16; break;
-    case XFFI_F32: code = kDLFloat; bits = 32; break;
-    case XFFI_F64: code = kDLFloat; bits = 64; break;
-    case XFFI_BF16: code = kDLBfloat; bits = 16; break;
-    case XFFI_C64: code = kDLComplex; bits = 64; break;
-    case XFFI_C128: code = kDLComplex; bits = 128; break;
-    case XFFI_F8E5M2: code = kDLFloat8_e5m2; bits = 8; break;
-    case XFFI_F8E4M3FN: code = kDLFloat8_e4m3fn; bits = 8; break;
-    case XFFI_F8E4M3B11FNUZ: code = kDLFloat8_e4m3b11fnuz; bits = 8; break;
-    case XFFI_F8E5M2FNUZ: code = kDLFloat8_e5m2fnuz; bits = 8; break;
-    case XFFI_F8E4M3FNUZ: code = kDLFloat8_e4m3fnuz; bits = 8; break;
-    case XFFI_F8E4M3: code = kDLFloat8_e4m3; bits = 8; break;
-    case XFFI_F8E3M4: code = kDLFloat8_e3m4; bits = 8; break;
-    case XFFI_F8E8M0FNU: code = kDLFloat8_e8m0fnu; bits = 8; break;
-    default: return -1;
-  }
-  out->code = code;
-  out->bits = bits;
-  out->lanes = 1;
+ * cannot describe the same way. */
+static inline int xla_dtype(int xla, DLDataType *out) {
+  if (xla < 0 || xla > XFFI_F8E8M0FNU || xla_dtypes[xla].bits == 0) return -1;
+  *out = xla_dtypes[xla];
   return 0;
 }
 

@@ -115,6 +115,22 @@ def test_a_failing_statement_is_its_error(monkeypatch):
     assert all("AttributeError" in r["error"] for r in got["rows"])
 
 
+def test_a_statement_failing_while_timed_is_raised(monkeypatch):
+    """A loop that raises only once the threads are released (its untimed
+    first call, 10 statements per thread, passed) is the run's exception,
+    not a figure."""
+    import numpy as np
+
+    import dlbridge as dlb
+    monkeypatch.setitem(bs.ROWS, "tensor.dtype",
+                        ("t.dtype if c.append(0) or len(c) <= 20 else t.nope",
+                         "x"))
+    objects = {"t": dlb.from_dlpack(np.ones(2, np.float32)), "c": []}
+    with pytest.raises(AttributeError):
+        bs._run("tensor.dtype", "shared", bs.Shared(dlb, np, None, objects),
+                2, 5)
+
+
 @pytest.mark.skipif(FREE_THREADED, reason="a GIL build's answer")
 def test_gil_build_is_not_run():
     assert bs.why_not_run() == "GIL build"
