@@ -211,7 +211,8 @@ test-tsan:
 # tests/wheel/smoke.py there (JAX's jit route, and tf.function on cp311);
 # then the sdist, built by pip on 3.11.  Measured on 2 busy cores: wheel
 # 2m53s-3m41s (6 wheels + sdist, interpreters cached), wheel-smoke 5m16s-7m07s
-# (pip cache warm; 1m46s of it the sdist: a venv with TensorFlow, its build).
+# (pip cache warm; 1m18s-1m46s of it the sdist: a venv with TensorFlow, its
+# build).
 wheel: bootstrap
 	@scripts/wheels
 
