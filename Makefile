@@ -210,8 +210,9 @@ test-tsan:
 # compiler in reach (CC=false, compilers on PATH shadowed), and runs
 # tests/wheel/smoke.py there (JAX's jit route, and tf.function on cp311);
 # then the sdist, built by pip on 3.11.  Measured on 2 busy cores: wheel
-# 3m25s-3m41s (6 wheels + sdist, interpreters cached), wheel-smoke 7m07s
-# (pip cache warm; 1m46s of it the sdist: a venv with TensorFlow, its build).
+# 2m53s-3m41s (6 wheels + sdist, interpreters cached), wheel-smoke 5m16s-7m07s
+# (pip cache warm; 1m18s-1m46s of it the sdist: a venv with TensorFlow, its
+# build).
 wheel: bootstrap
 	@scripts/wheels
 
