@@ -278,16 +278,16 @@ bench: build
 	@echo; $(MAKE) --no-print-directory bench-scaling
 
 # The free-threaded scaling rows (docs/bench.md "Free-threaded scaling"): 1
-# thread against one per CPU, in .venv313t (scripts/python-suite 3.13t makes
-# it), the extension rebuilt there first.
+# thread against one per CPU, in .venv313t with the extension rebuilt there
+# (scripts/python-suite 3.13t sets both up, the interpreter too, when
+# missing; no tests run).
 bench-scaling:
 	@echo "== free-threaded scaling: 1 thread against N (dlbridge bench --scaling, 3.13t) =="
+	@SETUP_ONLY=1 scripts/python-suite 3.13t
 	@if [ -x .venv313t/bin/python ]; then \
-	   .venv313t/bin/python -m pip install -q --no-build-isolation --no-deps \
-	     -Cbuild-dir=build-py313t . 2>&1 | { grep -v '^$$' || true; }; \
 	   .venv313t/bin/python -m dlbridge bench --scaling --plain \
 	     --kernels build-py313t/libdlb_example_kernels.so; \
-	 else echo "bench-scaling: not run: no .venv313t (scripts/python-suite 3.13t makes it)"; fi
+	 else echo "bench-scaling: not run: no free-threaded 3.13 (above)"; fi
 
 clean:
 	rm -rf $(BUILD) $(ASAN) build-py3* build-wheel $(PCBUILD) build-tsan
