@@ -1085,3 +1085,19 @@ def test_transcription_matches_jaxlibs_header(tmp_path):
                             text=True).stdout.split()
     theirs = dict(zip(layout, map(int, values)))
     assert theirs == layout
+
+
+def test_a_site_with_a_number_attribute_runs_alike_every_call():
+    # the first call checks and keeps its shapes, the later ones skip the
+    # checks: each still gets the site's number and its own data
+    from test_batch_jax import _AddScalar
+    add = _AddScalar()
+    with jax.enable_x64(False):
+        f = jax.jit(lambda y: add.fn(0.1, y) * 2)
+        y = np.arange(3, dtype=np.float32)
+        assert "dlb_arg0 = 1.000000e-01 : f64" in f.lower(y).as_text()
+        for i in range(4):
+            y = np.arange(3, dtype=np.float32) + i
+            want = (y.astype(np.float64) + 0.1).astype(np.float32) * 2
+            np.testing.assert_array_equal(np.asarray(f(y)), want)
+    assert add.shapes == [(3,)] * 4
