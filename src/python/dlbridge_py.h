@@ -1252,6 +1252,14 @@ int dlb__function_force_identity(PyObject *fn, PyObject *identity);
  * DLB_OK, or a negative status with err saying "<name>: ...". */
 int dlb__function_run(PyObject *fn, DLTensor *const *argv, int32_t nargs,
                       void *stream, dlb_error *err);
+/* dlb__function_run in two halves: the check of argv against the
+ * signature (its errors; depends only on argv's count, dtypes and shapes),
+ * then the run of a call that passed it (batch dims, the kernel).  A
+ * caller that saw the same dtypes and shapes pass may skip the first. */
+int dlb__function_check_run(PyObject *fn, DLTensor *const *argv,
+                            int32_t nargs, dlb_error *err);
+int dlb__function_run_checked(PyObject *fn, DLTensor *const *argv,
+                              int32_t nargs, void *stream, dlb_error *err);
 /* dlb__function_run once per item of a loop over the first nloop dims of
  * the call (a Function under a vmap that its signature cannot batch): the
  * results and every `...` tensor have them in front, a tensor of a

@@ -218,8 +218,8 @@ cleanup:
   return rc;
 }
 
-int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
-                      void *stream, dlb_error *err) {
+int dlb__function_check_run(PyObject *self, DLTensor *const *argv,
+                            int32_t nargs, dlb_error *err) {
   const fn_object *fn = (const fn_object *)self;
   if (nargs != fn->nin + fn->nout)
     return dlb_error_set(err, DLB_EINVAL,
@@ -244,8 +244,21 @@ int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
           p->batch ? " core dimensions after '...'" : "");
     }
   }
+  return DLB_OK;
+}
+
+int dlb__function_run_checked(PyObject *self, DLTensor *const *argv,
+                              int32_t nargs, void *stream, dlb_error *err) {
+  const fn_object *fn = (const fn_object *)self;
   if (fn->nbatch > 0) return run_batched(fn, argv, nargs, stream, err);
   return call_kernel(fn, argv, nargs, stream, err);
+}
+
+int dlb__function_run(PyObject *self, DLTensor *const *argv, int32_t nargs,
+                      void *stream, dlb_error *err) {
+  int rc = dlb__function_check_run(self, argv, nargs, err);
+  if (rc != DLB_OK) return rc;
+  return dlb__function_run_checked(self, argv, nargs, stream, err);
 }
 
 int dlb__function_run_looped(PyObject *self, DLTensor *const *argv,

@@ -778,6 +778,47 @@ c = np.zeros((2, 4), np.float32)
 xla.errors.clear()
 assert xla.call("cpu", [a, b], [c]) is None, xla.errors
 np.testing.assert_allclose(c, a @ b, rtol=1e-6)
+# the checks that call passed are skipped for later calls of the same
+# dtypes and shapes (kept in the state, two sets of them), never for
+# others: every call gives what the same call decoded per call gives
+plain = cj.FakeXla()
+def same_as_decoded(operands, results):
+    mine = [r.copy() for r in results]
+    xla.errors.clear()
+    plain.errors.clear()
+    got = xla.call("cpu", operands, mine)
+    want = plain.call("cpu", operands, results, mm._identity)
+    assert (got is None) == (want is None), (xla.errors, plain.errors)
+    assert xla.errors == plain.errors, (xla.errors, plain.errors)
+    for m, r in zip(mine, results):
+        np.testing.assert_array_equal(m, r)
+    return got is None
+f64 = lambda *shape: np.zeros(shape, np.float64)
+z32 = lambda *shape: np.zeros(shape, np.float32)
+assert same_as_decoded([cj.f32(2, 3, start=5.0), b], [z32(2, 4)])
+assert same_as_decoded([cj.f32(3, 2), cj.f32(2, 5)], [z32(3, 5)])
+assert same_as_decoded([cj.f32(1, 1), cj.f32(1, 1)], [z32(1, 1)])
+assert not same_as_decoded([a, b], [z32(2, 5)])        # a result extent
+assert not same_as_decoded([a, b], [f64(2, 4)])        # a result dtype
+assert not same_as_decoded([a, b, b], [z32(2, 4)])     # an operand count
+assert not same_as_decoded([a, cj.f32(4, 4)], [z32(2, 4)])
+assert same_as_decoded([a, b], [z32(2, 4)])            # seen: still right
+# a `mut` input: a seen call XLA did not alias still gets it copied
+sx = dlb.load(lib, "dlb_kernel_saxpy", cj.SAXPY)
+_core._ops_register(sx)
+five = xla.site(5, sx._identity)
+two_ = np.array(np.float32(2.0).reshape(()))
+x, y = cj.f32(4), cj.f32(4, start=1.0)
+assert xla.call("cpu", [two_, x, y], [y]) is None, xla.errors  # aliased
+y_before, y_new = y.copy(), np.full(4, np.nan, np.float32)
+assert xla.call("cpu", [two_, x, y], [y_new]) is None, xla.errors
+np.testing.assert_array_equal(y, y_before)
+np.testing.assert_allclose(y_new, 2 * x + y_before, rtol=1e-6)
+assert xla.call("cpu", [two_, x, y], [z32(5)]) is not None
+assert xla.errors[-1] == (cj._INVALID_ARGUMENT, "saxpy: the result XLA "
+                          "aliased with mut argument 2 is not shaped like it")
+xla.deleter(five)
+xla.ctx = ctx_one
 # another site of the same Function shares the block; the type is
 # registered once
 two = xla.site(2, mm._identity)
@@ -1044,3 +1085,19 @@ def test_transcription_matches_jaxlibs_header(tmp_path):
                             text=True).stdout.split()
     theirs = dict(zip(layout, map(int, values)))
     assert theirs == layout
+
+
+def test_a_site_with_a_number_attribute_runs_alike_every_call():
+    # the first call checks and keeps its shapes, the later ones skip the
+    # checks: each still gets the site's number and its own data
+    from test_batch_jax import _AddScalar
+    add = _AddScalar()
+    with jax.enable_x64(False):
+        f = jax.jit(lambda y: add.fn(0.1, y) * 2)
+        y = np.arange(3, dtype=np.float32)
+        assert "dlb_arg0 = 1.000000e-01 : f64" in f.lower(y).as_text()
+        for i in range(4):
+            y = np.arange(3, dtype=np.float32) + i
+            want = (y.astype(np.float64) + 0.1).astype(np.float32) * 2
+            np.testing.assert_array_equal(np.asarray(f(y)), want)
+    assert add.shapes == [(3,)] * 4
