@@ -1072,7 +1072,11 @@ static const xla_seen *seen_match(const xla_state *st,
 static void seen_record(xla_state *st, const xffi_call_frame *cf,
                         int64_t nattr, const DLTensor *tensors) {
   const int64_t nargs = cf->args.size, nrets = cf->rets.size;
-  if (nargs + nrets > XLA_SEEN_TENSORS) return;
+  /* run_seen builds every header, the numbers' too, on its stack (the
+   * caller records inline-sized calls only; said here where it matters) */
+  if (nargs + nrets > XLA_SEEN_TENSORS ||
+      nargs + nrets + nattr > XLA_INLINE_TENSORS)
+    return;
   int64_t ndims = 0;
   for (int64_t i = 0; i < nargs + nrets; i++) ndims += tensors[i].ndim;
   if (ndims > XLA_SEEN_DIMS) return;

@@ -376,9 +376,11 @@ def test_export_with_a_symbolic_batch_dimension(k):
 
 class _AddScalar:
     """A ctypes kernel add(a: float64, y: mut float32[n]): y += a, recording
-    each call's y shape (one per item under the loop route)."""
+    each call's y shape (one per item under the loop route).  Each
+    instance is another kernel: give each test its own ``name`` (one
+    process registers one kernel per name and signature)."""
 
-    def __init__(self):
+    def __init__(self, name="add"):
         import ctypes as C
         from dlpack_ctypes import DLBError, DLTensor
         kernel_t = C.CFUNCTYPE(C.c_int, C.POINTER(C.POINTER(DLTensor)),
@@ -397,7 +399,7 @@ class _AddScalar:
 
         self._kernel = kernel_t(add)
         self.fn = dlb.Function(C.cast(self._kernel, C.c_void_p).value,
-                               "add(a: float64, y: mut float32[n])")
+                               f"{name}(a: float64, y: mut float32[n])")
 
 
 def test_a_64bit_number_attribute_beside_a_mut_operand_under_vmap():

@@ -154,6 +154,22 @@ def test_a_call_with_no_results_still_runs(lib):
     assert jax.jit(lambda x: noop(x))(f32(3)) is None
 
 
+def test_site_with_more_headers_than_the_inline_ones_runs_again(lib):
+    # 7 operands, 1 result and 2 numbers: 10 headers, more than the
+    # handler keeps on its stack (8): every call of the site takes the
+    # heap path, never the seen-shapes shortcut, whose headers live on
+    # the stack (under ASan in make sanitize-python).
+    xs = ", ".join(f"x{i}: float32[n]" for i in range(7))
+    wide = dlb.load(lib, "dlb_kernel_noop",
+                    f"wide(a: float32, b: float32, {xs}) -> float32[n]")
+    f = jax.jit(lambda *xs: wide(2.0, 3.0, *xs))
+    args = [f32(4, start=i) for i in range(7)]
+    for _ in range(3):
+        out = f(*args)
+        jax.block_until_ready(out)
+        assert out.shape == (4,) and out.dtype == np.float32
+
+
 def test_kernel_error_names_the_function(lib):
     fail = dlb.load(lib, "dlb_kernel_fail", "fail(x: float32[n]) -> float32[n]")
     with pytest.raises(RuntimeError) as e:
@@ -1091,7 +1107,7 @@ def test_a_site_with_a_number_attribute_runs_alike_every_call():
     # the first call checks and keeps its shapes, the later ones skip the
     # checks: each still gets the site's number and its own data
     from test_batch_jax import _AddScalar
-    add = _AddScalar()
+    add = _AddScalar("add_every_call")
     with jax.enable_x64(False):
         f = jax.jit(lambda y: add.fn(0.1, y) * 2)
         y = np.arange(3, dtype=np.float32)
