@@ -76,7 +76,12 @@ static PyObject *dtype_make(dlb_module_state *st, DLDataType dtype) {
   dlb_DTypeObject *self = (dlb_DTypeObject *)tp->tp_alloc(tp, 0);
   if (self == NULL) return NULL;
   self->dtype = dtype;
-  self->name = PyUnicode_InternFromString(buf);
+  /* Not interned: on 3.13t two threads interning the same new name at
+   * once race inside CPython's intern_common (it marks the string
+   * immortal after publishing it; ThreadSanitizer saw it from two
+   * threads' cache misses here), and nothing compares DType names by
+   * identity. */
+  self->name = PyUnicode_FromString(buf);
   if (self->name == NULL) {
     Py_DECREF(self);
     return NULL;
