@@ -1113,6 +1113,81 @@ static void seen_record(xla_state *st, const xffi_call_frame *cf,
   }
 }
 
+/* argv[i] NULL for every input, then the headers of the state's numbers
+ * (0-d, on the host, as scalar_inputs gives them) in at, argv[input] each
+ * pointing at its own. */
+static void state_numbers(const xla_state *st, int32_t nin, DLTensor *at,
+                          DLTensor **argv) {
+  for (int32_t i = 0; i < nin; i++) argv[i] = NULL;
+  for (int32_t k = 0; k < st->nscalar; k++) {
+    const xla_number *n = &st->numbers[k];
+    DLTensor *t = &at[k];
+    t->data = (void *)n->value.bytes; /* never written: not `mut` */
+    t->device.device_type = kDLCPU;
+    t->device.device_id = 0;
+    t->dtype = n->dtype;
+    t->ndim = 0;
+    t->shape = NULL;
+    t->strides = NULL;
+    t->byte_offset = 0;
+    argv[n->input] = t;
+  }
+}
+
+/* The call's CUDA device and stream (cuda_context), the first n tensors
+ * (XLA's buffers) marked as on that device. */
+static xffi_error *on_cuda(const xffi_call_frame *cf, const char *fname,
+                           DLTensor *tensors, int64_t n, void **stream) {
+  int32_t device_id = 0;
+  xffi_error *e = cuda_context(cf, fname, &device_id, stream);
+  if (e != NULL) return e;
+  for (int64_t i = 0; i < n; i++) {
+    tensors[i].device.device_type = kDLCUDA;
+    tensors[i].device.device_id = device_id;
+  }
+  return NULL;
+}
+
+/* Inputs in signature order into argv: an operand each (tensors[0..nargs)),
+ * but an input given as a scalar attribute (argv[i] already); a `mut`
+ * input is the result XLA aliased with it (after the nout results), which
+ * the kernel updates -- the input copied into it when XLA did not alias
+ * them.  *mut_unlike is set when a `mut` input and its result are shaped
+ * unlike (always found out: a call recorded as seen has them alike); an
+ * unaliased unlike pair is refused. */
+static int bind_inputs(const dlb_signature_param *params, int32_t nin,
+                       int64_t nargs, int32_t nout, DLTensor *tensors,
+                       DLTensor **argv, int device_type, void *stream,
+                       int *mut_unlike, dlb_error *err) {
+  int rc = DLB_OK;
+  for (int32_t i = 0, j = 0, k = 0; i < nin && rc == DLB_OK; i++) {
+    if (argv[i] != NULL) continue;
+    DLTensor *input = &tensors[j++];
+    argv[i] = input;
+    if (!params[i].mut) continue;
+    DLTensor *updated = &tensors[nargs + nout + k++];
+    const int alike = updated->ndim == input->ndim &&
+                      memcmp(updated->shape, input->shape,
+                             (size_t)updated->ndim * sizeof(int64_t)) == 0 &&
+                      updated->dtype.code == input->dtype.code &&
+                      updated->dtype.bits == input->dtype.bits;
+    *mut_unlike |= !alike;
+    if (updated->data != input->data) {
+      if (!alike)
+        rc = dlb_error_set(err, DLB_EINVAL,
+                           "the result XLA aliased with mut argument %d is "
+                           "not shaped like it",
+                           (int)i);
+      else if (device_type == kDLCUDA)
+        rc = dlb_cuda_copy(updated, input, stream, err);
+      else
+        rc = dlb_copy(updated, input, err);
+    }
+    argv[i] = updated;
+  }
+  return rc;
+}
+
 /* A call whose dtypes and shapes slot s of st saw pass (seen_match): the
  * headers from s, the data from cf, then what run_call does after its
  * checks, in the same order, with the same errors. */
@@ -1133,42 +1208,15 @@ static xffi_error *run_seen(xffi_call_frame *cf, const xla_state *st,
     tensors[nargs + i] = s->tensor[nargs + i];
     tensors[nargs + i].data = ((const xffi_buffer *)cf->rets.rets[i])->data;
   }
-  for (int32_t i = 0; i < nin; i++) argv[i] = NULL;
-  for (int32_t k = 0; k < st->nscalar; k++) {
-    const xla_number *n = &st->numbers[k];
-    DLTensor *t = &tensors[nargs + nrets + k];
-    t->data = (void *)n->value.bytes; /* never written: not `mut` */
-    t->device.device_type = kDLCPU;
-    t->device.device_id = 0;
-    t->dtype = n->dtype;
-    t->ndim = 0;
-    t->shape = NULL;
-    t->strides = NULL;
-    t->byte_offset = 0;
-    argv[n->input] = t;
-  }
+  state_numbers(st, nin, &tensors[nargs + nrets], argv);
   void *stream = NULL;
   if (device_type == kDLCUDA) {
-    int32_t device_id = 0;
-    xffi_error *e = cuda_context(cf, st->fname, &device_id, &stream);
+    xffi_error *e = on_cuda(cf, st->fname, tensors, nargs + nrets, &stream);
     if (e != NULL) return e;
-    for (int32_t i = 0; i < nargs + nrets; i++) {
-      tensors[i].device.device_type = kDLCUDA;
-      tensors[i].device.device_id = device_id;
-    }
   }
-  int rc = DLB_OK;
-  for (int32_t i = 0, j = 0, k = 0; i < nin && rc == DLB_OK; i++) {
-    if (argv[i] != NULL) continue;
-    DLTensor *input = &tensors[j++];
-    argv[i] = input;
-    if (!st->params[i].mut) continue;
-    DLTensor *updated = &tensors[nargs + nout + k++];
-    if (updated->data != input->data) /* shaped alike: checked when seen */
-      rc = device_type == kDLCUDA ? dlb_cuda_copy(updated, input, stream, &err)
-                                  : dlb_copy(updated, input, &err);
-    argv[i] = updated;
-  }
+  int mut_unlike = 0; /* cannot be set: checked when seen */
+  int rc = bind_inputs(st->params, nin, nargs, nout, tensors, argv,
+                       device_type, stream, &mut_unlike, &err);
   if (rc != DLB_OK) {
     err.message[DLB_ERROR_MESSAGE_SIZE - 1] = '\0';
     return xla_errorf(cf, xla_code(rc), "%s: %s", st->fname, err.message);
@@ -1273,20 +1321,7 @@ static xffi_error *run_call(xffi_call_frame *cf, int device_type) {
     nout = st->nout;
     nmut = st->nmut;
     if (nin <= nargs + nattr) { /* else too few operands: refused below */
-      for (int32_t i = 0; i < nin; i++) argv[i] = NULL;
-      for (int32_t k = 0; k < st->nscalar; k++) {
-        const xla_number *n = &st->numbers[k];
-        DLTensor *t = &tensors[nargs + nrets + k];
-        t->data = (void *)n->value.bytes; /* never written: not `mut` */
-        t->device.device_type = kDLCPU; /* as scalar_inputs gives it */
-        t->device.device_id = 0;
-        t->dtype = n->dtype;
-        t->ndim = 0;
-        t->shape = NULL;
-        t->strides = NULL;
-        t->byte_offset = 0;
-        argv[n->input] = t;
-      }
+      state_numbers(st, nin, &tensors[nargs + nrets], argv);
       nscalar = st->nscalar;
       nloop = st->nloop;
     }
@@ -1346,44 +1381,12 @@ counted:
   int mut_unlike = 0; /* a `mut` input and its result differ in shape */
   void *stream = NULL;
   if (device_type == kDLCUDA) {
-    int32_t device_id = 0;
-    result = cuda_context(cf, fname, &device_id, &stream);
+    result = on_cuda(cf, fname, tensors, nargs + nrets, &stream);
     if (result != NULL) goto cleanup;
-    for (int64_t i = 0; i < nargs + nrets; i++) {
-      tensors[i].device.device_type = kDLCUDA;
-      tensors[i].device.device_id = device_id;
-    }
   }
 
-  /* Inputs then results, in signature order: an operand each, but an
-   * input given as a scalar attribute (argv[i] already); a `mut` input is
-   * the result XLA aliased with it, which the kernel updates. */
-  for (int32_t i = 0, j = 0, k = 0; i < nin && rc == DLB_OK; i++) {
-    if (argv[i] != NULL) continue;
-    DLTensor *input = &tensors[j++];
-    argv[i] = input;
-    if (!params[i].mut) continue;
-    DLTensor *updated = &tensors[nargs + nout + k++];
-    /* always found out: a call recorded as seen has them alike */
-    const int alike = updated->ndim == input->ndim &&
-                      memcmp(updated->shape, input->shape,
-                             (size_t)updated->ndim * sizeof(int64_t)) == 0 &&
-                      updated->dtype.code == input->dtype.code &&
-                      updated->dtype.bits == input->dtype.bits;
-    mut_unlike |= !alike;
-    if (updated->data != input->data) {
-      if (!alike)
-        rc = dlb_error_set(&err, DLB_EINVAL,
-                           "the result XLA aliased with mut argument %d is "
-                           "not shaped like it",
-                           (int)i);
-      else if (device_type == kDLCUDA)
-        rc = dlb_cuda_copy(updated, input, stream, &err);
-      else
-        rc = dlb_copy(updated, input, &err);
-    }
-    argv[i] = updated;
-  }
+  rc = bind_inputs(params, nin, nargs, nout, tensors, argv, device_type,
+                   stream, &mut_unlike, &err);
   if (rc != DLB_OK) goto named;
   for (int32_t o = 0; o < nout; o++) argv[nin + o] = &tensors[nargs + o];
   /* under a vmap the signature cannot batch: one run per loop item */
