@@ -194,6 +194,50 @@ static int attach_derivatives(fn_object *fn, PyObject *vjp, PyObject *jvp,
   return 0;
 }
 
+/* What a Function holds that can hold it back: its kernel's owner (any
+ * object: a library capsule, a ctypes function, ...) and its derivatives
+ * (Functions, which may be given each other).  The rest are str and
+ * tuples of str and int, which hold nothing. */
+static int function_traverse(PyObject *self, visitproc visit, void *arg) {
+  fn_object *fn = (fn_object *)self;
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(fn->owner);
+  Py_VISIT(fn->vjp);
+  Py_VISIT(fn->jvp);
+  return 0;
+}
+
+static int function_clear(PyObject *self) {
+  fn_object *fn = (fn_object *)self;
+  Py_CLEAR(fn->vjp);
+  Py_CLEAR(fn->jvp);
+  /* owner stays until dealloc: the kernel's code must outlive every
+   * pointer to it, and a cleared Function can still be called. */
+  return 0;
+}
+
+/* fn is made and about to be handed to the program: the reference
+ * counting a program's long-lived callables get on a free-threaded build
+ * (dlb__ft_defer_refcount, issue 26 item 5: threads calling one Function
+ * would otherwise all write its reference count), for fn and the
+ * derivatives made for it.  Last, after every step that can fail: a
+ * Function freed on an error path is freed at once.  Nothing on GIL
+ * builds. */
+static void share_function(fn_object *fn) {
+#ifdef Py_GIL_DISABLED
+  PyObject *module = PyType_GetModule(Py_TYPE(fn));
+  if (module == NULL) {
+    PyErr_Clear();
+    return;
+  }
+  if (fn->vjp != NULL) dlb__ft_defer_refcount(fn->vjp, module);
+  if (fn->jvp != NULL) dlb__ft_defer_refcount(fn->jvp, module);
+  dlb__ft_defer_refcount((PyObject *)fn, module);
+#else
+  (void)fn;
+#endif
+}
+
 static PyObject *function_new(PyTypeObject *type, PyObject *args,
                               PyObject *kwargs) {
   static char *kwlist[] = {"kernel", "signature", "vjp", "jvp", NULL};
@@ -208,12 +252,14 @@ static PyObject *function_new(PyTypeObject *type, PyObject *args,
   const kernel_source none = {NULL, NULL, NULL};
   if (fn != NULL && attach_derivatives(fn, vjp, jvp, &none) < 0)
     Py_CLEAR(fn);
+  if (fn != NULL) share_function(fn);
   return (PyObject *)fn;
 }
 
 static void function_dealloc(PyObject *self) {
   fn_object *fn = (fn_object *)self;
   PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
   if (fn->weakreflist != NULL) PyObject_ClearWeakRefs(self);
   PyMem_Free(fn->params);
   PyMem_Free(fn->memos);
@@ -309,6 +355,7 @@ static PyObject *py_load(PyObject *module, PyObject *const *args,
   fn->owner = Py_NewRef(lib);
   const kernel_source src = {handle, lib, path};
   if (attach_derivatives(fn, vjp, jvp, &src) < 0) goto fail;
+  share_function(fn);
   goto cleanup;
 fail:
   Py_CLEAR(result);
@@ -578,6 +625,8 @@ static PyMemberDef function_members[] = {
 static PyType_Slot function_slots[] = {
     {Py_tp_new, function_new},
     {Py_tp_dealloc, function_dealloc},
+    {Py_tp_traverse, function_traverse},
+    {Py_tp_clear, function_clear},
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_repr, function_repr},
     {Py_tp_members, function_members},
@@ -599,7 +648,7 @@ static PyType_Spec function_spec = {
     .basicsize = sizeof(fn_object),
     .itemsize = 0,
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL |
-             Py_TPFLAGS_IMMUTABLETYPE,
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_HAVE_GC,
     .slots = function_slots,
 };
 

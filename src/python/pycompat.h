@@ -403,6 +403,57 @@ static inline void dlb__ft_immortalize(PyObject *op) {
 #endif
 }
 
+/* Give op -- a new garbage-collected object of ours that the program keeps
+ * for long and calls from many threads, as it does its functions (a
+ * dlbridge.Function) -- the reference counting a free-threaded CPython
+ * gives its own module-level functions, so that threads calling it do not
+ * all write its reference count: every call's load of the callee (3.13's
+ * LOAD_FAST / LOAD_GLOBAL) takes and drops a reference, atomically on one
+ * shared counter from any thread that does not own op.  Such an object is
+ * then freed by the collector, not at its last Py_DECREF, and on 3.13 once
+ * a second thread has started it is never freed, as CPython's own are
+ * there.  op must be made by the calling thread and seen by no other yet;
+ * witness is our module object, which CPython marks the same way.  Nothing
+ * on GIL builds.
+ *   3.14+: PyUnstable_Object_EnableDeferredRefcount (public, unstable tier;
+ *   3.14's interpreter does not count its frames' references to such an
+ *   object).
+ *   3.13: what CPython's _PyObject_SetDeferredRefcount does (a hidden
+ *   symbol, not callable from an extension): the deferred mark
+ *   (_PyGC_BITS_DEFERRED, 64, in ob_gc_bits) with the one extra local
+ *   reference it stands for and the shared count marked queued; the sweep
+ *   the first non-main thread's start runs (_PyGC_ImmortalizeDeferredObjects,
+ *   gh-117783) makes every marked object immortal.  Once that sweep has run
+ *   -- the witness, marked by CPython, is immortal then -- op is made
+ *   immortal at once, as CPython does to what it marks after the sweep.
+ *   3.14/3.15: 3.13's internals are not used there.  Public fallback on
+ *   3.13 (DLB_PYCOMPAT_PUBLIC_ONLY): nothing (each call writes the shared
+ *   count, as before). */
+static inline void dlb__ft_defer_refcount(PyObject *op, PyObject *witness) {
+#if defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030E0000
+  (void)witness;
+  (void)PyUnstable_Object_EnableDeferredRefcount(op);
+#elif defined(Py_GIL_DISABLED) && DLB_PYCOMPAT_PRIVATE
+  /* Only an object this thread owns, untouched by any other, not already
+   * immortal or marked (a Function given as another's vjp is marked once),
+   * and tracked: the sweep and the collector only see tracked ones. */
+  if (!_Py_IsOwnedByCurrentThread(op) || _Py_IsImmortal(op) ||
+      (op->ob_gc_bits & 64) != 0 || op->ob_ref_shared != 0 ||
+      !PyObject_GC_IsTracked(op))
+    return;
+  if (_Py_IsImmortal(witness)) {
+    dlb__ft_immortalize(op);
+    return;
+  }
+  op->ob_gc_bits |= 64;
+  op->ob_ref_local += 1;
+  op->ob_ref_shared = _Py_REF_QUEUED;
+#else
+  (void)op;
+  (void)witness;
+#endif
+}
+
 
 #ifdef Py_GIL_DISABLED
 #include <stdatomic.h>
