@@ -785,6 +785,8 @@ typedef struct {
 typedef struct {
   atomic_int ready; /* 0 free, 1 being written, 2 published */
   int32_t nargs, nrets, nattr;
+  int32_t as_is; /* the kernel takes the headers unpadded (batch dims
+                    included): dlb__function_runs_as_is said so */
   int32_t xdtype[XLA_SEEN_TENSORS]; /* XLA's element types */
   DLTensor tensor[XLA_SEEN_TENSORS]; /* data NULL; shape, strides below */
   int64_t dims[XLA_SEEN_DIMS];
@@ -1070,7 +1072,7 @@ static const xla_seen *seen_match(const xla_state *st,
 /* Keep the dtypes and shapes of a call that passed every check in a free
  * slot of st (none free, or too many to keep: nothing). */
 static void seen_record(xla_state *st, const xffi_call_frame *cf,
-                        int64_t nattr, const DLTensor *tensors) {
+                        int64_t nattr, const DLTensor *tensors, int as_is) {
   const int64_t nargs = cf->args.size, nrets = cf->rets.size;
   /* run_seen builds every header, the numbers' too, on its stack (the
    * caller records inline-sized calls only; said here where it matters) */
@@ -1090,6 +1092,7 @@ static void seen_record(xla_state *st, const xffi_call_frame *cf,
     s->nargs = (int32_t)nargs;
     s->nrets = (int32_t)nrets;
     s->nattr = (int32_t)nattr;
+    s->as_is = as_is;
     int64_t at = 0;
     for (int64_t i = 0; i < nargs + nrets; i++) {
       const xffi_buffer *b = (const xffi_buffer *)(
@@ -1190,7 +1193,8 @@ static int bind_inputs(const dlb_signature_param *params, int32_t nin,
 
 /* A call whose dtypes and shapes slot s of st saw pass (seen_match): the
  * headers from s, the data from cf, then what run_call does after its
- * checks, in the same order, with the same errors. */
+ * checks, in the same order, with the same errors -- the batch rule's
+ * padding skipped when s saw the kernel take the headers as they are. */
 static xffi_error *run_seen(xffi_call_frame *cf, const xla_state *st,
                             const xla_seen *s, int device_type) {
   DLTensor tensors[XLA_INLINE_TENSORS];
@@ -1222,7 +1226,9 @@ static xffi_error *run_seen(xffi_call_frame *cf, const xla_state *st,
     return xla_errorf(cf, xla_code(rc), "%s: %s", st->fname, err.message);
   }
   for (int32_t o = 0; o < nout; o++) argv[nin + o] = &tensors[nargs + o];
-  rc = dlb__function_run_checked(st->fn, argv, nin + nout, stream, &err);
+  rc = s->as_is
+           ? dlb__function_run_as_is(st->fn, argv, nin + nout, stream, &err)
+           : dlb__function_run_checked(st->fn, argv, nin + nout, stream, &err);
   if (rc != DLB_OK) {
     err.message[DLB_ERROR_MESSAGE_SIZE - 1] = '\0';
     return xla_error(cf, xla_code(rc), err.message); /* named already */
@@ -1396,7 +1402,8 @@ counted:
     rc = dlb__function_check_run(fn, argv, nin + nout, &err);
     /* passed: a later call of these dtypes and shapes skips the checks */
     if (rc == DLB_OK && st != NULL && block == NULL && !mut_unlike)
-      seen_record(st, cf, nattr, tensors);
+      seen_record(st, cf, nattr, tensors,
+                  dlb__function_runs_as_is(fn, argv, nin + nout));
     if (rc == DLB_OK)
       rc = dlb__function_run_checked(fn, argv, nin + nout, stream, &err);
   }

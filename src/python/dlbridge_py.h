@@ -1260,6 +1260,16 @@ int dlb__function_check_run(PyObject *fn, DLTensor *const *argv,
                             int32_t nargs, dlb_error *err);
 int dlb__function_run_checked(PyObject *fn, DLTensor *const *argv,
                               int32_t nargs, void *stream, dlb_error *err);
+/* Whether dlb__function_run_checked would hand argv to the kernel as it
+ * is: no `...` parameter, or every `...` tensor already of the broadcast
+ * batch rank, with strides, and the batch parts broadcasting.  Depends
+ * only on argv's dtypes, shapes and whether it has strides, so a caller
+ * that saw 1 for them may call dlb__function_run_as_is -- the kernel,
+ * nothing else -- for later calls of the same (a compiled call site). */
+int dlb__function_runs_as_is(PyObject *fn, DLTensor *const *argv,
+                             int32_t nargs);
+int dlb__function_run_as_is(PyObject *fn, DLTensor *const *argv,
+                            int32_t nargs, void *stream, dlb_error *err);
 /* dlb__function_run once per item of a loop over the first nloop dims of
  * the call (a Function under a vmap that its signature cannot batch): the
  * results and every `...` tensor have them in front, a tensor of a

@@ -247,6 +247,27 @@ int dlb__function_check_run(PyObject *self, DLTensor *const *argv,
   return DLB_OK;
 }
 
+int dlb__function_runs_as_is(PyObject *self, DLTensor *const *argv,
+                             int32_t nargs) {
+  const fn_object *fn = (const fn_object *)self;
+  if (fn->nbatch == 0) return 1;
+  dlb_signature_batch b;
+  dlb_error err;
+  if (dlb_signature_batch_shape(fn->params, fn->nin, nargs, argv, &b, &err) !=
+      DLB_OK)
+    return 0;
+  for (int32_t i = 0; i < nargs; i++)
+    if (fn->params[i].batch && (argv[i]->ndim != b.ndim + fn->params[i].ndim ||
+                                argv[i]->strides == NULL))
+      return 0;
+  return 1;
+}
+
+int dlb__function_run_as_is(PyObject *self, DLTensor *const *argv,
+                            int32_t nargs, void *stream, dlb_error *err) {
+  return call_kernel((const fn_object *)self, argv, nargs, stream, err);
+}
+
 int dlb__function_run_checked(PyObject *self, DLTensor *const *argv,
                               int32_t nargs, void *stream, dlb_error *err) {
   const fn_object *fn = (const fn_object *)self;
