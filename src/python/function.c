@@ -221,8 +221,10 @@ static int function_clear(PyObject *self) {
  * (dlb__ft_defer_refcount, issue 26 item 5: threads calling one Function
  * would otherwise all write its reference count), for fn and the
  * derivatives made for it.  Last, after every step that can fail: a
- * Function freed on an error path is freed at once.  Nothing on GIL
- * builds. */
+ * Function freed on an error path is freed at once.  A derivative the
+ * caller gave (a Function made earlier, perhaps in use by other threads)
+ * was marked when it was made, and dlb__ft_defer_refcount leaves a marked
+ * or immortal object alone.  Nothing on GIL builds. */
 static void share_function(fn_object *fn) {
 #ifdef Py_GIL_DISABLED
   PyObject *module = PyType_GetModule(Py_TYPE(fn));
