@@ -137,6 +137,14 @@ static int batch_refusal(const fn_object *fn, const dlb_signature_batch *b,
 #define RUN_INLINE 8
 #define RUN_INLINE_DIMS 64
 
+/* Whether tensor t of `...` parameter p must be padded for the kernel to
+ * see it with B's batch rank (b): fewer batch dims than B, or no strides.
+ * The one rule of run_batched and dlb__function_runs_as_is. */
+static int needs_padding(const fn_param *p, const DLTensor *t,
+                         const dlb_signature_batch *b) {
+  return t->ndim != b->ndim + p->ndim || t->strides == NULL;
+}
+
 /* The kernel on argv with batch dims (fn->nbatch > 0, argv checked against
  * the core dims): B from the inputs, every result (and `mut` input) the
  * whole of it, every `...` tensor left-padded to B's rank with strides
@@ -163,9 +171,7 @@ static int run_batched(const fn_object *fn, DLTensor *const *argv,
   size_t ndims = 0;
   for (int32_t i = 0; i < nargs; i++) {
     const fn_param *p = &fn->params[i];
-    if (!p->batch) continue;
-    if (argv[i]->ndim == b.ndim + p->ndim && argv[i]->strides != NULL)
-      continue;
+    if (!p->batch || !needs_padding(p, argv[i], &b)) continue;
     if (b.ndim + p->ndim > DLB_MAX_NDIM) {
       char what[32];
       tensor_what(fn, i, what, sizeof what);
@@ -203,9 +209,7 @@ static int run_batched(const fn_object *fn, DLTensor *const *argv,
   for (int32_t i = 0; i < nargs; i++) {
     const fn_param *p = &fn->params[i];
     av[i] = argv[i];
-    if (!p->batch ||
-        (argv[i]->ndim == b.ndim + p->ndim && argv[i]->strides != NULL))
-      continue;
+    if (!p->batch || !needs_padding(p, argv[i], &b)) continue;
     int32_t n = b.ndim + p->ndim;
     rc = dlb_signature_batch_pad(p, argv[i], &b, next, next + n, &ts[i], err);
     if (rc != DLB_OK) goto cleanup; /* checked above: cannot happen */
@@ -257,8 +261,7 @@ int dlb__function_runs_as_is(PyObject *self, DLTensor *const *argv,
       DLB_OK)
     return 0;
   for (int32_t i = 0; i < nargs; i++)
-    if (fn->params[i].batch && (argv[i]->ndim != b.ndim + fn->params[i].ndim ||
-                                argv[i]->strides == NULL))
+    if (fn->params[i].batch && needs_padding(&fn->params[i], argv[i], &b))
       return 0;
   return 1;
 }

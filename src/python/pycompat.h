@@ -317,8 +317,8 @@ static inline int dlb__py_c_descr_usable(PyObject *descr, PyTypeObject *type) {
  *   typeobject.c; 3.14t's source is not served here), with no public
  *   strong getter but type.__mro__ -- and 3.13t's own PyType_IsSubtype
  *   walks a->tp_mro borrowed the same way, so every PyObject_TypeCheck
- *   has that exposure already; these walks (miss paths) add none.  The trashcan macros are not used:
- *   3.14 and 3.15 define Py_TRASHCAN_BEGIN/END empty (the trashcan moved
+ *   has that exposure already; these walks (miss paths) add none.  The
+ *   trashcan macros are not used: 3.14 and 3.15 define Py_TRASHCAN_BEGIN/END empty (the trashcan moved
  *   into _Py_Dealloc and bounds by C stack left, not by depth); tensor.c
  *   bounds its own chains (its comment on destruction). */
 
